@@ -1,0 +1,61 @@
+#include "megaton/core/allocator.h"
+
+#include <cstdlib>
+
+#include "megaton/core/error.h"
+
+namespace megaton {
+
+std::string_view mem_category_name(MemCategory c) {
+  static constexpr std::string_view names[] = {"params",      "grads",     "optimizer",
+                                               "activations", "workspace", "other"};
+  return names[static_cast<size_t>(c)];
+}
+
+Allocator& Allocator::host() {
+  static Allocator a;
+  return a;
+}
+
+namespace {
+void raise_peak(std::atomic<size_t>& peak, size_t value) {
+  size_t prev = peak.load(std::memory_order_relaxed);
+  while (value > prev && !peak.compare_exchange_weak(prev, value, std::memory_order_relaxed)) {
+  }
+}
+}  // namespace
+
+void* Allocator::allocate(size_t bytes, MemCategory cat, std::string_view what) {
+  size_t rounded = (bytes + 63) / 64 * 64;
+  void* p = rounded ? std::aligned_alloc(64, rounded) : nullptr;
+  if (rounded && !p)
+    fail("out of host memory allocating ", bytes, " bytes for '", what, "' (", mem_category_name(cat), ")");
+  auto i = static_cast<size_t>(cat);
+  raise_peak(peak_[i], live_[i].fetch_add(bytes, std::memory_order_relaxed) + bytes);
+  raise_peak(total_peak_, total_live_.fetch_add(bytes, std::memory_order_relaxed) + bytes);
+  return p;
+}
+
+void Allocator::deallocate(void* p, size_t bytes, MemCategory cat) {
+  std::free(p);
+  live_[static_cast<size_t>(cat)].fetch_sub(bytes, std::memory_order_relaxed);
+  total_live_.fetch_sub(bytes, std::memory_order_relaxed);
+}
+
+MemStats Allocator::stats() const {
+  MemStats s;
+  for (size_t i = 0; i < kNumMemCategories; ++i) {
+    s.live[i] = live_[i].load();
+    s.peak[i] = peak_[i].load();
+  }
+  s.total_live = total_live_.load();
+  s.total_peak = total_peak_.load();
+  return s;
+}
+
+void Allocator::reset_peaks() {
+  for (size_t i = 0; i < kNumMemCategories; ++i) peak_[i] = live_[i].load();
+  total_peak_ = total_live_.load();
+}
+
+}  // namespace megaton

@@ -1,0 +1,132 @@
+#include "megaton/core/tensor.h"
+
+#include <cstring>
+#include <sstream>
+
+namespace megaton {
+
+std::string shape_str(const Shape& s) {
+  std::ostringstream os;
+  os << '[';
+  for (size_t i = 0; i < s.size(); ++i) os << (i ? ", " : "") << s[i];
+  os << ']';
+  return os.str();
+}
+
+int64_t shape_numel(const Shape& s) {
+  int64_t n = 1;
+  for (auto d : s) {
+    if (d < 0) fail("negative dimension in shape ", shape_str(s));
+    n *= d;
+  }
+  return n;
+}
+
+Storage::Storage(size_t bytes, MemCategory cat, std::string_view what)
+    : data_(Allocator::host().allocate(bytes, cat, what)), bytes_(bytes), cat_(cat) {}
+Storage::~Storage() { Allocator::host().deallocate(data_, bytes_, cat_); }
+
+Tensor Tensor::empty(Shape shape, DType dtype, MemCategory cat, std::string name) {
+  Tensor t;
+  t.numel_ = shape_numel(shape);
+  t.shape_ = std::move(shape);
+  t.dtype_ = dtype;
+  t.name_ = std::move(name);
+  t.storage_ = std::make_shared<Storage>(t.nbytes(), cat, t.name_);
+  return t;
+}
+
+Tensor Tensor::zeros(Shape shape, DType dtype, MemCategory cat, std::string name) {
+  Tensor t = empty(std::move(shape), dtype, cat, std::move(name));
+  t.zero_();
+  return t;
+}
+
+int64_t Tensor::size(int64_t d) const {
+  int64_t n = dim();
+  if (d < 0) d += n;
+  if (d < 0 || d >= n) fail("tensor '", name_, "' of shape ", shape_str(shape_), " has no dimension ", d);
+  return shape_[static_cast<size_t>(d)];
+}
+
+MemCategory Tensor::category() const { return storage_ ? storage_->category() : MemCategory::Other; }
+
+Tensor Tensor::view(Shape shape) const {
+  if (shape_numel(shape) != numel_)
+    fail("cannot view tensor '", name_, "' of shape ", shape_str(shape_), " as ", shape_str(shape));
+  Tensor t = *this;
+  t.shape_ = std::move(shape);
+  return t;
+}
+
+Tensor Tensor::clone(MemCategory cat) const {
+  Tensor t = empty(shape_, dtype_, cat, name_);
+  if (nbytes()) std::memcpy(t.raw(), raw(), nbytes());
+  return t;
+}
+
+void Tensor::zero_() {
+  if (nbytes()) std::memset(raw(), 0, nbytes());
+}
+
+namespace {
+double load_as_double(const void* p, DType t, int64_t i) {
+  switch (t) {
+    case DType::F32: return static_cast<const float*>(p)[i];
+    case DType::F64: return static_cast<const double*>(p)[i];
+    case DType::BF16: return bf16_to_float(static_cast<const uint16_t*>(p)[i]);
+    case DType::F16: return f16_to_float(static_cast<const uint16_t*>(p)[i]);
+    case DType::I32: return static_cast<const int32_t*>(p)[i];
+    case DType::I64: return static_cast<double>(static_cast<const int64_t*>(p)[i]);
+    case DType::U8: return static_cast<const uint8_t*>(p)[i];
+    case DType::I8: return static_cast<const int8_t*>(p)[i];
+    case DType::U16: return static_cast<const uint16_t*>(p)[i];
+    case DType::I16: return static_cast<const int16_t*>(p)[i];
+    case DType::U32: return static_cast<const uint32_t*>(p)[i];
+    case DType::U64: return static_cast<double>(static_cast<const uint64_t*>(p)[i]);
+  }
+  return 0;
+}
+void store_from_double(void* p, DType t, int64_t i, double v) {
+  switch (t) {
+    case DType::F32: static_cast<float*>(p)[i] = static_cast<float>(v); break;
+    case DType::F64: static_cast<double*>(p)[i] = v; break;
+    case DType::BF16: static_cast<uint16_t*>(p)[i] = float_to_bf16(static_cast<float>(v)); break;
+    case DType::F16: static_cast<uint16_t*>(p)[i] = float_to_f16(static_cast<float>(v)); break;
+    case DType::I32: static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v); break;
+    case DType::I64: static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v); break;
+    case DType::U8: static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v); break;
+    case DType::I8: static_cast<int8_t*>(p)[i] = static_cast<int8_t>(v); break;
+    case DType::U16: static_cast<uint16_t*>(p)[i] = static_cast<uint16_t>(v); break;
+    case DType::I16: static_cast<int16_t*>(p)[i] = static_cast<int16_t>(v); break;
+    case DType::U32: static_cast<uint32_t*>(p)[i] = static_cast<uint32_t>(v); break;
+    case DType::U64: static_cast<uint64_t*>(p)[i] = static_cast<uint64_t>(v); break;
+  }
+}
+}  // namespace
+
+void Tensor::copy_from(const Tensor& src) {
+  if (src.numel_ != numel_)
+    fail("copy into tensor '", name_, "' of shape ", shape_str(shape_), " from '", src.name_, "' of shape ",
+         shape_str(src.shape_));
+  if (src.dtype_ == dtype_) {
+    if (nbytes()) std::memmove(raw(), src.raw(), nbytes());
+    return;
+  }
+  // Converting copies are rare (load/save, tests); precision through double is exact for
+  // every supported pair except 64-bit integers above 2^53, which no caller stores.
+  for (int64_t i = 0; i < numel_; ++i) store_from_double(raw(), dtype_, i, load_as_double(src.raw(), src.dtype_, i));
+}
+
+Tensor Tensor::to(DType dtype, MemCategory cat) const {
+  Tensor t = empty(shape_, dtype, cat, name_);
+  t.copy_from(*this);
+  return t;
+}
+
+void Tensor::expect_shape(const Shape& expected) const {
+  if (shape_ != expected)
+    fail("tensor '", name_, "' has shape ", shape_str(shape_), ", expected ", shape_str(expected));
+}
+
+}  // namespace megaton

@@ -1,0 +1,80 @@
+// One Tensor type: shape + dtype tag over contiguous host storage obtained from the accounting
+// allocator. Copies share storage (like torch); clone() copies the bytes.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "megaton/core/allocator.h"
+#include "megaton/core/dtype.h"
+#include "megaton/core/error.h"
+
+namespace megaton {
+
+using Shape = std::vector<int64_t>;
+std::string shape_str(const Shape& s);
+int64_t shape_numel(const Shape& s);
+
+class Storage {
+ public:
+  Storage(size_t bytes, MemCategory cat, std::string_view what);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+  MemCategory category() const { return cat_; }
+
+ private:
+  void* data_;
+  size_t bytes_;
+  MemCategory cat_;
+};
+
+class Tensor {
+ public:
+  Tensor() = default;
+  static Tensor empty(Shape shape, DType dtype, MemCategory cat = MemCategory::Other, std::string name = {});
+  static Tensor zeros(Shape shape, DType dtype, MemCategory cat = MemCategory::Other, std::string name = {});
+
+  bool defined() const { return storage_ != nullptr; }
+  const Shape& shape() const { return shape_; }
+  int64_t dim() const { return static_cast<int64_t>(shape_.size()); }
+  int64_t size(int64_t d) const;  // negative d counts from the end
+  int64_t numel() const { return numel_; }
+  DType dtype() const { return dtype_; }
+  size_t nbytes() const { return static_cast<size_t>(numel_) * dtype_size(dtype_); }
+  const std::string& name() const { return name_; }
+  void set_name(std::string n) { name_ = std::move(n); }
+  MemCategory category() const;
+
+  void* raw() const { return storage_ ? storage_->data() : nullptr; }
+  // Typed access; throws naming the tensor if T does not match the dtype tag.
+  template <typename T>
+  T* data() const {
+    if (dtype_of<T>() != dtype_)
+      fail("tensor '", name_, "' holds ", dtype_name(dtype_), ", accessed as ", dtype_name(dtype_of<T>()));
+    return static_cast<T*>(raw());
+  }
+
+  // Same storage, new shape with the same element count.
+  Tensor view(Shape shape) const;
+  Tensor clone(MemCategory cat) const;
+  void zero_();
+  // Converting copy of every element (f32/f64/bf16/f16 and integer types); shapes must agree.
+  void copy_from(const Tensor& src);
+  Tensor to(DType dtype, MemCategory cat = MemCategory::Other) const;
+
+  // Throw an error naming this tensor unless its shape is `expected`.
+  void expect_shape(const Shape& expected) const;
+
+ private:
+  std::shared_ptr<Storage> storage_;
+  Shape shape_;
+  int64_t numel_ = 0;
+  DType dtype_ = DType::F32;
+  std::string name_;
+};
+
+}  // namespace megaton

@@ -1,0 +1,21 @@
+#include "megaton/nn/parameter.h"
+
+namespace megaton::nn {
+
+Parameter::Parameter(std::string n, Shape shape, bool decay)
+    : name(std::move(n)),
+      value(Tensor::zeros(shape, DType::F32, MemCategory::Params, name)),
+      grad(Tensor::zeros(shape, DType::F32, MemCategory::Grads, name + ".grad")),
+      weight_decay(decay) {}
+
+void zero_grads(const ParameterList& params) {
+  for (auto* p : params) p->grad.zero_();
+}
+
+int64_t count_parameters(const ParameterList& params) {
+  int64_t n = 0;
+  for (auto* p : params) n += p->value.numel();
+  return n;
+}
+
+}  // namespace megaton::nn
