@@ -1,0 +1,83 @@
+#include "megaton/optim/adamw.h"
+
+#include <cmath>
+#include <set>
+
+namespace megaton::optim {
+
+AdamW::AdamW(nn::ParameterList params, AdamWConfig config) : params_(std::move(params)), config_(config) {
+  MEGATON_CHECK(config_.beta1 >= 0 && config_.beta1 < 1, "AdamW beta1 must be in [0, 1), got ", config_.beta1);
+  MEGATON_CHECK(config_.beta2 >= 0 && config_.beta2 < 1, "AdamW beta2 must be in [0, 1), got ", config_.beta2);
+  MEGATON_CHECK(config_.eps >= 0, "AdamW eps must be >= 0, got ", config_.eps);
+  MEGATON_CHECK(config_.weight_decay >= 0, "AdamW weight_decay must be >= 0, got ", config_.weight_decay);
+  std::set<std::string> names;
+  for (const nn::Parameter* p : params_) {
+    MEGATON_CHECK(p != nullptr, "AdamW given a null parameter");
+    // State is saved under the parameter's name, so two parameters may not share one.
+    MEGATON_CHECK(names.insert(p->name).second, "AdamW given parameter '", p->name, "' twice");
+    p->grad.expect_shape(p->value.shape());
+    exp_avg_.push_back(Tensor::zeros(p->value.shape(), DType::F32, MemCategory::Optimizer, p->name + ".exp_avg"));
+    exp_avg_sq_.push_back(Tensor::zeros(p->value.shape(), DType::F32, MemCategory::Optimizer, p->name + ".exp_avg_sq"));
+  }
+}
+
+void AdamW::step(double lr) {
+  MEGATON_CHECK(lr >= 0, "AdamW step given lr ", lr);
+  const int64_t t = steps_ + 1;
+  // Scalars in double, applied in fp32 in the same operation order as PyTorch's single-tensor
+  // AdamW (mul_, lerp_, mul_/addcmul_, sqrt/div/add, addcdiv_), so results track it to rounding.
+  const float b2 = static_cast<float>(config_.beta2);
+  const float one_minus_b1 = static_cast<float>(1.0 - config_.beta1);
+  const float one_minus_b2 = static_cast<float>(1.0 - config_.beta2);
+  const float eps = static_cast<float>(config_.eps);
+  const float neg_step_size = static_cast<float>(-lr / (1.0 - std::pow(config_.beta1, static_cast<double>(t))));
+  const float bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(config_.beta2, static_cast<double>(t))));
+  for (size_t i = 0; i < params_.size(); ++i) {
+    nn::Parameter& p = *params_[i];
+    const float decay = p.weight_decay ? static_cast<float>(1.0 - lr * config_.weight_decay) : 1.0f;
+    float* w = p.value.data<float>();
+    const float* g = p.grad.data<float>();
+    float* m = exp_avg_[i].data<float>();
+    float* v = exp_avg_sq_[i].data<float>();
+    const int64_t n = p.value.numel();
+    // Elementwise, so the result does not depend on how elements are split across threads.
+#pragma omp parallel for schedule(static) if (n >= 4096)
+    for (int64_t j = 0; j < n; ++j) {
+      w[j] *= decay;
+      m[j] += one_minus_b1 * (g[j] - m[j]);  // lerp toward g: b1 * m + (1 - b1) * g
+      v[j] = v[j] * b2 + one_minus_b2 * g[j] * g[j];
+      const float denom = std::sqrt(v[j]) / bc2_sqrt + eps;
+      w[j] += neg_step_size * (m[j] / denom);
+    }
+  }
+  steps_ = t;
+}
+
+std::vector<std::pair<std::string, Tensor>> AdamW::state_tensors() const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    out.emplace_back(exp_avg_[i].name(), exp_avg_[i]);
+    out.emplace_back(exp_avg_sq_[i].name(), exp_avg_sq_[i]);
+  }
+  return out;
+}
+
+void AdamW::load_state(const std::map<std::string, Tensor>& tensors, int64_t step) {
+  MEGATON_CHECK(step >= 0, "AdamW step count must be >= 0, got ", step);
+  // Check every key before copying any, so a bad checkpoint leaves the state untouched.
+  std::vector<std::pair<Tensor*, const Tensor*>> copies;
+  for (auto* states : {&exp_avg_, &exp_avg_sq_}) {
+    for (Tensor& dst : *states) {
+      auto it = tensors.find(dst.name());
+      if (it == tensors.end()) fail("optimizer state '", dst.name(), "' missing from the loaded tensors");
+      if (it->second.shape() != dst.shape())
+        fail("optimizer state '", dst.name(), "' has shape ", shape_str(it->second.shape()), ", expected ",
+             shape_str(dst.shape()));
+      copies.emplace_back(&dst, &it->second);
+    }
+  }
+  for (auto& [dst, src] : copies) dst->copy_from(*src);
+  steps_ = step;
+}
+
+}  // namespace megaton::optim

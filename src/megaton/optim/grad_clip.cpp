@@ -1,0 +1,59 @@
+#include "megaton/optim/grad_clip.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+namespace megaton::optim {
+
+namespace {
+
+// Chunk size fixes the summation order; large enough that per-chunk overhead is negligible.
+constexpr int64_t kChunk = 1 << 15;
+
+struct Chunk {
+  const float* data;
+  int64_t size;
+};
+
+}  // namespace
+
+double global_grad_norm(const nn::ParameterList& params) {
+  std::vector<Chunk> chunks;
+  for (const nn::Parameter* p : params) {
+    const float* g = p->grad.data<float>();
+    const int64_t n = p->grad.numel();
+    for (int64_t off = 0; off < n; off += kChunk) chunks.push_back({g + off, std::min(kChunk, n - off)});
+  }
+  std::vector<double> partial(chunks.size());
+  const int64_t num_chunks = static_cast<int64_t>(chunks.size());
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < num_chunks; ++c) {
+    double s = 0;
+    for (int64_t j = 0; j < chunks[c].size; ++j) {
+      const double x = chunks[c].data[j];
+      s += x * x;
+    }
+    partial[c] = s;
+  }
+  double total = 0;
+  for (double s : partial) total += s;
+  return std::sqrt(total);
+}
+
+double clip_grad_norm(const nn::ParameterList& params, double max_norm) {
+  const double norm = global_grad_norm(params);
+  if (max_norm <= 0 || !std::isfinite(norm)) return norm;
+  const double coef = max_norm / (norm + 1e-6);
+  if (coef >= 1) return norm;  // PyTorch clamps the coefficient to 1: a no-op multiply
+  const float scale = static_cast<float>(coef);
+  for (nn::Parameter* p : params) {
+    float* g = p->grad.data<float>();
+    const int64_t n = p->grad.numel();
+#pragma omp parallel for schedule(static) if (n >= 4096)
+    for (int64_t j = 0; j < n; ++j) g[j] *= scale;
+  }
+  return norm;
+}
+
+}  // namespace megaton::optim
