@@ -1,0 +1,94 @@
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "megaton/core/rng.h"
+#include "megaton/core/threads.h"
+#include "megaton/kernels/sgemm_ceiling.h"
+#include "megaton/models/transformer_model.h"
+#include "megaton/optim/adamw.h"
+#include "megaton/optim/grad_clip.h"
+
+namespace megaton::app {
+
+namespace {
+
+struct BenchResult {
+  double step_s, tokens_per_s, gflops, sgemm_gflops;
+};
+
+// Full training steps (forward, backward, clip, AdamW) on random tokens; median step time.
+BenchResult run_bench(const std::string& preset, int64_t B, int64_t T, int steps) {
+  models::TransformerModel model(models::preset(preset));
+  model.init_weights(1);
+  optim::AdamW opt(model.parameters(), {});
+  Tensor inputs = Tensor::empty({B, T}, DType::I32, MemCategory::Activations, "inputs");
+  Tensor targets = Tensor::empty({B, T}, DType::I32, MemCategory::Activations, "targets");
+  Philox rng(7);
+  const auto V = static_cast<double>(model.config().vocab_size);
+  for (int64_t i = 0; i < B * T; ++i) {
+    inputs.data<int32_t>()[i] = static_cast<int32_t>(rng.uniform_double(2 * i) * V - 0.5);
+    targets.data<int32_t>()[i] = static_cast<int32_t>(rng.uniform_double(2 * i + 1) * V - 0.5);
+  }
+  std::vector<double> times;
+  for (int s = 0; s < steps + 1; ++s) {  // step 0 warms up caches and the allocator
+    auto t0 = std::chrono::steady_clock::now();
+    nn::zero_grads(model.parameters());
+    models::ModelCtx ctx;
+    model.forward(ctx, inputs, targets, true);
+    model.backward(ctx);
+    optim::clip_grad_norm(model.parameters(), 1.0);
+    opt.step(1e-4);
+    if (s > 0) times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::nth_element(times.begin(), times.begin() + static_cast<int64_t>(times.size() / 2), times.end());
+  BenchResult r;
+  r.step_s = times[times.size() / 2];
+  r.tokens_per_s = static_cast<double>(B * T) / r.step_s;
+  r.gflops = r.tokens_per_s * model.config().flops_per_token(T) / 1e9;
+  r.sgemm_gflops = kernels::measure_sgemm_gflops();
+  return r;
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("bench", "Time training steps of a preset; report tokens/s, achieved GFLOP/s and "
+                                          "the ratio to this machine's measured sgemm ceiling");
+  static std::string preset = "gpt2-124m";
+  static int64_t batch = 4, seq_len = 256;
+  static int steps = 5, threads = 0;
+  static bool json = false;
+  cmd->add_option("--model", preset, "Model preset")->capture_default_str();
+  cmd->add_option("--batch", batch, "Batch size")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--seq-len", seq_len, "Sequence length")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--steps", steps, "Timed steps (median reported)")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--threads", threads, "CPU threads (default: OMP_NUM_THREADS or all cores)");
+  cmd->add_flag("--json", json, "Print one JSON line");
+  cmd->callback([] {
+    set_num_threads(threads);
+    BenchResult r = run_bench(preset, batch, seq_len, steps);
+    if (json) {
+      std::printf("%s\n", nlohmann::json{{"model", preset},
+                                         {"batch", batch},
+                                         {"seq_len", seq_len},
+                                         {"threads", num_threads()},
+                                         {"step_s", r.step_s},
+                                         {"tokens_per_s", r.tokens_per_s},
+                                         {"achieved_gflops", r.gflops},
+                                         {"sgemm_gflops", r.sgemm_gflops},
+                                         {"sgemm_fraction", r.gflops / r.sgemm_gflops}}
+                              .dump()
+                              .c_str());
+    } else {
+      std::printf("%s batch %ld x %ld, %d threads: median step %.3f s | %.0f tokens/s | %.1f GFLOP/s achieved | "
+                  "sgemm ceiling %.1f GFLOP/s | %.1f%% of ceiling\n",
+                  preset.c_str(), batch, seq_len, num_threads(), r.step_s, r.tokens_per_s, r.gflops, r.sgemm_gflops,
+                  100.0 * r.gflops / r.sgemm_gflops);
+    }
+  });
+}
+
+}  // namespace megaton::app

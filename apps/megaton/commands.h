@@ -1,0 +1,13 @@
+// `megaton` subcommands: each registers its options on the CLI11 app and its run callback.
+#pragma once
+#include <CLI/CLI.hpp>
+
+namespace megaton::app {
+
+void add_train_command(CLI::App& app);
+void add_eval_command(CLI::App& app);
+void add_generate_command(CLI::App& app);
+void add_preprocess_command(CLI::App& app);
+void add_bench_command(CLI::App& app);
+
+}  // namespace megaton::app

@@ -1,0 +1,85 @@
+#include <cstdio>
+#include <filesystem>
+
+#include "commands.h"
+#include "megaton/data/preprocess.h"
+#include "megaton/data/split_dataset.h"
+#include "megaton/train/trainer.h"
+
+namespace megaton::app {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kFortunesDir = "/usr/share/games/fortunes";
+
+// The demo corpus: every fortune file (Debian's `fortunes` package), one document per fortune,
+// split 19:1 into train and validation by document. Built once under data/fortunes/.
+std::pair<std::string, std::string> prepare_fortunes() {
+  const fs::path dir = "data/fortunes";
+  const std::string train = (dir / "train").string(), valid = (dir / "valid").string();
+  if (fs::exists(train + ".idx") && fs::exists(valid + ".idx")) return {train, valid};
+  if (!fs::is_directory(kFortunesDir))
+    fail("the demo corpus ", kFortunesDir, " is missing: install Debian's 'fortunes' package");
+  data::PreprocessOptions opts;
+  for (const auto& e : fs::directory_iterator(kFortunesDir))
+    if (e.is_regular_file() && !e.path().has_extension()) opts.inputs.push_back(e.path().string());
+  std::sort(opts.inputs.begin(), opts.inputs.end());
+  fs::create_directories(dir);
+  opts.output_prefix = (dir / "all").string();
+  opts.doc_separator = "%";
+  opts.append_eod = true;
+  std::printf("preparing the demo corpus from %zu fortune files in %s\n", opts.inputs.size(), kFortunesDir);
+  data::preprocess(opts);
+  auto counts = data::split_by_documents(opts.output_prefix, train, valid, 20);
+  std::printf("demo corpus: %ld training and %ld validation documents\n", counts.train_documents,
+              counts.valid_documents);
+  return {train, valid};
+}
+
+// Built-in demo: a small byte-level GPT on the fortunes corpus, sized to finish in a few minutes
+// on two cores.
+std::vector<std::string> demo_settings() {
+  auto [train, valid] = prepare_fortunes();
+  return {"data.data_path=\"" + train + "\"",
+          "data.valid_data_path=\"" + valid + "\"",
+          "model.preset=\"gpt-tiny\"",
+          "training.micro_batch_size=16",
+          "training.global_batch_size=16",
+          "training.seq_length=128",
+          "training.train_iters=600",
+          "optimizer.lr=2e-3",
+          "optimizer.min_lr=2e-4",
+          "optimizer.lr_warmup_iters=30",
+          "optimizer.weight_decay=0.1",
+          "logging.run_dir=\"runs/demo\"",
+          "logging.log_interval=25",
+          "logging.eval_interval=200",
+          "logging.eval_iters=40",
+          "sample.prompt=\"The \"",
+          "sample.tokens=300"};
+}
+
+}  // namespace
+
+void add_train_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("train",
+                                 "Train a model. Without --config: the built-in demo (byte-level GPT on Debian's "
+                                 "fortunes corpus)");
+  static std::string config;
+  static std::vector<std::string> sets;
+  cmd->add_option("--config", config, "TOML config file ([model], [data], [training], [optimizer], [logging], "
+                                      "[sample])")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--set", sets, "Override a key: section.key=value (repeatable), e.g. --set training.train_iters=10");
+  cmd->callback([] {
+    std::vector<std::string> overrides = config.empty() ? demo_settings() : std::vector<std::string>{};
+    overrides.insert(overrides.end(), sets.begin(), sets.end());
+    train::Trainer trainer(train::load_train_config(config, overrides));
+    auto summary = trainer.run();
+    if (summary.final_val_loss >= 0) std::printf("final validation loss: %.4f\n", summary.final_val_loss);
+  });
+}
+
+}  // namespace megaton::app

@@ -1,0 +1,70 @@
+#include "megaton/infer/generate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "megaton/core/rng.h"
+
+namespace megaton::infer {
+
+int32_t sample_token(const float* logits, int64_t vocab, const SamplingOptions& opts, uint64_t draw) {
+  if (opts.temperature <= 0) return static_cast<int32_t>(std::max_element(logits, logits + vocab) - logits);
+  // Candidates sorted by logit, cut by top-k, then softmax at the temperature and top-p.
+  std::vector<int32_t> ids(static_cast<size_t>(vocab));
+  std::iota(ids.begin(), ids.end(), 0);
+  const int64_t k = opts.top_k > 0 ? std::min(opts.top_k, vocab) : vocab;
+  auto by_logit = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+  std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), by_logit);
+  ids.resize(static_cast<size_t>(k));
+  std::vector<double> p(ids.size());
+  const double top = logits[ids[0]];
+  double sum = 0;
+  for (size_t i = 0; i < ids.size(); ++i) sum += p[i] = std::exp((logits[ids[i]] - top) / opts.temperature);
+  size_t keep = ids.size();
+  if (opts.top_p < 1.0) {
+    double cum = 0;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      cum += p[i] / sum;
+      if (cum >= opts.top_p) {
+        keep = i + 1;
+        break;
+      }
+    }
+  }
+  const double total = std::accumulate(p.begin(), p.begin() + static_cast<int64_t>(keep), 0.0);
+  const double u = Philox(opts.seed, 0x5a3b1e).uniform_double(draw) * total;
+  double cum = 0;
+  for (size_t i = 0; i < keep; ++i) {
+    cum += p[i];
+    if (u <= cum) return ids[i];
+  }
+  return ids[keep - 1];
+}
+
+std::vector<int32_t> generate(models::TransformerModel& model, const std::vector<int32_t>& prompt,
+                              const SamplingOptions& opts, const std::function<void(int32_t)>& on_token) {
+  if (prompt.empty()) fail("generate: the prompt encodes to no tokens");
+  const int64_t max_len = model.config().max_position_embeddings;
+  const int64_t total = std::min<int64_t>(static_cast<int64_t>(prompt.size()) + opts.max_new_tokens, max_len);
+  if (static_cast<int64_t>(prompt.size()) >= max_len)
+    fail("generate: prompt of ", prompt.size(), " tokens leaves no room in the model's ", max_len, " positions");
+  auto caches = model.new_kv_caches(1, total);
+  const int64_t V = model.config().vocab_size;
+  std::vector<int32_t> out;
+  Tensor input = Tensor::empty({1, static_cast<int64_t>(prompt.size())}, DType::I32, MemCategory::Activations,
+                               "prompt");
+  std::copy(prompt.begin(), prompt.end(), input.data<int32_t>());
+  for (int64_t pos = static_cast<int64_t>(prompt.size()); pos < total; ++pos) {
+    Tensor logits = model.forward_cached(caches, input);
+    const int32_t next = sample_token(logits.data<float>(), V, opts, static_cast<uint64_t>(pos));
+    out.push_back(next);
+    if (on_token) on_token(next);
+    if (next == opts.stop_token) break;
+    input = Tensor::empty({1, 1}, DType::I32, MemCategory::Activations, "next_token");
+    input.data<int32_t>()[0] = next;
+  }
+  return out;
+}
+
+}  // namespace megaton::infer

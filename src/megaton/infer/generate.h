@@ -1,0 +1,28 @@
+// Autoregressive generation with a KV cache: greedy (temperature 0) or sampling with
+// temperature, top-k and top-p (nucleus), reproducible from a seed.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "megaton/models/transformer_model.h"
+
+namespace megaton::infer {
+
+struct SamplingOptions {
+  double temperature = 1.0;  // 0: greedy
+  int64_t top_k = 0;         // 0: no top-k filter
+  double top_p = 1.0;        // 1: no nucleus filter
+  uint64_t seed = 0;
+  int64_t max_new_tokens = 128;
+  int32_t stop_token = -1;   // stop after emitting this id (e.g. end-of-document); -1: never
+};
+
+// Picks the next token from one row of logits; `draw` indexes the RNG stream.
+int32_t sample_token(const float* logits, int64_t vocab, const SamplingOptions& opts, uint64_t draw);
+
+// Returns the new tokens only. on_token (optional) sees each one as it is produced (streaming).
+std::vector<int32_t> generate(models::TransformerModel& model, const std::vector<int32_t>& prompt,
+                              const SamplingOptions& opts, const std::function<void(int32_t)>& on_token = {});
+
+}  // namespace megaton::infer

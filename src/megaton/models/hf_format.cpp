@@ -1,0 +1,308 @@
+#include "megaton/models/hf_format.h"
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "megaton/ckpt/safetensors.h"
+#include "megaton/core/atomic_file.h"
+
+namespace megaton::models {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+template <typename T>
+T get_or(const json& j, const char* key, T fallback) {
+  auto it = j.find(key);
+  return (it == j.end() || it->is_null()) ? fallback : it->get<T>();
+}
+
+template <typename T>
+T require(const json& j, const char* key, const std::string& source) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) fail(source, ": missing key '", key, "'");
+  try {
+    return it->get<T>();
+  } catch (const json::exception&) {
+    fail(source, ": key '", key, "' has the wrong type (", it->type_name(), ")");
+  }
+}
+
+}  // namespace
+
+TransformerConfig config_from_hf(const json& j, const std::string& source) {
+  const std::string type = require<std::string>(j, "model_type", source);
+  TransformerConfig c;
+  c.name = "custom";
+  if (type == "gpt2") {
+    c.vocab_size = require<int64_t>(j, "vocab_size", source);
+    c.max_position_embeddings = require<int64_t>(j, "n_positions", source);
+    c.hidden_size = require<int64_t>(j, "n_embd", source);
+    c.num_layers = require<int64_t>(j, "n_layer", source);
+    c.num_attention_heads = c.num_query_groups = require<int64_t>(j, "n_head", source);
+    c.ffn_hidden_size = get_or<int64_t>(j, "n_inner", 4 * c.hidden_size);
+    c.norm_epsilon = get_or<double>(j, "layer_norm_epsilon", 1e-5);
+    c.tie_embeddings = get_or<bool>(j, "tie_word_embeddings", true);
+    const auto act = get_or<std::string>(j, "activation_function", "gelu_new");
+    if (act != "gelu_new" && act != "gelu_pytorch_tanh")
+      fail(source, ": activation_function '", act, "' is not supported (Megaton's GPT-2 uses tanh GeLU, gelu_new)");
+  } else if (type == "llama") {
+    c.vocab_size = require<int64_t>(j, "vocab_size", source);
+    c.hidden_size = require<int64_t>(j, "hidden_size", source);
+    c.ffn_hidden_size = require<int64_t>(j, "intermediate_size", source);
+    c.num_layers = require<int64_t>(j, "num_hidden_layers", source);
+    c.num_attention_heads = require<int64_t>(j, "num_attention_heads", source);
+    c.num_query_groups = get_or<int64_t>(j, "num_key_value_heads", c.num_attention_heads);
+    c.kv_channels = get_or<int64_t>(j, "head_dim", 0);
+    c.max_position_embeddings = get_or<int64_t>(j, "max_position_embeddings", 2048);
+    c.norm_epsilon = get_or<double>(j, "rms_norm_eps", 1e-6);
+    c.rotary_base = get_or<double>(j, "rope_theta", 10000.0);
+    c.tie_embeddings = get_or<bool>(j, "tie_word_embeddings", false);
+    c.normalization = Normalization::RMSNorm;
+    c.activation = Activation::SwiGLU;
+    c.position_embedding = PositionEmbedding::Rope;
+    c.rope_layout = kernels::RopeLayout::Half;
+    c.add_bias_linear = false;
+    if (get_or<bool>(j, "attention_bias", false) || get_or<bool>(j, "mlp_bias", false))
+      fail(source, ": attention_bias / mlp_bias are not supported for llama models");
+    if (auto it = j.find("rope_scaling"); it != j.end() && !it->is_null()) {
+      const auto rt = get_or<std::string>(*it, "rope_type", get_or<std::string>(*it, "type", ""));
+      if (rt != "llama3") fail(source, ": rope_scaling type '", rt, "' is not supported (only llama3)");
+      c.rope_scaling.factor = require<double>(*it, "factor", source + " rope_scaling");
+      c.rope_scaling.low_freq_factor = get_or<double>(*it, "low_freq_factor", 1.0);
+      c.rope_scaling.high_freq_factor = get_or<double>(*it, "high_freq_factor", 4.0);
+      c.rope_scaling.original_max_position = get_or<double>(*it, "original_max_position_embeddings", 8192.0);
+    }
+  } else {
+    fail(source, ": model_type '", type, "' is not supported (expected gpt2 or llama)");
+  }
+  c.validate();
+  return c;
+}
+
+json config_to_hf(const TransformerConfig& c) {
+  const bool gpt2 = c.position_embedding == PositionEmbedding::LearnedAbsolute;
+  if (gpt2) {
+    if (c.normalization != Normalization::LayerNorm || c.activation != Activation::GeLU || !c.add_bias_linear ||
+        c.num_query_groups != c.num_attention_heads || c.head_dim() * c.num_attention_heads != c.hidden_size)
+      fail("model '", c.name, "' has learned positions but is not GPT-2 shaped; no HF format fits it");
+    return {{"model_type", "gpt2"},
+            {"architectures", {"GPT2LMHeadModel"}},
+            {"vocab_size", c.vocab_size},
+            {"n_positions", c.max_position_embeddings},
+            {"n_ctx", c.max_position_embeddings},
+            {"n_embd", c.hidden_size},
+            {"n_layer", c.num_layers},
+            {"n_head", c.num_attention_heads},
+            {"n_inner", c.ffn_hidden_size},
+            {"activation_function", "gelu_new"},
+            {"layer_norm_epsilon", c.norm_epsilon},
+            {"tie_word_embeddings", c.tie_embeddings},
+            {"torch_dtype", "float32"}};
+  }
+  if (c.normalization != Normalization::RMSNorm || c.activation != Activation::SwiGLU || c.add_bias_linear)
+    fail("model '", c.name, "' uses rotary positions but is not Llama shaped; no HF format fits it");
+  json j = {{"model_type", "llama"},
+            {"architectures", {"LlamaForCausalLM"}},
+            {"vocab_size", c.vocab_size},
+            {"hidden_size", c.hidden_size},
+            {"intermediate_size", c.ffn_hidden_size},
+            {"num_hidden_layers", c.num_layers},
+            {"num_attention_heads", c.num_attention_heads},
+            {"num_key_value_heads", c.num_query_groups},
+            {"head_dim", c.head_dim()},
+            {"max_position_embeddings", c.max_position_embeddings},
+            {"rms_norm_eps", c.norm_epsilon},
+            {"rope_theta", c.rotary_base},
+            {"tie_word_embeddings", c.tie_embeddings},
+            {"hidden_act", "silu"},
+            {"attention_bias", false},
+            {"mlp_bias", false},
+            {"torch_dtype", "float32"},
+            {"rope_scaling", nullptr}};
+  if (c.rope_scaling.factor > 0)
+    j["rope_scaling"] = {{"rope_type", "llama3"},
+                         {"factor", c.rope_scaling.factor},
+                         {"low_freq_factor", c.rope_scaling.low_freq_factor},
+                         {"high_freq_factor", c.rope_scaling.high_freq_factor},
+                         {"original_max_position_embeddings", c.rope_scaling.original_max_position}};
+  return j;
+}
+
+namespace {
+
+// One HF tensor = a block of rows [row0, row0 + rows) of one Megaton parameter, possibly
+// transposed (GPT-2's Conv1D) or with each head's rows permuted between Megaton's interleaved
+// RoPE layout and HF's rotate_half layout (rope_head_dim > 0).
+struct Binding {
+  std::string hf_name;
+  nn::Parameter* param;
+  int64_t row0 = 0, rows = -1;
+  bool transpose = false;
+  int64_t rope_head_dim = 0;
+};
+
+std::vector<Binding> bindings(TransformerModel& m) {
+  const TransformerConfig& c = m.config();
+  std::vector<Binding> out;
+  const bool gpt2 = c.position_embedding == PositionEmbedding::LearnedAbsolute;
+  if (gpt2) {
+    out.push_back({"transformer.wte.weight", &m.embedding().word});
+    out.push_back({"transformer.wpe.weight", &m.embedding().position});
+    for (size_t i = 0; i < m.layers().size(); ++i) {
+      auto& l = *m.layers()[i];
+      const std::string p = "transformer.h." + std::to_string(i) + ".";
+      out.push_back({p + "ln_1.weight", &l.input_norm.weight});
+      out.push_back({p + "ln_1.bias", &l.input_norm.bias});
+      out.push_back({p + "attn.c_attn.weight", &l.attention.qkv.weight, 0, -1, true});
+      out.push_back({p + "attn.c_attn.bias", &l.attention.qkv.bias});
+      out.push_back({p + "attn.c_proj.weight", &l.attention.proj.weight, 0, -1, true});
+      out.push_back({p + "attn.c_proj.bias", &l.attention.proj.bias});
+      out.push_back({p + "ln_2.weight", &l.pre_mlp_norm.weight});
+      out.push_back({p + "ln_2.bias", &l.pre_mlp_norm.bias});
+      out.push_back({p + "mlp.c_fc.weight", &l.mlp.fc1.weight, 0, -1, true});
+      out.push_back({p + "mlp.c_fc.bias", &l.mlp.fc1.bias});
+      out.push_back({p + "mlp.c_proj.weight", &l.mlp.fc2.weight, 0, -1, true});
+      out.push_back({p + "mlp.c_proj.bias", &l.mlp.fc2.bias});
+    }
+    out.push_back({"transformer.ln_f.weight", &m.final_norm().weight});
+    out.push_back({"transformer.ln_f.bias", &m.final_norm().bias});
+  } else {
+    const int64_t D = c.head_dim(), q = c.num_attention_heads * D, kv = c.num_query_groups * D;
+    const int64_t F = c.ffn_hidden_size;
+    const int64_t rope = c.rope_layout == kernels::RopeLayout::Interleaved ? D : 0;
+    out.push_back({"model.embed_tokens.weight", &m.embedding().word});
+    for (size_t i = 0; i < m.layers().size(); ++i) {
+      auto& l = *m.layers()[i];
+      const std::string p = "model.layers." + std::to_string(i) + ".";
+      out.push_back({p + "input_layernorm.weight", &l.input_norm.weight});
+      out.push_back({p + "self_attn.q_proj.weight", &l.attention.qkv.weight, 0, q, false, rope});
+      out.push_back({p + "self_attn.k_proj.weight", &l.attention.qkv.weight, q, kv, false, rope});
+      out.push_back({p + "self_attn.v_proj.weight", &l.attention.qkv.weight, q + kv, kv});
+      out.push_back({p + "self_attn.o_proj.weight", &l.attention.proj.weight});
+      out.push_back({p + "post_attention_layernorm.weight", &l.pre_mlp_norm.weight});
+      out.push_back({p + "mlp.gate_proj.weight", &l.mlp.fc1.weight, 0, F});
+      out.push_back({p + "mlp.up_proj.weight", &l.mlp.fc1.weight, F, F});
+      out.push_back({p + "mlp.down_proj.weight", &l.mlp.fc2.weight});
+    }
+    out.push_back({"model.norm.weight", &m.final_norm().weight});
+  }
+  if (!c.tie_embeddings) out.push_back({"lm_head.weight", &m.output_weight()});
+  return out;
+}
+
+// Megaton row index (within one head) that HF's rotate_half row `hf_row` comes from: HF row
+// s*D/2 + i holds interleaved row 2i + s (the permutation HF's Llama conversion applies).
+int64_t interleaved_row(int64_t hf_row, int64_t D) {
+  const int64_t half = D / 2;
+  return 2 * (hf_row % half) + hf_row / half;
+}
+
+int64_t cols_of(const Tensor& t) { return t.dim() == 1 ? 1 : t.size(1); }
+
+Shape hf_shape(const Binding& b, const Tensor& full) {
+  const int64_t rows = b.rows < 0 ? full.size(0) : b.rows;
+  if (full.dim() == 1) return {rows};
+  return b.transpose ? Shape{full.size(1), rows} : Shape{rows, full.size(1)};
+}
+
+// Megaton source row for HF row r of binding b.
+int64_t source_row(const Binding& b, int64_t r) {
+  if (b.rope_head_dim == 0) return b.row0 + r;
+  const int64_t D = b.rope_head_dim;
+  return b.row0 + (r / D) * D + interleaved_row(r % D, D);
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, Tensor>> to_hf_tensors(TransformerModel& model, bool gradients) {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (const Binding& b : bindings(model)) {
+    const Tensor& full = gradients ? b.param->grad : b.param->value;
+    const int64_t cols = cols_of(full);
+    Tensor t = Tensor::empty(hf_shape(b, full), DType::F32, MemCategory::Workspace, b.hf_name);
+    const float* src = full.data<float>();
+    float* dst = t.data<float>();
+    const int64_t rows = t.dim() == 1 ? t.size(0) : (b.transpose ? t.size(1) : t.size(0));
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* s = src + source_row(b, r) * cols;
+      for (int64_t k = 0; k < cols; ++k) (b.transpose ? dst[k * rows + r] : dst[r * cols + k]) = s[k];
+    }
+    out.emplace_back(b.hf_name, std::move(t));
+  }
+  return out;
+}
+
+void load_hf_tensors(TransformerModel& model, const std::map<std::string, Tensor>& tensors, const std::string& source) {
+  // Buffers some GPT-2 / Llama exports carry that are not parameters.
+  auto ignorable = [](const std::string& n) {
+    auto ends = [&](const char* s) { return n.size() >= std::strlen(s) && n.ends_with(s); };
+    return ends(".attn.bias") || ends(".attn.masked_bias") || ends("rotary_emb.inv_freq");
+  };
+  std::set<std::string> used;
+  const bool tied = model.config().tie_embeddings;
+  for (const Binding& b : bindings(model)) {
+    // GPT2Model checkpoints use bare names ("h.0.ln_1.weight", "wte.weight").
+    std::string key = b.hf_name;
+    if (!tensors.count(key) && key.starts_with("transformer.") && tensors.count(key.substr(12))) key = key.substr(12);
+    auto it = tensors.find(key);
+    if (it == tensors.end()) fail(source, ": missing tensor '", b.hf_name, "'");
+    used.insert(key);
+    Tensor& full = b.param->value;
+    const Shape want = hf_shape(b, full);
+    if (it->second.shape() != want)
+      fail(source, ": tensor '", key, "' has shape ", shape_str(it->second.shape()), ", expected ", shape_str(want));
+    Tensor t = it->second.to(DType::F32, MemCategory::Workspace);
+    const int64_t cols = cols_of(full);
+    const int64_t rows = want.size() == 1 ? want[0] : (b.transpose ? want[1] : want[0]);
+    const float* src = t.data<float>();
+    float* dst = full.data<float>();
+    for (int64_t r = 0; r < rows; ++r) {
+      float* d = dst + source_row(b, r) * cols;
+      for (int64_t k = 0; k < cols; ++k) d[k] = b.transpose ? src[k * rows + r] : src[r * cols + k];
+    }
+  }
+  for (const auto& [name, t] : tensors) {
+    if (used.count(name) || ignorable(name)) continue;
+    // A tied model may still carry a copy of the head; it must equal the embedding.
+    if (tied && name == "lm_head.weight") continue;
+    fail(source, ": unexpected tensor '", name, "' for a ", model.config().num_layers, "-layer ",
+         model.config().position_embedding == PositionEmbedding::Rope ? "llama" : "gpt2", " model");
+  }
+}
+
+TransformerConfig load_hf_config(const std::string& dir) {
+  const std::string path = (fs::path(dir) / "config.json").string();
+  std::ifstream in(path);
+  if (!in) fail("cannot open model config '", path, "' (is '", dir, "' an HF model folder?)");
+  json j;
+  try {
+    j = json::parse(in);
+  } catch (const json::exception& e) {
+    fail(path, ": invalid JSON: ", e.what());
+  }
+  return config_from_hf(j, path);
+}
+
+std::unique_ptr<TransformerModel> load_hf_model(const std::string& dir) {
+  auto model = std::make_unique<TransformerModel>(load_hf_config(dir));
+  const std::string path = (fs::path(dir) / "model.safetensors").string();
+  load_hf_tensors(*model, ckpt::load_safetensors(path), path);
+  return model;
+}
+
+void save_hf_model(TransformerModel& model, const std::string& dir) {
+  fs::create_directories(dir);
+  ckpt::save_safetensors((fs::path(dir) / "model.safetensors").string(), to_hf_tensors(model),
+                         {{"format", "pt"}, {"producer", "megaton"}});
+  AtomicFile cfg((fs::path(dir) / "config.json").string());
+  const std::string text = config_to_hf(model.config()).dump(2) + "\n";
+  cfg.write(text.data(), text.size());
+  cfg.commit();
+}
+
+}  // namespace megaton::models

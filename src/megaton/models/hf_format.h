@@ -1,0 +1,31 @@
+// Hugging Face model folders: config.json + model.safetensors with HF tensor names and layouts.
+// GPT-2 (GPT2LMHeadModel: Conv1D weights stored [in, out], "transformer."-prefixed or bare
+// names) and Llama (LlamaForCausalLM: separate q/k/v and gate/up projections, rotate_half RoPE).
+#pragma once
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "megaton/models/transformer_model.h"
+
+namespace megaton::models {
+
+// `source` names the file in error messages.
+TransformerConfig config_from_hf(const nlohmann::json& j, const std::string& source);
+nlohmann::json config_to_hf(const TransformerConfig& c);
+
+// Parameter values (or their gradients) under HF names, in HF layouts.
+std::vector<std::pair<std::string, Tensor>> to_hf_tensors(TransformerModel& model, bool gradients = false);
+// Copies HF tensors into the model; a missing tensor, a wrong shape or an unknown name is an
+// error naming it and `source`.
+void load_hf_tensors(TransformerModel& model, const std::map<std::string, Tensor>& tensors, const std::string& source);
+
+// DIR/config.json + DIR/model.safetensors (each written atomically).
+void save_hf_model(TransformerModel& model, const std::string& dir);
+std::unique_ptr<TransformerModel> load_hf_model(const std::string& dir);
+TransformerConfig load_hf_config(const std::string& dir);
+
+}  // namespace megaton::models

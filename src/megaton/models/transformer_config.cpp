@@ -1,0 +1,154 @@
+#include "megaton/models/transformer_config.h"
+
+#include "megaton/core/error.h"
+
+namespace megaton::models {
+
+void TransformerConfig::validate() const {
+  auto positive = [](const char* key, int64_t v) {
+    if (v <= 0) fail("model config: ", key, " must be positive, got ", v);
+  };
+  positive("num_layers", num_layers);
+  positive("hidden_size", hidden_size);
+  positive("num_attention_heads", num_attention_heads);
+  positive("num_query_groups", num_query_groups);
+  positive("ffn_hidden_size", ffn_hidden_size);
+  positive("vocab_size", vocab_size);
+  positive("max_position_embeddings", max_position_embeddings);
+  if (kv_channels <= 0 && hidden_size % num_attention_heads != 0)
+    fail("model config: hidden_size ", hidden_size, " is not divisible by num_attention_heads ",
+         num_attention_heads, " (set kv_channels to choose the head dim explicitly)");
+  if (num_attention_heads % num_query_groups != 0)
+    fail("model config: num_attention_heads ", num_attention_heads, " is not divisible by num_query_groups ",
+         num_query_groups);
+  if (position_embedding == PositionEmbedding::Rope && head_dim() % 2 != 0)
+    fail("model config: rotary embeddings need an even head dim, got ", head_dim());
+}
+
+int64_t TransformerConfig::num_parameters() const {
+  const int64_t C = hidden_size, D = head_dim(), Hq = num_attention_heads, F = ffn_hidden_size;
+  const int64_t b = add_bias_linear ? 1 : 0;
+  const int64_t norm = normalization == Normalization::LayerNorm ? 2 * C : C;
+  const int64_t fc1_out = activation == Activation::SwiGLU ? 2 * F : F;
+  int64_t layer = norm + C * qkv_size() + b * qkv_size() + Hq * D * C + b * C + norm + C * fc1_out + b * fc1_out +
+                  F * C + b * C;
+  int64_t n = vocab_size * C + num_layers * layer + norm;
+  if (position_embedding == PositionEmbedding::LearnedAbsolute) n += max_position_embeddings * C;
+  if (!tie_embeddings) n += vocab_size * C;
+  return n;
+}
+
+double TransformerConfig::flops_per_token(int64_t seq_len) const {
+  const double C = static_cast<double>(hidden_size), D = static_cast<double>(head_dim());
+  const double F = static_cast<double>(ffn_hidden_size);
+  const double fc1_out = activation == Activation::SwiGLU ? 2 * F : F;
+  const double matmul_params =
+      num_layers * (C * qkv_size() + num_attention_heads * D * C + C * fc1_out + F * C) + vocab_size * C;
+  const double attention = 12.0 * num_layers * num_attention_heads * D * seq_len / 2.0;
+  return 6.0 * matmul_params + attention;
+}
+
+namespace {
+TransformerConfig gpt2_shape(const char* name, int64_t layers, int64_t hidden, int64_t heads) {
+  TransformerConfig c;
+  c.name = name;
+  c.num_layers = layers;
+  c.hidden_size = hidden;
+  c.num_attention_heads = c.num_query_groups = heads;
+  c.ffn_hidden_size = 4 * hidden;
+  c.vocab_size = 50257;
+  c.max_position_embeddings = 1024;
+  return c;
+}
+
+TransformerConfig llama_shape(const char* name, int64_t layers, int64_t hidden, int64_t heads, int64_t groups,
+                              int64_t ffn) {
+  TransformerConfig c;
+  c.name = name;
+  c.num_layers = layers;
+  c.hidden_size = hidden;
+  c.num_attention_heads = heads;
+  c.num_query_groups = groups;
+  c.ffn_hidden_size = ffn;
+  c.vocab_size = 128256;
+  c.max_position_embeddings = 131072;
+  c.normalization = Normalization::RMSNorm;
+  c.activation = Activation::SwiGLU;
+  c.position_embedding = PositionEmbedding::Rope;
+  c.rotary_base = 500000.0;
+  c.rope_scaling = {32.0, 1.0, 4.0, 8192.0};
+  c.add_bias_linear = false;
+  c.tie_embeddings = false;
+  return c;
+}
+}  // namespace
+
+TransformerConfig preset(const std::string& name) {
+  if (name == "gpt-tiny") {
+    // The demo and test model: byte vocabulary, small enough to train in minutes on 2 cores.
+    TransformerConfig c = gpt2_shape("gpt-tiny", 4, 192, 6);
+    c.vocab_size = 257;
+    c.max_position_embeddings = 256;
+    return c;
+  }
+  if (name == "gpt2-124m") return gpt2_shape("gpt2-124m", 12, 768, 12);
+  if (name == "gpt2-350m") return gpt2_shape("gpt2-350m", 24, 1024, 16);
+  if (name == "llama-tiny") {
+    TransformerConfig c = llama_shape("llama-tiny", 4, 192, 6, 2, 512);
+    c.vocab_size = 257;
+    c.max_position_embeddings = 256;
+    c.rotary_base = 10000.0;
+    c.rope_scaling = {};
+    return c;
+  }
+  if (name == "llama3-1b") {
+    TransformerConfig c = llama_shape("llama3-1b", 16, 2048, 32, 8, 8192);
+    c.tie_embeddings = true;
+    return c;
+  }
+  if (name == "llama3-8b") return llama_shape("llama3-8b", 32, 4096, 32, 8, 14336);
+  std::string known;
+  for (const auto& n : preset_names()) known += (known.empty() ? "" : ", ") + n;
+  fail("unknown model preset '", name, "' (known: ", known, ")");
+}
+
+std::vector<std::string> preset_names() {
+  return {"gpt-tiny", "gpt2-124m", "gpt2-350m", "llama-tiny", "llama3-1b", "llama3-8b"};
+}
+
+namespace {
+template <typename E, size_t N>
+E enum_from_name(const char* what, const std::string& s, const std::pair<const char*, E> (&table)[N]) {
+  std::string known;
+  for (const auto& [name, value] : table) {
+    if (s == name) return value;
+    known += (known.empty() ? "" : ", ") + std::string(name);
+  }
+  fail("unknown ", what, " '", s, "' (expected one of ", known, ")");
+}
+template <typename E, size_t N>
+std::string enum_name(E v, const std::pair<const char*, E> (&table)[N]) {
+  for (const auto& [name, value] : table)
+    if (value == v) return name;
+  return "?";
+}
+constexpr std::pair<const char*, Normalization> kNorms[] = {{"LayerNorm", Normalization::LayerNorm},
+                                                            {"RMSNorm", Normalization::RMSNorm}};
+constexpr std::pair<const char*, Activation> kActs[] = {{"gelu", Activation::GeLU}, {"swiglu", Activation::SwiGLU}};
+constexpr std::pair<const char*, PositionEmbedding> kPos[] = {{"learned_absolute", PositionEmbedding::LearnedAbsolute},
+                                                              {"rope", PositionEmbedding::Rope}};
+constexpr std::pair<const char*, kernels::RopeLayout> kRope[] = {{"half", kernels::RopeLayout::Half},
+                                                                 {"interleaved", kernels::RopeLayout::Interleaved}};
+}  // namespace
+
+std::string normalization_name(Normalization n) { return enum_name(n, kNorms); }
+std::string activation_name(Activation a) { return enum_name(a, kActs); }
+std::string position_embedding_name(PositionEmbedding p) { return enum_name(p, kPos); }
+Normalization normalization_from_name(const std::string& s) { return enum_from_name("normalization", s, kNorms); }
+Activation activation_from_name(const std::string& s) { return enum_from_name("activation", s, kActs); }
+PositionEmbedding position_embedding_from_name(const std::string& s) {
+  return enum_from_name("position_embedding_type", s, kPos);
+}
+kernels::RopeLayout rope_layout_from_name(const std::string& s) { return enum_from_name("rope_layout", s, kRope); }
+
+}  // namespace megaton::models

@@ -1,0 +1,59 @@
+// One TransformerConfig describes every decoder-only model Megaton builds (GPT-2, Llama, ...).
+// Field names follow Megatron-LM's arguments; presets give the common shapes by name.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "megaton/kernels/rope.h"
+
+namespace megaton::models {
+
+enum class Normalization { LayerNorm, RMSNorm };
+enum class Activation { GeLU, SwiGLU };
+enum class PositionEmbedding { LearnedAbsolute, Rope };
+
+struct TransformerConfig {
+  std::string name = "custom";          // preset name or "custom"
+  int64_t num_layers = 2;
+  int64_t hidden_size = 64;
+  int64_t num_attention_heads = 4;
+  int64_t num_query_groups = 4;         // kv heads (GQA); == heads for MHA
+  int64_t kv_channels = 0;              // head dim; 0 -> hidden_size / heads
+  int64_t ffn_hidden_size = 256;
+  int64_t vocab_size = 257;
+  int64_t max_position_embeddings = 256;
+  Normalization normalization = Normalization::LayerNorm;
+  Activation activation = Activation::GeLU;
+  PositionEmbedding position_embedding = PositionEmbedding::LearnedAbsolute;
+  kernels::RopeLayout rope_layout = kernels::RopeLayout::Half;
+  double rotary_base = 10000.0;
+  kernels::RopeScaling rope_scaling;    // factor 0: none
+  bool add_bias_linear = true;          // biases on every linear (GPT-2) or none (Llama)
+  bool tie_embeddings = true;           // output head shares the word embedding
+  double norm_epsilon = 1e-5;
+  double init_method_std = 0.02;
+
+  int64_t head_dim() const { return kv_channels > 0 ? kv_channels : hidden_size / num_attention_heads; }
+  int64_t qkv_size() const { return (num_attention_heads + 2 * num_query_groups) * head_dim(); }
+  // Throws megaton::Error naming the inconsistent fields (heads vs hidden, groups vs heads, ...).
+  void validate() const;
+  int64_t num_parameters() const;
+  // Training FLOPs per token: 6 x (matmul parameters) + attention (12 x layers x seq x
+  // heads x head_dim, halved for the causal mask), the convention of Megatron / PaLM's MFU.
+  double flops_per_token(int64_t seq_len) const;
+};
+
+// Named presets: gpt-tiny, gpt2-124m, gpt2-350m, llama-tiny, llama3-1b, llama3-8b.
+TransformerConfig preset(const std::string& name);
+std::vector<std::string> preset_names();
+
+std::string normalization_name(Normalization n);
+std::string activation_name(Activation a);
+std::string position_embedding_name(PositionEmbedding p);
+Normalization normalization_from_name(const std::string& s);
+Activation activation_from_name(const std::string& s);
+PositionEmbedding position_embedding_from_name(const std::string& s);
+kernels::RopeLayout rope_layout_from_name(const std::string& s);
+
+}  // namespace megaton::models

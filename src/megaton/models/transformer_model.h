@@ -1,0 +1,70 @@
+// Decoder-only transformer (GPT-2, Llama, ...) assembled from nn/ modules by TransformerConfig.
+// forward() and backward() are separate so a pipeline schedule can interleave micro-batches;
+// every micro-batch keeps its activations in its own ModelCtx.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "megaton/models/transformer_config.h"
+#include "megaton/nn/embedding.h"
+#include "megaton/nn/output_head.h"
+#include "megaton/nn/transformer_block.h"
+
+namespace megaton::models {
+
+struct ModelCtx {
+  int64_t B = 0, T = 0;
+  Tensor tokens;
+  std::vector<nn::BlockCtx> blocks;
+  nn::NormCtx final_norm;
+  Tensor dhidden;  // gradient at the final norm's output, produced by the fused loss head
+};
+
+struct LossResult {
+  double loss = 0;     // mean cross-entropy over the tokens with a target
+  int64_t tokens = 0;  // number of such tokens
+};
+
+class TransformerModel {
+ public:
+  explicit TransformerModel(const TransformerConfig& config);
+  TransformerModel(const TransformerModel&) = delete;
+  TransformerModel& operator=(const TransformerModel&) = delete;
+
+  const TransformerConfig& config() const { return config_; }
+  const nn::ParameterList& parameters() const { return params_; }
+  // Normal(0, init_method_std) for matrices and embeddings, the output projections of each block
+  // scaled by 1/sqrt(2 num_layers) (GPT-2 / Megatron), norms 1, biases 0. Each tensor draws from
+  // its own Philox stream keyed by its name, so init is independent of order and threads.
+  void init_weights(uint64_t seed);
+
+  // tokens, targets: [B, T] i32 (targets may hold kernels::kIgnoreIndex). With
+  // compute_grad, the loss head also produces the gradient of loss_scale * mean loss at the
+  // final hidden state (and the head's weight gradient); backward() then finishes the pass.
+  LossResult forward(ModelCtx& ctx, const Tensor& tokens, const Tensor& targets, bool compute_grad,
+                     float loss_scale = 1.0f);
+  // Accumulates every parameter gradient; runs each block's B then W back to back.
+  void backward(ModelCtx& ctx);
+
+  // Incremental decoding: one KV cache per layer; returns the logits of each sequence's last
+  // new token, [B, vocab].
+  std::vector<nn::KVCache> new_kv_caches(int64_t B, int64_t max_len) const;
+  Tensor forward_cached(std::vector<nn::KVCache>& caches, const Tensor& tokens);
+
+  nn::Embedding& embedding() { return embedding_; }
+  std::vector<std::unique_ptr<nn::TransformerBlock>>& layers() { return layers_; }
+  nn::Norm& final_norm() { return final_norm_; }
+  nn::OutputHead& head() { return head_; }
+  nn::Parameter& output_weight() { return head_.weight(); }
+
+ private:
+  TransformerConfig config_;
+  nn::RopeTables rope_;
+  nn::Embedding embedding_;
+  std::vector<std::unique_ptr<nn::TransformerBlock>> layers_;
+  nn::Norm final_norm_;
+  nn::OutputHead head_;
+  nn::ParameterList params_;
+};
+
+}  // namespace megaton::models

@@ -1,0 +1,58 @@
+// Causal self-attention: fused QKV projection, optional RoPE, flash-style attention, output
+// projection. QKV rows are [all q heads | all k heads | all v heads] (Megaton's fused layout;
+// the HF interop splits them into q_proj / k_proj / v_proj).
+#pragma once
+#include "megaton/kernels/rope.h"
+#include "megaton/nn/linear.h"
+
+namespace megaton::nn {
+
+// cos/sin tables [max_positions, head_dim / 2], built once per model.
+struct RopeTables {
+  Tensor cos, sin;
+  kernels::RopeLayout layout = kernels::RopeLayout::Half;
+};
+
+struct AttentionShape {
+  int64_t hidden, heads, groups, head_dim;
+  int64_t q_size() const { return heads * head_dim; }
+  int64_t kv_size() const { return groups * head_dim; }
+  int64_t qkv_size() const { return q_size() + 2 * kv_size(); }
+};
+
+struct AttentionCtx {
+  LinearCtx qkv_ctx;
+  Tensor qkv;  // [N, qkv_size], q and k already rotated
+  Tensor out;  // [N, heads * head_dim] attention output before the projection
+  Tensor lse;  // [B, heads, T]
+  LinearCtx proj_ctx;
+};
+
+// Keys and values of the tokens seen so far, for incremental decoding: [B, max_len, groups*head_dim].
+struct KVCache {
+  Tensor k, v;
+  int64_t len = 0;
+};
+
+class SelfAttention {
+ public:
+  SelfAttention(const std::string& name, AttentionShape shape, bool bias, const RopeTables* rope);
+  Tensor forward(AttentionCtx& ctx, const Tensor& x, int64_t B, int64_t T);
+  Tensor backward_input(AttentionCtx& ctx, const Tensor& dy, int64_t B, int64_t T);
+  void backward_weight(AttentionCtx& ctx);
+  // Inference: x holds T new tokens per sequence at positions cache.len ...; appends to the cache.
+  Tensor forward_cached(KVCache& cache, const Tensor& x, int64_t B, int64_t T);
+  KVCache new_cache(int64_t B, int64_t max_len) const;
+  void parameters(ParameterList& out);
+
+  Linear qkv;
+  Linear proj;
+
+ private:
+  void rotate(Tensor& qkv_buf, int64_t B, int64_t T, int64_t pos_offset, bool inverse) const;
+  AttentionShape shape_;
+  const RopeTables* rope_;
+  double scale_;
+};
+
+}  // namespace megaton::nn

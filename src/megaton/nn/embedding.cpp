@@ -1,0 +1,38 @@
+#include "megaton/nn/embedding.h"
+
+#include "megaton/kernels/embedding.h"
+#include "megaton/nn/linear.h"
+
+namespace megaton::nn {
+
+Embedding::Embedding(int64_t vocab, int64_t hidden, int64_t max_positions, bool learned_positions)
+    : word("embedding.word_embeddings.weight", {vocab, hidden}, false), vocab_(vocab), hidden_(hidden) {
+  if (learned_positions) position = Parameter("embedding.position_embeddings.weight", {max_positions, hidden}, false);
+}
+
+Tensor Embedding::forward(const Tensor& tokens, int64_t pos_offset) {
+  const int64_t B = tokens.size(0), T = tokens.size(1);
+  const int32_t* ids = tokens.data<int32_t>();
+  for (int64_t i = 0; i < B * T; ++i)
+    if (ids[i] < 0 || ids[i] >= vocab_)
+      fail("token id ", ids[i], " at position ", i, " of '", tokens.name(), "' is outside the model's vocabulary of ",
+           vocab_, " (vocab mismatch between data and model?)");
+  if (position.value.defined() && pos_offset + T > position.value.size(0))
+    fail("sequence of ", pos_offset + T, " tokens exceeds max_position_embeddings ", position.value.size(0));
+  Tensor out = new_activation({B * T, hidden_}, "embedding.out");
+  const float* wpe = position.value.defined() ? position.value.data<float>() + pos_offset * hidden_ : nullptr;
+  kernels::embedding_forward(out.data<float>(), ids, word.value.data<float>(), wpe, B, T, hidden_);
+  return out;
+}
+
+void Embedding::backward_weight(const Tensor& tokens, const Tensor& dy) {
+  kernels::embedding_backward(word.grad.data<float>(), position.grad.defined() ? position.grad.data<float>() : nullptr,
+                              dy.data<float>(), tokens.data<int32_t>(), tokens.size(0), tokens.size(1), hidden_);
+}
+
+void Embedding::parameters(ParameterList& out) {
+  out.push_back(&word);
+  if (position.value.defined()) out.push_back(&position);
+}
+
+}  // namespace megaton::nn

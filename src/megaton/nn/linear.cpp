@@ -1,0 +1,49 @@
+#include "megaton/nn/linear.h"
+
+#include "megaton/kernels/linear.h"
+
+namespace megaton::nn {
+
+int64_t rows_of(const Tensor& t) { return t.numel() / t.size(-1); }
+
+Tensor new_activation(Shape shape, const std::string& name) {
+  return Tensor::empty(std::move(shape), DType::F32, MemCategory::Activations, name);
+}
+
+Linear::Linear(const std::string& name, int64_t in_features, int64_t out_features, bool has_bias)
+    : weight(name + ".weight", {out_features, in_features}, true), in_(in_features), out_(out_features) {
+  if (has_bias) bias = Parameter(name + ".bias", {out_features}, false);
+}
+
+Tensor Linear::forward(LinearCtx& ctx, const Tensor& x) {
+  if (x.size(-1) != in_)
+    fail("linear '", weight.name, "': input '", x.name(), "' has ", x.size(-1), " features, expected ", in_);
+  const int64_t N = rows_of(x);
+  Tensor y = new_activation({N, out_}, weight.name + ".out");
+  kernels::linear_forward(y.data<float>(), x.data<float>(), weight.value.data<float>(),
+                          bias.value.defined() ? bias.value.data<float>() : nullptr, N, in_, out_);
+  ctx.x = x;
+  return y;
+}
+
+Tensor Linear::backward_input(LinearCtx& ctx, const Tensor& dy) {
+  const int64_t N = rows_of(dy);
+  Tensor dx = new_activation({N, in_}, weight.name + ".dx");
+  kernels::linear_backward_input(dx.data<float>(), dy.data<float>(), weight.value.data<float>(), N, in_, out_);
+  ctx.dy = dy;
+  return dx;
+}
+
+void Linear::backward_weight(LinearCtx& ctx) {
+  const int64_t N = rows_of(ctx.dy);
+  kernels::linear_backward_weight(weight.grad.data<float>(), bias.grad.defined() ? bias.grad.data<float>() : nullptr,
+                                  ctx.dy.data<float>(), ctx.x.data<float>(), N, in_, out_);
+  ctx = {};
+}
+
+void Linear::parameters(ParameterList& out) {
+  out.push_back(&weight);
+  if (bias.value.defined()) out.push_back(&bias);
+}
+
+}  // namespace megaton::nn

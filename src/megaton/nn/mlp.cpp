@@ -1,0 +1,46 @@
+#include "megaton/nn/mlp.h"
+
+#include "megaton/kernels/activation.h"
+
+namespace megaton::nn {
+
+Mlp::Mlp(const std::string& name, int64_t hidden, int64_t ffn_hidden, bool swiglu, bool bias)
+    : fc1(name + ".linear_fc1", hidden, swiglu ? 2 * ffn_hidden : ffn_hidden, bias),
+      fc2(name + ".linear_fc2", ffn_hidden, hidden, bias),
+      ffn_(ffn_hidden),
+      swiglu_(swiglu) {}
+
+Tensor Mlp::forward(MlpCtx& ctx, const Tensor& x) {
+  ctx.h = fc1.forward(ctx.fc1_ctx, x);
+  const int64_t N = rows_of(x);
+  Tensor a = new_activation({N, ffn_}, fc1.weight.name + ".act");
+  if (swiglu_)
+    kernels::swiglu_forward(a.data<float>(), ctx.h.data<float>(), N, ffn_);
+  else
+    kernels::gelu_forward(a.data<float>(), ctx.h.data<float>(), N * ffn_);
+  return fc2.forward(ctx.fc2_ctx, a);
+}
+
+Tensor Mlp::backward_input(MlpCtx& ctx, const Tensor& dy) {
+  Tensor da = fc2.backward_input(ctx.fc2_ctx, dy);
+  const int64_t N = rows_of(dy);
+  Tensor dh = new_activation(ctx.h.shape(), fc1.weight.name + ".dact");
+  if (swiglu_)
+    kernels::swiglu_backward(dh.data<float>(), da.data<float>(), ctx.h.data<float>(), N, ffn_);
+  else
+    kernels::gelu_backward(dh.data<float>(), da.data<float>(), ctx.h.data<float>(), N * ffn_);
+  ctx.h = {};
+  return fc1.backward_input(ctx.fc1_ctx, dh);
+}
+
+void Mlp::backward_weight(MlpCtx& ctx) {
+  fc2.backward_weight(ctx.fc2_ctx);
+  fc1.backward_weight(ctx.fc1_ctx);
+}
+
+void Mlp::parameters(ParameterList& out) {
+  fc1.parameters(out);
+  fc2.parameters(out);
+}
+
+}  // namespace megaton::nn

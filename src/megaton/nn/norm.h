@@ -1,0 +1,31 @@
+// LayerNorm or RMSNorm over the hidden dimension, chosen by the model config.
+#pragma once
+#include "megaton/nn/parameter.h"
+
+namespace megaton::nn {
+
+struct NormCtx {
+  Tensor x;     // input
+  Tensor mean;  // [N] (LayerNorm only)
+  Tensor rstd;  // [N]
+  Tensor dy;    // saved by backward_input for backward_weight
+};
+
+class Norm {
+ public:
+  Norm(const std::string& name, int64_t hidden, bool rms, double eps);
+  Tensor forward(NormCtx& ctx, const Tensor& x);
+  Tensor backward_input(NormCtx& ctx, const Tensor& dy);
+  void backward_weight(NormCtx& ctx);
+  void parameters(ParameterList& out);
+
+  Parameter weight;
+  Parameter bias;  // LayerNorm only
+
+ private:
+  int64_t hidden_;
+  bool rms_;
+  double eps_;
+};
+
+}  // namespace megaton::nn

@@ -1,0 +1,71 @@
+#include "megaton/nn/output_head.h"
+
+#include <algorithm>
+
+#include "megaton/kernels/cross_entropy.h"
+#include "megaton/kernels/linear.h"
+#include "megaton/nn/linear.h"
+
+namespace megaton::nn {
+
+namespace {
+// Rows per chunk: large enough for efficient GEMMs (K = chunk in dW += dlogits^T x), small
+// enough that a chunk of logits (chunk x vocab floats) stays a modest buffer.
+constexpr int64_t kChunkRows = 256;
+}  // namespace
+
+OutputHead::OutputHead(int64_t hidden, int64_t vocab, Parameter* tied) : hidden_(hidden), vocab_(vocab), tied_(tied) {
+  if (!tied) own_ = Parameter("output_layer.weight", {vocab, hidden}, true);
+}
+
+int64_t count_targets(const int32_t* targets, int64_t n) {
+  return std::count_if(targets, targets + n, [](int32_t t) { return t != kernels::kIgnoreIndex; });
+}
+
+LossSum OutputHead::run(const Tensor& x, const int32_t* targets, float grad_scale, Tensor* dx) {
+  const int64_t N = rows_of(x);
+  for (int64_t i = 0; i < N; ++i)
+    if (targets[i] != kernels::kIgnoreIndex && (targets[i] < 0 || targets[i] >= vocab_))
+      fail("target id ", targets[i], " at row ", i, " is outside the model's vocabulary of ", vocab_);
+  Parameter& w = weight();
+  const int64_t chunk = std::min(N, kChunkRows);
+  Tensor logits = Tensor::empty({chunk, vocab_}, DType::F32, MemCategory::Workspace, "output_layer.logits");
+  Tensor losses = Tensor::empty({chunk}, DType::F32, MemCategory::Workspace, "output_layer.losses");
+  Tensor lse = Tensor::empty({chunk}, DType::F32, MemCategory::Workspace, "output_layer.lse");
+  LossSum total;
+  for (int64_t r0 = 0; r0 < N; r0 += chunk) {
+    const int64_t n = std::min(chunk, N - r0);
+    const float* xr = x.data<float>() + r0 * hidden_;
+    float* lg = logits.data<float>();
+    kernels::linear_forward(lg, xr, w.value.data<float>(), static_cast<const float*>(nullptr), n, hidden_, vocab_);
+    kernels::cross_entropy_forward(losses.data<float>(), lse.data<float>(), lg, targets + r0, n, vocab_);
+    for (int64_t i = 0; i < n; ++i) total.sum += losses.data<float>()[i];
+    total.count += count_targets(targets + r0, n);
+    if (!dx) continue;
+    kernels::cross_entropy_backward(lg, lg, lse.data<float>(), targets + r0, grad_scale, n, vocab_);
+    kernels::linear_backward_input(dx->data<float>() + r0 * hidden_, lg, w.value.data<float>(), n, hidden_, vocab_);
+    kernels::linear_backward_weight(w.grad.data<float>(), static_cast<float*>(nullptr), lg, xr, n, hidden_, vocab_);
+  }
+  return total;
+}
+
+LossSum OutputHead::loss(const Tensor& x, const int32_t* targets) { return run(x, targets, 0.0f, nullptr); }
+
+LossSum OutputHead::loss_and_grad(const Tensor& x, const int32_t* targets, float grad_scale, Tensor& dx) {
+  dx = new_activation(x.shape(), "output_layer.dx");
+  return run(x, targets, grad_scale, &dx);
+}
+
+Tensor OutputHead::logits(const Tensor& x) {
+  const int64_t N = rows_of(x);
+  Tensor out = new_activation({N, vocab_}, "output_layer.logits");
+  kernels::linear_forward(out.data<float>(), x.data<float>(), weight().value.data<float>(),
+                          static_cast<const float*>(nullptr), N, hidden_, vocab_);
+  return out;
+}
+
+void OutputHead::parameters(ParameterList& out) {
+  if (!tied_) out.push_back(&own_);
+}
+
+}  // namespace megaton::nn

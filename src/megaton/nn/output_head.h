@@ -1,0 +1,39 @@
+// Output layer + softmax cross-entropy, fused and chunked over rows (llm.c's fused classifier):
+// per chunk, logits = x W^T, loss, dlogits in place, dx = dlogits W and dW += dlogits^T x.
+// Only one chunk of logits exists at a time, so the N x vocab matrix is never stored. The cost
+// is that the head's weight gradient is computed eagerly during the forward of a training step
+// rather than in a deferred W pass; keeping dlogits for a later W would cost N x vocab memory.
+#pragma once
+#include "megaton/nn/parameter.h"
+
+namespace megaton::nn {
+
+struct LossSum {
+  double sum = 0;     // sum of per-token losses
+  int64_t count = 0;  // tokens with a target (not kIgnoreIndex)
+};
+
+class OutputHead {
+ public:
+  // tied: the word embedding whose value/grad this head shares; null for an own weight.
+  OutputHead(int64_t hidden, int64_t vocab, Parameter* tied);
+  // Loss only (evaluation).
+  LossSum loss(const Tensor& x, const int32_t* targets);
+  // Loss and gradients: dx (written) and the weight gradient (accumulated) of
+  // grad_scale * sum(losses).
+  LossSum loss_and_grad(const Tensor& x, const int32_t* targets, float grad_scale, Tensor& dx);
+  // Logits [N, vocab] of the given rows (generation).
+  Tensor logits(const Tensor& x);
+  void parameters(ParameterList& out);
+  Parameter& weight() { return tied_ ? *tied_ : own_; }
+
+ private:
+  LossSum run(const Tensor& x, const int32_t* targets, float grad_scale, Tensor* dx);
+  int64_t hidden_, vocab_;
+  Parameter* tied_;
+  Parameter own_;
+};
+
+int64_t count_targets(const int32_t* targets, int64_t n);
+
+}  // namespace megaton::nn

@@ -1,0 +1,17 @@
+#include "megaton/train/metrics_log.h"
+
+#include "megaton/core/error.h"
+
+namespace megaton::train {
+
+MetricsLog::MetricsLog(const std::string& path) : path_(path), out_(path, std::ios::app) {
+  if (!out_) fail("cannot open metrics file '", path, "' for writing");
+}
+
+void MetricsLog::write(const nlohmann::json& record) {
+  out_ << record.dump() << '\n';
+  out_.flush();
+  if (!out_) fail("failed writing metrics file '", path_, "'");
+}
+
+}  // namespace megaton::train

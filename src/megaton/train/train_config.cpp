@@ -1,0 +1,310 @@
+#include "megaton/train/train_config.h"
+
+#include <algorithm>
+#include <functional>
+#include <map>
+#include <sstream>
+#include <toml++/toml.h>
+#include <variant>
+
+#include "megaton/core/error.h"
+#include "megaton/models/hf_format.h"
+#include "megaton/optim/lr_schedule.h"
+
+namespace megaton::train {
+
+namespace {
+
+using Value = std::variant<int64_t, double, bool, std::string>;
+enum class Kind { Int, Double, Bool, String };
+
+const char* kind_name(Kind k) {
+  static const char* names[] = {"an integer", "a number", "a boolean", "a string"};
+  return names[static_cast<int>(k)];
+}
+
+// One configuration key: where it lives (TrainConfig or the model) and how to read/write it.
+struct Field {
+  std::string name;  // "section.key"
+  Kind kind;
+  bool model;        // applies to TrainConfig::model after the preset / load is resolved
+  std::function<void(TrainConfig&, const Value&)> set;
+  std::function<Value(const TrainConfig&)> get;
+};
+
+template <typename T>
+Field field(std::string name, T TrainConfig::*member) {
+  Kind kind = std::is_same_v<T, int64_t> ? Kind::Int
+              : std::is_same_v<T, double> ? Kind::Double
+              : std::is_same_v<T, bool>   ? Kind::Bool
+                                          : Kind::String;
+  return {std::move(name), kind, false, [member](TrainConfig& c, const Value& v) { c.*member = std::get<T>(v); },
+          [member](const TrainConfig& c) { return Value(c.*member); }};
+}
+
+template <typename T>
+Field model_field(std::string name, T models::TransformerConfig::*member) {
+  Field f = field<T>(std::move(name), nullptr);
+  f.model = true;
+  f.set = [member](TrainConfig& c, const Value& v) { c.model.*member = std::get<T>(v); };
+  f.get = [member](const TrainConfig& c) { return Value(c.model.*member); };
+  return f;
+}
+
+// Model keys stored as enums, spelled as strings.
+template <typename E>
+Field model_enum(std::string name, E models::TransformerConfig::*member, E (*parse)(const std::string&),
+                 std::string (*print)(E)) {
+  Field f{std::move(name), Kind::String, true,
+          [member, parse](TrainConfig& c, const Value& v) { c.model.*member = parse(std::get<std::string>(v)); },
+          [member, print](const TrainConfig& c) { return Value(print(c.model.*member)); }};
+  return f;
+}
+
+std::string rope_layout_name(kernels::RopeLayout l) {
+  return l == kernels::RopeLayout::Half ? "half" : "interleaved";
+}
+
+const std::vector<Field>& fields() {
+  using TC = TrainConfig;
+  using MC = models::TransformerConfig;
+  static const std::vector<Field> all = {
+      field("model.preset", &TC::preset),
+      field("model.load", &TC::load),
+      model_field("model.num_layers", &MC::num_layers),
+      model_field("model.hidden_size", &MC::hidden_size),
+      model_field("model.num_attention_heads", &MC::num_attention_heads),
+      model_field("model.num_query_groups", &MC::num_query_groups),
+      model_field("model.kv_channels", &MC::kv_channels),
+      model_field("model.ffn_hidden_size", &MC::ffn_hidden_size),
+      model_field("model.vocab_size", &MC::vocab_size),
+      model_field("model.max_position_embeddings", &MC::max_position_embeddings),
+      model_enum("model.normalization", &MC::normalization, &models::normalization_from_name,
+                 &models::normalization_name),
+      model_enum("model.activation", &MC::activation, &models::activation_from_name, &models::activation_name),
+      model_enum("model.position_embedding_type", &MC::position_embedding, &models::position_embedding_from_name,
+                 &models::position_embedding_name),
+      model_enum("model.rope_layout", &MC::rope_layout, &models::rope_layout_from_name, &rope_layout_name),
+      model_field("model.rotary_base", &MC::rotary_base),
+      model_field("model.add_bias_linear", &MC::add_bias_linear),
+      model_field("model.tie_embeddings", &MC::tie_embeddings),
+      model_field("model.norm_epsilon", &MC::norm_epsilon),
+      model_field("model.init_method_std", &MC::init_method_std),
+      field("data.data_path", &TC::data_path),
+      field("data.valid_data_path", &TC::valid_data_path),
+      field("data.tokenizer", &TC::tokenizer),
+      field("data.shuffle", &TC::shuffle),
+      field("training.micro_batch_size", &TC::micro_batch_size),
+      field("training.global_batch_size", &TC::global_batch_size),
+      field("training.seq_length", &TC::seq_length),
+      field("training.train_iters", &TC::train_iters),
+      field("training.seed", &TC::seed),
+      field("training.threads", &TC::threads),
+      field("optimizer.lr", &TC::lr),
+      field("optimizer.min_lr", &TC::min_lr),
+      field("optimizer.lr_warmup_iters", &TC::lr_warmup_iters),
+      field("optimizer.lr_decay_iters", &TC::lr_decay_iters),
+      field("optimizer.lr_decay_style", &TC::lr_decay_style),
+      field("optimizer.weight_decay", &TC::weight_decay),
+      field("optimizer.adam_beta1", &TC::adam_beta1),
+      field("optimizer.adam_beta2", &TC::adam_beta2),
+      field("optimizer.adam_eps", &TC::adam_eps),
+      field("optimizer.clip_grad", &TC::clip_grad),
+      field("logging.run_dir", &TC::run_dir),
+      field("logging.log_interval", &TC::log_interval),
+      field("logging.eval_interval", &TC::eval_interval),
+      field("logging.eval_iters", &TC::eval_iters),
+      field("logging.save_interval", &TC::save_interval),
+      field("logging.peak_tflops", &TC::peak_tflops),
+      field("sample.prompt", &TC::sample_prompt),
+      field("sample.tokens", &TC::sample_tokens),
+      field("sample.temperature", &TC::sample_temperature),
+  };
+  return all;
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+const Field& find_field(const std::string& name, const std::string& where) {
+  const Field* best = nullptr;
+  size_t best_d = SIZE_MAX;
+  for (const Field& f : fields()) {
+    if (f.name == name) return f;
+    // Compare with and without the section so "training.lr" suggests "optimizer.lr".
+    const std::string key = f.name.substr(f.name.find('.') + 1);
+    const std::string want = name.substr(name.find('.') + 1);
+    size_t d = std::min(edit_distance(f.name, name), edit_distance(key, want));
+    if (d < best_d) best_d = d, best = &f;
+  }
+  fail(where, ": unknown config key '", name, "'", best ? " (did you mean '" + best->name + "'?)" : "");
+}
+
+// Read a TOML node as the field's kind; integers are accepted where numbers are expected.
+Value from_toml(const toml::node& n, const Field& f, const std::string& where) {
+  auto wrong = [&]() -> Value {
+    fail(where, ": key '", f.name, "' must be ", kind_name(f.kind), ", got ", n.type());
+  };
+  switch (f.kind) {
+    case Kind::Int:
+      if (auto v = n.value_exact<int64_t>()) return *v;
+      return wrong();
+    case Kind::Double:
+      if (auto v = n.value<double>()) return *v;
+      return wrong();
+    case Kind::Bool:
+      if (auto v = n.value_exact<bool>()) return *v;
+      return wrong();
+    case Kind::String:
+      if (auto v = n.value_exact<std::string>()) return *v;
+      return wrong();
+  }
+  return wrong();
+}
+
+Value from_text(const std::string& text, const Field& f) {
+  // Parse the override as a one-line TOML document so quoting and numbers follow TOML rules;
+  // bare words are taken as strings for convenience (--set data.tokenizer=byte).
+  try {
+    auto doc = toml::parse("v = " + text);
+    return from_toml(*doc.get("v"), f, "--set " + f.name + "=" + text);
+  } catch (const toml::parse_error&) {
+    if (f.kind == Kind::String) return text;
+    fail("--set ", f.name, "=", text, ": '", text, "' is not ", kind_name(f.kind));
+  }
+}
+
+void flatten(const toml::table& t, const std::string& prefix, const std::string& path,
+             std::vector<std::pair<std::string, const toml::node*>>& out) {
+  for (const auto& [k, v] : t) {
+    std::string name = prefix.empty() ? std::string(k.str()) : prefix + "." + std::string(k.str());
+    if (const toml::table* sub = v.as_table(); sub && prefix.empty())
+      flatten(*sub, name, path, out);
+    else
+      out.emplace_back(name, &v);
+  }
+}
+
+void check(bool ok, const std::string& key, const std::string& msg) {
+  if (!ok) fail("config key '", key, "': ", msg);
+}
+
+void validate(const TrainConfig& c) {
+  check(c.micro_batch_size > 0, "training.micro_batch_size", "must be positive");
+  check(c.global_batch_size > 0 && c.global_batch_size % c.micro_batch_size == 0, "training.global_batch_size",
+        "must be a positive multiple of training.micro_batch_size (" + std::to_string(c.micro_batch_size) + ")");
+  check(c.seq_length > 0, "training.seq_length", "must be positive");
+  check(c.seq_length <= c.model.max_position_embeddings, "training.seq_length",
+        std::to_string(c.seq_length) + " exceeds the model's max_position_embeddings " +
+            std::to_string(c.model.max_position_embeddings));
+  check(c.train_iters >= 0, "training.train_iters", "must not be negative");
+  check(c.threads >= 0, "training.threads", "must not be negative");
+  check(c.lr >= 0 && c.min_lr >= 0 && c.min_lr <= c.lr, "optimizer.min_lr", "must be in [0, optimizer.lr]");
+  check(c.lr_warmup_iters >= 0, "optimizer.lr_warmup_iters", "must not be negative");
+  optim::lr_decay_style_from_name(c.lr_decay_style);
+  check(c.adam_beta1 >= 0 && c.adam_beta1 < 1, "optimizer.adam_beta1", "must be in [0, 1)");
+  check(c.adam_beta2 >= 0 && c.adam_beta2 < 1, "optimizer.adam_beta2", "must be in [0, 1)");
+  check(c.adam_eps > 0, "optimizer.adam_eps", "must be positive");
+  check(c.log_interval > 0, "logging.log_interval", "must be positive");
+  check(c.eval_interval >= 0 && c.eval_iters >= 0, "logging.eval_interval", "eval_interval/eval_iters >= 0");
+  check(c.save_interval >= 0, "logging.save_interval", "must not be negative");
+  check(!c.run_dir.empty(), "logging.run_dir", "must not be empty");
+  check(c.sample_tokens >= 0, "sample.tokens", "must not be negative");
+}
+
+}  // namespace
+
+std::vector<std::string> train_config_keys() {
+  std::vector<std::string> names;
+  for (const Field& f : fields()) names.push_back(f.name);
+  return names;
+}
+
+TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides) {
+  // Collect (field, value) in order: file first, then --set, so later settings win.
+  std::vector<std::pair<const Field*, Value>> settings;
+  toml::table doc;
+  if (!path.empty()) {
+    try {
+      doc = toml::parse_file(path);
+    } catch (const toml::parse_error& e) {
+      std::ostringstream os;
+      os << path << ":" << e.source().begin.line << ": " << e.description();
+      throw Error(os.str());
+    }
+    std::vector<std::pair<std::string, const toml::node*>> flat;
+    flatten(doc, "", path, flat);
+    for (const auto& [name, node] : flat) {
+      const Field& f = find_field(name, path);
+      settings.emplace_back(&f, from_toml(*node, f, path));
+    }
+  }
+  for (const std::string& o : overrides) {
+    auto eq = o.find('=');
+    if (eq == std::string::npos) fail("--set '", o, "': expected section.key=value");
+    const Field& f = find_field(o.substr(0, eq), "--set");
+    settings.emplace_back(&f, from_text(o.substr(eq + 1), f));
+  }
+
+  TrainConfig c;
+  for (const auto& [f, v] : settings)
+    if (!f->model) f->set(c, v);
+  if (!c.load.empty()) {
+    c.model = models::load_hf_config(c.load);
+    c.preset = "";
+  } else {
+    c.model = models::preset(c.preset);
+  }
+  for (const auto& [f, v] : settings) {
+    if (!f->model) continue;
+    if (!c.load.empty()) fail("config key '", f->name, "' cannot be combined with model.load (the architecture comes from ", c.load, ")");
+    f->set(c, v);
+    c.model.name = "custom";
+  }
+  if (c.lr_decay_iters == 0) c.lr_decay_iters = c.train_iters;
+  c.model.validate();
+  validate(c);
+  return c;
+}
+
+std::string to_toml(const TrainConfig& c) {
+  std::ostringstream os;
+  std::string section;
+  for (const Field& f : fields()) {
+    // With model.load the architecture comes from the HF folder; writing it out again would
+    // make the resolved file unloadable (model keys cannot be combined with load).
+    if (f.model && !c.load.empty()) continue;
+    const std::string s = f.name.substr(0, f.name.find('.'));
+    if (s != section) os << (section.empty() ? "" : "\n") << "[" << s << "]\n", section = s;
+    os << f.name.substr(s.size() + 1) << " = ";
+    std::visit(
+        [&](const auto& v) {
+          using T = std::decay_t<decltype(v)>;
+          if constexpr (std::is_same_v<T, std::string>)
+            os << toml::value<std::string>(v);
+          else if constexpr (std::is_same_v<T, bool>)
+            os << (v ? "true" : "false");
+          else if constexpr (std::is_same_v<T, double>)
+            os << toml::value<double>(v);
+          else
+            os << v;
+        },
+        f.get(c));
+    os << "\n";
+  }
+  return os.str();
+}
+
+}  // namespace megaton::train

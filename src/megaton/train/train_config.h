@@ -1,0 +1,70 @@
+// Everything `megaton train` reads from its TOML file and --set overrides. Keys are grouped in
+// sections ([model], [data], [training], [optimizer], [logging], [sample]) and named after
+// Megatron-LM's arguments. Unknown keys, wrong types and inconsistent values are errors that
+// name the key (and suggest the nearest known one).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "megaton/models/transformer_config.h"
+
+namespace megaton::train {
+
+struct TrainConfig {
+  // [model]: a preset plus optional overrides, or `load` = an HF folder to start from.
+  std::string preset = "gpt-tiny";
+  std::string load;
+  models::TransformerConfig model;  // resolved from preset/load and overrides
+
+  // [data]
+  std::string data_path;        // Megatron dataset prefix (PREFIX.bin / PREFIX.idx)
+  std::string valid_data_path;  // validation prefix; empty: no validation
+  std::string tokenizer = "byte";
+  bool shuffle = true;
+
+  // [training]
+  int64_t micro_batch_size = 16;
+  int64_t global_batch_size = 16;  // = micro_batch_size x gradient accumulation steps
+  int64_t seq_length = 128;
+  int64_t train_iters = 100;
+  int64_t seed = 1234;
+  int64_t threads = 0;  // 0: OMP_NUM_THREADS or all cores
+
+  // [optimizer]
+  double lr = 1e-3;
+  double min_lr = 1e-4;
+  int64_t lr_warmup_iters = 0;
+  int64_t lr_decay_iters = 0;  // 0: train_iters
+  std::string lr_decay_style = "cosine";
+  double weight_decay = 0.1;
+  double adam_beta1 = 0.9;
+  double adam_beta2 = 0.95;
+  double adam_eps = 1e-8;
+  double clip_grad = 1.0;
+
+  // [logging]
+  std::string run_dir = "runs/latest";
+  int64_t log_interval = 10;
+  int64_t eval_interval = 0;  // 0: only at the end
+  int64_t eval_iters = 20;    // validation batches per evaluation (0: the whole split)
+  int64_t save_interval = 0;  // 0: only the final export
+  double peak_tflops = 0.0;   // for MFU; 0: measured sgemm ceiling of this machine
+
+  // [sample]: text generated at the end of training
+  std::string sample_prompt = "";
+  int64_t sample_tokens = 0;
+  double sample_temperature = 0.8;
+
+  int64_t grad_accum_steps() const { return global_batch_size / micro_batch_size; }
+};
+
+// Parse `path` (empty: defaults only) then apply "section.key=value" overrides. model is
+// resolved and everything validated; data files are not opened here.
+TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides);
+// The fully resolved configuration as TOML (written to the run directory).
+std::string to_toml(const TrainConfig& c);
+// All known "section.key" names (for help and suggestions).
+std::vector<std::string> train_config_keys();
+
+}  // namespace megaton::train
