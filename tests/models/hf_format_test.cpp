@@ -1,0 +1,150 @@
+#include "megaton/models/hf_format.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <fstream>
+
+#include "../test_support.h"
+#include "megaton/ckpt/safetensors.h"
+#include "megaton/train/evaluate.h"
+
+using namespace megaton;
+using megaton::testing::TempDir;
+
+namespace {
+
+models::TransformerConfig tiny(const std::string& preset) {
+  auto c = models::preset(preset);
+  c.num_layers = 2;
+  c.hidden_size = 48;
+  c.num_attention_heads = 6;
+  c.num_query_groups = preset == "gpt-tiny" ? 6 : 2;
+  c.ffn_hidden_size = 80;
+  c.max_position_embeddings = 64;
+  return c;
+}
+
+void expect_same_parameters(models::TransformerModel& a, models::TransformerModel& b) {
+  ASSERT_EQ(a.parameters().size(), b.parameters().size());
+  for (size_t i = 0; i < a.parameters().size(); ++i) {
+    const Tensor& x = a.parameters()[i]->value;
+    const Tensor& y = b.parameters()[i]->value;
+    ASSERT_EQ(x.shape(), y.shape()) << a.parameters()[i]->name;
+    EXPECT_EQ(std::memcmp(x.raw(), y.raw(), x.nbytes()), 0) << a.parameters()[i]->name;
+  }
+}
+
+}  // namespace
+
+class HfRoundTrip : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(HfRoundTrip, ExportThenImportIsBitExact) {
+  TempDir dir("hf");
+  models::TransformerModel m(tiny(GetParam()));
+  m.init_weights(11);
+  models::save_hf_model(m, dir / "model");
+  auto back = models::load_hf_model(dir / "model");
+  EXPECT_EQ(back->config().num_parameters(), m.config().num_parameters());
+  expect_same_parameters(m, *back);
+  // A second export of the re-imported model is byte-identical too.
+  models::save_hf_model(*back, dir / "again");
+  std::ifstream f1(dir / "model/model.safetensors", std::ios::binary), f2(dir / "again/model.safetensors", std::ios::binary);
+  std::string s1((std::istreambuf_iterator<char>(f1)), {}), s2((std::istreambuf_iterator<char>(f2)), {});
+  EXPECT_EQ(s1, s2);
+}
+
+INSTANTIATE_TEST_SUITE_P(Presets, HfRoundTrip, ::testing::Values("gpt-tiny", "llama-tiny"));
+
+TEST(HfFormat, Gpt2UsesConv1DLayoutAndAcceptsBareNames) {
+  TempDir dir("hf");
+  models::TransformerModel m(tiny("gpt-tiny"));
+  m.init_weights(5);
+  auto tensors = models::to_hf_tensors(m);
+  std::map<std::string, Tensor> bare;
+  for (auto& [name, t] : tensors) {
+    if (name == "transformer.h.0.attn.c_attn.weight") {
+      EXPECT_EQ(t.shape(), (Shape{48, 3 * 48}));  // [in, out]
+      // Conv1D column j is linear_qkv row j.
+      const float* w = m.layers()[0]->attention.qkv.weight.value.data<float>();
+      EXPECT_EQ(t.data<float>()[1 * 144 + 7], w[7 * 48 + 1]);
+    }
+    bare[name.substr(name.rfind("transformer.", 0) == 0 ? 12 : 0)] = t;
+  }
+  models::TransformerModel m2(tiny("gpt-tiny"));
+  models::load_hf_tensors(m2, bare, "bare");
+  expect_same_parameters(m, m2);
+}
+
+TEST(HfFormat, InterleavedRopeExportsInHfLayoutWithTheSameLoss) {
+  // A Llama trained with Meta's interleaved RoPE exports permuted q/k rows so that HF's
+  // rotate_half model (what load_hf_model builds) computes the same function.
+  TempDir dir("hf");
+  auto cfg = tiny("llama-tiny");
+  cfg.rope_layout = kernels::RopeLayout::Interleaved;
+  cfg.init_method_std = 0.3;  // sharp attention, so that positions (and the RoPE layout) matter
+  models::TransformerModel m(cfg);
+  m.init_weights(9);
+  megaton::testing::write_byte_dataset(dir / "data", 40);
+  data::TokenStream stream(dir / "data");
+  const double loss = train::evaluate(m, stream, 32, 4, 8).loss;
+  models::save_hf_model(m, dir / "model");
+  auto back = models::load_hf_model(dir / "model");
+  EXPECT_EQ(back->config().rope_layout, kernels::RopeLayout::Half);
+  EXPECT_NEAR(train::evaluate(*back, stream, 32, 4, 8).loss, loss, 1e-5 * loss);
+  // and the layouts really differ: the same weights under the other layout give another loss
+  models::TransformerModel wrong(cfg);
+  for (size_t i = 0; i < wrong.parameters().size(); ++i)
+    wrong.parameters()[i]->value.copy_from(back->parameters()[i]->value);
+  EXPECT_GT(std::abs(train::evaluate(wrong, stream, 32, 4, 8).loss - loss), 1e-3);
+}
+
+TEST(HfFormat, MissingOrMisshapenTensorsAreNamed) {
+  TempDir dir("hf");
+  models::TransformerModel m(tiny("llama-tiny"));
+  m.init_weights(1);
+  auto tensors = models::to_hf_tensors(m);
+  std::map<std::string, Tensor> map(tensors.begin(), tensors.end());
+  auto missing = map;
+  missing.erase("model.layers.1.mlp.up_proj.weight");
+  try {
+    models::load_hf_tensors(m, missing, "f.safetensors");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("model.layers.1.mlp.up_proj.weight"), std::string::npos) << e.what();
+  }
+  auto wrong = map;
+  wrong["model.norm.weight"] = Tensor::zeros({47}, DType::F32);
+  try {
+    models::load_hf_tensors(m, wrong, "f.safetensors");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("model.norm.weight"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("[48]"), std::string::npos) << e.what();
+  }
+  auto extra = map;
+  extra["model.layers.7.mlp.up_proj.weight"] = Tensor::zeros({1}, DType::F32);
+  EXPECT_THROW(models::load_hf_tensors(m, extra, "f.safetensors"), Error);
+}
+
+TEST(HfFormat, ConfigJsonRoundTripsAndRejectsUnknownTypes) {
+  for (const char* p : {"gpt2-124m", "llama3-8b", "llama3-1b"}) {
+    auto c = models::preset(p);
+    auto back = models::config_from_hf(models::config_to_hf(c), "x");
+    EXPECT_EQ(back.num_parameters(), c.num_parameters()) << p;
+    EXPECT_EQ(back.rope_scaling.factor, c.rope_scaling.factor) << p;
+  }
+  EXPECT_THROW(models::config_from_hf({{"model_type", "bert"}}, "x"), Error);
+  EXPECT_THROW(models::config_from_hf({{"model_type", "gpt2"}, {"n_embd", 10}}, "x"), Error);
+}
+
+TEST(Presets, ParameterCountsMatchThePublishedModels) {
+  EXPECT_EQ(models::preset("gpt2-124m").num_parameters(), 124439808);
+  EXPECT_EQ(models::preset("gpt2-350m").num_parameters(), 354823168);
+  EXPECT_EQ(models::preset("llama3-8b").num_parameters(), 8030261248);
+  EXPECT_EQ(models::preset("llama3-1b").num_parameters(), 1235814400);
+  auto bad = models::preset("gpt-tiny");
+  bad.num_attention_heads = 5;
+  bad.num_query_groups = 5;
+  EXPECT_THROW(bad.validate(), Error);
+}

@@ -1,0 +1,85 @@
+// Bad input: one-line error naming the key or file, non-zero exit, no run directory written.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "../test_support.h"
+
+using megaton::testing::run_command;
+using megaton::testing::TempDir;
+
+namespace {
+
+struct BadCase {
+  const char* name;
+  std::string toml;        // config body; DATA is replaced by a valid dataset prefix
+  const char* must_name;   // text the error must contain
+};
+
+void replace_all(std::string& s, const std::string& from, const std::string& to) {
+  for (size_t p = 0; (p = s.find(from, p)) != std::string::npos; p += to.size()) s.replace(p, from.size(), to);
+}
+
+}  // namespace
+
+TEST(BadInput, ConfigAndDataErrorsNameTheCulpritAndWriteNothing) {
+  TempDir dir("bad");
+  megaton::testing::write_byte_dataset(dir / "data", 50);
+  const std::string base = "[data]\ndata_path = \"DATA\"\n[training]\ntrain_iters = 2\nseq_length = 16\n"
+                           "micro_batch_size = 2\nglobal_batch_size = 2\n";
+  const std::vector<BadCase> cases = {
+      {"key in the wrong section", base + "lr = 0.1\n", "did you mean 'optimizer.lr'"},
+      {"typo", base + "[optimizer]\nweight_decy = 0.1\n", "optimizer.weight_decay"},
+      {"wrong type", base + "[logging]\nlog_interval = \"often\"\n", "logging.log_interval"},
+      {"heads vs hidden", base + "[model]\nhidden_size = 100\nnum_attention_heads = 7\nnum_query_groups = 7\n",
+       "num_attention_heads"},
+      {"batch divisibility", "[data]\ndata_path = \"DATA\"\n[training]\nmicro_batch_size = 3\nglobal_batch_size = 4\n",
+       "training.global_batch_size"},
+      {"missing data", "[data]\ndata_path = \"/nonexistent/corpus\"\n", "/nonexistent/corpus"},
+      {"vocab mismatch", base + "[model]\nvocab_size = 100\n", "vocab"},
+      {"bad enum", base + "[model]\nnormalization = \"BatchNorm\"\n", "BatchNorm"},
+      {"toml syntax", base + "[optimizer\nlr = 1\n", ".toml:"},
+  };
+  for (const auto& c : cases) {
+    std::string toml = c.toml;
+    replace_all(toml, "DATA", dir / "data");
+    const std::string run_dir = dir / (std::string("run_") + std::to_string(&c - cases.data()));
+    toml += "[logging]\nrun_dir = \"" + run_dir + "\"\n";
+    if (c.toml.find("[logging]") != std::string::npos) {  // keep one [logging] table
+      replace_all(toml, "[logging]\nrun_dir", "run_dir");
+    }
+    const std::string path = dir / "cfg.toml";
+    std::ofstream(path) << toml;
+    auto r = run_command(std::string(MEGATON_BINARY) + " train --config " + path);
+    EXPECT_NE(r.exit_code, 0) << c.name;
+    EXPECT_NE(r.output.find("error: "), std::string::npos) << c.name << ": " << r.output;
+    EXPECT_NE(r.output.find(c.must_name), std::string::npos) << c.name << ": " << r.output;
+    EXPECT_FALSE(std::filesystem::exists(run_dir)) << c.name << " wrote " << run_dir;
+  }
+}
+
+TEST(BadInput, SetOverrideErrorsNameTheKey) {
+  auto r = run_command(std::string(MEGATON_BINARY) + " train --set training.train_itres=5");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("training.train_iters"), std::string::npos) << r.output;
+  r = run_command(std::string(MEGATON_BINARY) + " train --set training.train_iters=many");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("training.train_iters"), std::string::npos) << r.output;
+}
+
+TEST(BadInput, EvalOnMissingModelOrTruncatedIndexNamesTheFile) {
+  TempDir dir("bad");
+  megaton::testing::write_byte_dataset(dir / "data", 20);
+  auto r = run_command(std::string(MEGATON_BINARY) + " eval --model " + (dir / "nomodel") + " --data " + (dir / "data") +
+                       " --seq-len 8");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("nomodel"), std::string::npos) << r.output;
+  std::filesystem::resize_file(dir / "data.idx", std::filesystem::file_size(dir / "data.idx") - 5);
+  r = run_command(std::string(MEGATON_BINARY) + " preprocess --help >/dev/null; " + MEGATON_BINARY +
+                  " train --set data.data_path=\\\"" + (dir / "data") + "\\\" --set logging.run_dir=\\\"" +
+                  (dir / "run") + "\\\"");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("data.idx"), std::string::npos) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(dir / "run"));
+}
