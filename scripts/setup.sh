@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs the Debian packages Megaton needs (when missing) and builds it into build/.
+# Usage: scripts/setup.sh [extra cmake args...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PACKAGES=(build-essential cmake pkg-config ccache libopenblas-dev nlohmann-json3-dev libtomlplusplus-dev
+          libcli11-dev libgtest-dev python3-torch python3-numpy fortunes)
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "installing: ${missing[*]}"
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release "$@" >/dev/null
+cmake --build build -j"$(nproc)"
