@@ -1,0 +1,58 @@
+#include "megaton/train/train_config.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "megaton/core/error.h"
+
+#include "../test_support.h"
+
+using namespace megaton;
+
+TEST(TrainConfig, ExampleConfigParses) {
+  auto c = train::load_train_config(std::string(MEGATON_SOURCE_DIR) + "/configs/example.toml", {});
+  EXPECT_EQ(c.grad_accum_steps(), 2);
+  EXPECT_EQ(c.lr_decay_iters, c.train_iters);  // 0 resolves to train_iters
+  EXPECT_EQ(c.model.name, "gpt-tiny");
+}
+
+TEST(TrainConfig, OverridesWinAndModelKeysApplyOnTopOfThePreset) {
+  auto c = train::load_train_config("", {"model.preset=llama-tiny", "model.num_layers=3", "optimizer.lr=0.5",
+                                         "data.shuffle=false", "sample.prompt=Hello"});
+  EXPECT_EQ(c.model.num_layers, 3);
+  EXPECT_EQ(c.model.normalization, models::Normalization::RMSNorm);  // from the preset
+  EXPECT_EQ(c.lr, 0.5);
+  EXPECT_FALSE(c.shuffle);
+  EXPECT_EQ(c.sample_prompt, "Hello");
+}
+
+TEST(TrainConfig, ResolvedTomlLoadsBackToTheSameConfig) {
+  megaton::testing::TempDir dir("cfg");
+  auto c = train::load_train_config("", {"model.preset=llama-tiny", "model.hidden_size=96", "training.seed=9",
+                                         "optimizer.min_lr=1e-5", "logging.run_dir=\"x y\""});
+  const std::string path = dir / "resolved.toml";
+  std::ofstream(path) << train::to_toml(c);
+  auto back = train::load_train_config(path, {});
+  EXPECT_EQ(train::to_toml(back), train::to_toml(c));
+  EXPECT_EQ(back.model.hidden_size, 96);
+  EXPECT_EQ(back.min_lr, 1e-5);
+  EXPECT_EQ(back.run_dir, "x y");
+}
+
+TEST(TrainConfig, ErrorsNameTheKey) {
+  auto message = [](std::vector<std::string> sets) {
+    try {
+      train::load_train_config("", sets);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message({"optimizer.lr_warmup_iter=3"}).find("optimizer.lr_warmup_iters"), std::string::npos);
+  EXPECT_NE(message({"training.seq_length=4096"}).find("max_position_embeddings"), std::string::npos);
+  EXPECT_NE(message({"optimizer.adam_beta2=1.5"}).find("optimizer.adam_beta2"), std::string::npos);
+  EXPECT_NE(message({"optimizer.lr_decay_style=\"exp\""}).find("exp"), std::string::npos);
+  EXPECT_NE(message({"model.preset=gpt5"}).find("gpt5"), std::string::npos);
+  EXPECT_NE(message({"training.micro_batch_size=1.5"}).find("training.micro_batch_size"), std::string::npos);
+}
