@@ -1,0 +1,211 @@
+#include "megaton/ckpt/safetensors.h"
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+#include <tuple>
+
+#include "megaton/core/atomic_file.h"
+#include "megaton/core/error.h"
+
+namespace megaton::ckpt {
+
+// Tensor bytes are copied as they lie in memory, and the format stores them little-endian.
+static_assert(std::endian::native == std::endian::little, "safetensors I/O assumes a little-endian host");
+
+namespace {
+
+constexpr std::string_view kMetadataKey = "__metadata__";
+
+// Safetensors dtype names in megaton::DType order.
+constexpr std::array<std::string_view, 12> kDTypeNames{"F32", "F64", "BF16", "F16", "I32", "I64",
+                                                       "U8",  "I8",  "U16",  "I16", "U32", "U64"};
+
+std::optional<DType> dtype_from_safetensors(std::string_view name) {
+  for (size_t i = 0; i < kDTypeNames.size(); ++i)
+    if (kDTypeNames[i] == name) return static_cast<DType>(i);
+  return std::nullopt;
+}
+
+template <typename... Args>
+[[noreturn]] void fail_tensor(const std::string& path, const std::string& name, Args&&... args) {
+  fail(path, ": tensor '", name, "': ", std::forward<Args>(args)...);
+}
+
+// One header entry after validation; begin/end are relative to the start of the data section.
+struct Entry {
+  std::string name;
+  DType dtype;
+  Shape shape;
+  uint64_t begin;
+  uint64_t end;
+};
+
+Entry parse_entry(const std::string& path, const std::string& name, const nlohmann::json& v, uint64_t data_bytes) {
+  if (!v.is_object()) fail_tensor(path, name, "header entry is not a JSON object");
+  auto dt = v.find("dtype");
+  if (dt == v.end() || !dt->is_string()) fail_tensor(path, name, "missing \"dtype\" string");
+  auto dtype = dtype_from_safetensors(dt->get<std::string>());
+  if (!dtype)
+    fail_tensor(path, name, "unsupported dtype '", dt->get<std::string>(),
+                "' (supported: F32, F64, BF16, F16, I32, I64, U8, I8, U16, I16, U32, U64)");
+
+  auto sh = v.find("shape");
+  if (sh == v.end() || !sh->is_array()) fail_tensor(path, name, "missing \"shape\" array");
+  Entry e{name, *dtype, {}, 0, 0};
+  uint64_t bytes = dtype_size(*dtype);
+  for (const auto& d : *sh) {
+    if (!d.is_number_unsigned())
+      fail_tensor(path, name, "shape ", sh->dump(), " has a non-integer or negative dimension");
+    uint64_t n = d.get<uint64_t>();
+    if (n > static_cast<uint64_t>(INT64_MAX) || __builtin_mul_overflow(bytes, n, &bytes))
+      fail_tensor(path, name, "shape ", sh->dump(), " overflows 64-bit byte counts");
+    e.shape.push_back(static_cast<int64_t>(n));
+  }
+
+  auto off = v.find("data_offsets");
+  if (off == v.end() || !off->is_array() || off->size() != 2 || !(*off)[0].is_number_unsigned() ||
+      !(*off)[1].is_number_unsigned())
+    fail_tensor(path, name, "\"data_offsets\" must be two non-negative integers");
+  e.begin = (*off)[0].get<uint64_t>();
+  e.end = (*off)[1].get<uint64_t>();
+  if (e.begin > e.end || e.end > data_bytes)
+    fail_tensor(path, name, "data_offsets [", e.begin, ", ", e.end, "] out of range: the data section has ", data_bytes,
+                " bytes (truncated file?)");
+  if (e.end - e.begin != bytes)
+    fail_tensor(path, name, "data_offsets [", e.begin, ", ", e.end, "] span ", e.end - e.begin, " bytes but ",
+                kDTypeNames[static_cast<size_t>(*dtype)], " ", shape_str(e.shape), " needs ", bytes);
+  return e;
+}
+
+std::map<std::string, std::string> parse_metadata(const std::string& path, const nlohmann::json& v) {
+  if (!v.is_object()) fail(path, ": \"", kMetadataKey, "\" is not a JSON object");
+  std::map<std::string, std::string> out;
+  for (const auto& [k, s] : v.items()) {
+    if (!s.is_string()) fail(path, ": metadata value for '", k, "' is not a string");
+    out[k] = s.get<std::string>();
+  }
+  return out;
+}
+
+// The format requires the tensors to tile the data section exactly: no overlaps (aliasing), no holes and
+// no trailing bytes (which would let a file carry hidden content).
+void check_tiling(const std::string& path, std::vector<Entry>& entries, uint64_t data_bytes) {
+  std::sort(entries.begin(), entries.end(),
+            [](const Entry& a, const Entry& b) { return std::tie(a.begin, a.end) < std::tie(b.begin, b.end); });
+  uint64_t expected = 0;
+  const Entry* prev = nullptr;
+  for (const Entry& e : entries) {
+    if (e.begin < expected)
+      fail_tensor(path, e.name, "data_offsets [", e.begin, ", ", e.end, "] overlap tensor '", prev->name, "' [",
+                  prev->begin, ", ", prev->end, "]");
+    if (e.begin > expected)
+      fail_tensor(path, e.name, "data starts at ", e.begin, ", leaving a gap after byte ", expected);
+    expected = e.end;
+    prev = &e;
+  }
+  if (expected != data_bytes)
+    fail(path, ": tensors cover ", expected, " data bytes but the file holds ", data_bytes, " (trailing bytes)");
+}
+
+struct FileCloser {
+  void operator()(std::FILE* f) const { std::fclose(f); }
+};
+
+void read_at(std::FILE* f, const std::string& path, uint64_t offset, void* dst, size_t bytes) {
+  if (bytes == 0) return;
+  if (fseeko(f, static_cast<off_t>(offset), SEEK_SET) != 0 || std::fread(dst, 1, bytes, f) != bytes)
+    fail(path, ": cannot read ", bytes, " bytes at offset ", offset, ": ",
+         std::feof(f) ? "unexpected end of file" : std::strerror(errno));
+}
+
+}  // namespace
+
+void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  // ordered_json keeps the header in the caller's order, which is also the data order.
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) header[kMetadataKey] = metadata;
+  std::set<std::string_view> seen;
+  uint64_t offset = 0;
+  for (const auto& [name, t] : tensors) {
+    if (name == kMetadataKey) fail("cannot save a tensor named '", kMetadataKey, "' to ", path, " (reserved key)");
+    if (!seen.insert(name).second) fail("duplicate tensor name '", name, "' saving ", path);
+    if (!t.defined()) fail("tensor '", name, "' is undefined; cannot save it to ", path);
+    header[name] = {{"dtype", kDTypeNames[static_cast<size_t>(t.dtype())]},
+                    {"shape", t.shape()},
+                    {"data_offsets", {offset, offset + t.nbytes()}}};
+    offset += t.nbytes();
+  }
+  std::string text;
+  try {
+    text = header.dump();
+  } catch (const nlohmann::json::exception& e) {
+    fail("cannot encode the safetensors header of ", path, " (tensor names and metadata must be UTF-8): ", e.what());
+  }
+  // Padding keeps the data section 8-byte aligned, so readers can map it in place.
+  text.append((8 - text.size() % 8) % 8, ' ');
+  uint64_t header_bytes = text.size();
+
+  AtomicFile out(path);
+  out.write(&header_bytes, sizeof header_bytes);
+  out.write(text.data(), text.size());
+  for (const auto& [name, t] : tensors) out.write(t.raw(), t.nbytes());
+  out.commit();
+}
+
+std::map<std::string, Tensor> load_safetensors(const std::string& path, std::map<std::string, std::string>* metadata) {
+  std::unique_ptr<std::FILE, FileCloser> file(std::fopen(path.c_str(), "rb"));
+  if (!file) fail("cannot open safetensors file ", path, ": ", std::strerror(errno));
+  std::FILE* f = file.get();
+  if (fseeko(f, 0, SEEK_END) != 0) fail("cannot seek in ", path, ": ", std::strerror(errno));
+  uint64_t file_bytes = static_cast<uint64_t>(ftello(f));
+  if (file_bytes < 8)
+    fail(path, ": truncated safetensors file (", file_bytes, " bytes; the header length alone takes 8)");
+
+  uint64_t header_bytes = 0;
+  read_at(f, path, 0, &header_bytes, sizeof header_bytes);
+  if (header_bytes > file_bytes - 8)
+    fail(path, ": header length ", header_bytes, " runs past the end of the file (", file_bytes,
+         " bytes): truncated or not a safetensors file");
+  std::string text(header_bytes, '\0');
+  read_at(f, path, 8, text.data(), text.size());
+
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    fail(path, ": corrupt safetensors header (invalid JSON): ", e.what());
+  }
+  if (!header.is_object()) fail(path, ": safetensors header is not a JSON object");
+
+  uint64_t data_start = 8 + header_bytes;
+  uint64_t data_bytes = file_bytes - data_start;
+  std::vector<Entry> entries;
+  std::map<std::string, std::string> meta;
+  for (const auto& [key, value] : header.items()) {
+    if (key == kMetadataKey)
+      meta = parse_metadata(path, value);
+    else
+      entries.push_back(parse_entry(path, key, value, data_bytes));
+  }
+  check_tiling(path, entries, data_bytes);
+
+  std::map<std::string, Tensor> out;
+  for (const Entry& e : entries) {
+    Tensor t = Tensor::empty(e.shape, e.dtype, MemCategory::Other, e.name);
+    read_at(f, path, data_start + e.begin, t.raw(), t.nbytes());
+    out.emplace(e.name, std::move(t));
+  }
+  if (metadata) *metadata = std::move(meta);
+  return out;
+}
+
+}  // namespace megaton::ckpt

@@ -1,0 +1,59 @@
+#include "megaton/core/atomic_file.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "megaton/core/error.h"
+
+namespace megaton {
+
+namespace {
+// Large stdio buffer: datasets are written as many small token runs.
+constexpr size_t kBufferBytes = 1 << 20;
+
+void fsync_directory_of(const std::string& path) {
+  std::string dir = std::filesystem::path(path).parent_path().string();
+  int fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd < 0) return;  // durability of the rename is best effort; the data itself is already synced
+  ::fsync(fd);
+  ::close(fd);
+}
+}  // namespace
+
+AtomicFile::AtomicFile(std::string path) : path_(std::move(path)), tmp_(path_ + ".tmp") {
+  file_ = std::fopen(tmp_.c_str(), "wb");
+  if (!file_) fail("cannot create ", tmp_, " (writing ", path_, "): ", std::strerror(errno));
+  std::setvbuf(file_, nullptr, _IOFBF, kBufferBytes);
+}
+
+AtomicFile::~AtomicFile() {
+  if (committed_) return;
+  if (file_) std::fclose(file_);
+  std::remove(tmp_.c_str());
+}
+
+void AtomicFile::write(const void* data, size_t bytes) {
+  if (committed_) fail("write to ", path_, " after it was committed");
+  if (bytes && std::fwrite(data, 1, bytes, file_) != bytes)
+    fail("cannot write ", bytes, " bytes to ", tmp_, " (writing ", path_, "): ", std::strerror(errno));
+  written_ += bytes;
+}
+
+void AtomicFile::commit() {
+  if (committed_) fail(path_, " committed twice");
+  if (std::fflush(file_) != 0 || ::fsync(fileno(file_)) != 0)
+    fail("cannot flush ", tmp_, " (writing ", path_, "): ", std::strerror(errno));
+  int rc = std::fclose(file_);
+  file_ = nullptr;
+  if (rc != 0) fail("cannot close ", tmp_, " (writing ", path_, "): ", std::strerror(errno));
+  if (std::rename(tmp_.c_str(), path_.c_str()) != 0)
+    fail("cannot rename ", tmp_, " to ", path_, ": ", std::strerror(errno));
+  committed_ = true;
+  fsync_directory_of(path_);
+}
+
+}  // namespace megaton

@@ -1,0 +1,34 @@
+// Output files that appear complete or not at all: bytes go to PATH.tmp, and commit() fsyncs and renames
+// it to PATH. Checkpoints and datasets are read by later runs, so a crash or an exception while writing
+// must never leave a truncated file under the real name.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+namespace megaton {
+
+class AtomicFile {
+ public:
+  explicit AtomicFile(std::string path);  // opens path + ".tmp"; throws naming it
+  ~AtomicFile();                          // removes the temporary unless committed
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+
+  void write(const void* data, size_t bytes);
+  // Flush, fsync, rename onto path() and fsync the directory so the rename itself survives a crash.
+  void commit();
+
+  const std::string& path() const { return path_; }
+  uint64_t bytes_written() const { return written_; }
+
+ private:
+  std::string path_;
+  std::string tmp_;
+  std::FILE* file_ = nullptr;
+  uint64_t written_ = 0;
+  bool committed_ = false;
+};
+
+}  // namespace megaton

@@ -1,0 +1,32 @@
+// Read-only memory map of a whole file. Token data is mapped rather than read so that a dataset larger
+// than RAM costs only page cache, shared between processes reading the same file.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace megaton::data {
+
+class MappedFile {
+ public:
+  MappedFile() = default;
+  // `what` describes the file in errors ("index file", ...); a missing file is an error naming the path.
+  MappedFile(std::string path, std::string_view what);
+  ~MappedFile();
+  MappedFile(MappedFile&& other) noexcept;
+  MappedFile& operator=(MappedFile&& other) noexcept;
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+
+  const uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  const uint8_t* data_ = nullptr;  // null for an empty file, which mmap cannot map
+  size_t size_ = 0;
+};
+
+}  // namespace megaton::data
