@@ -1,0 +1,102 @@
+#include "megaton/kernels/rope.h"
+
+#include <cmath>
+#include <numbers>
+
+#include "megaton/core/error.h"
+
+namespace megaton::kernels {
+
+namespace {
+
+// Llama-3 scaling of one inverse frequency, as HF transformers' _compute_llama3_parameters:
+// short wavelengths are kept, long ones slowed down by `factor`, and the band in between
+// interpolates smoothly between the two.
+double llama3_scaled(double inv_freq, const RopeScaling& s) {
+  const double wavelen = 2.0 * std::numbers::pi / inv_freq;
+  if (wavelen < s.original_max_position / s.high_freq_factor) return inv_freq;
+  if (wavelen > s.original_max_position / s.low_freq_factor) return inv_freq / s.factor;
+  const double smooth =
+      (s.original_max_position / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+  return (1.0 - smooth) * inv_freq / s.factor + smooth * inv_freq;
+}
+
+// Rotate the D/2 pairs of one head by the angles whose cos/sin are given. Half pairs i with
+// i + D/2 (HF rotate_half), Interleaved pairs 2i with 2i + 1; the layout is a template argument so
+// the index arithmetic is constant and the loop vectorises. sign = -1 rotates backwards.
+template <RopeLayout L, typename T>
+void rotate_head(T* __restrict x, const T* __restrict cos, const T* __restrict sin, int64_t half, T sign) {
+#pragma omp simd
+  for (int64_t i = 0; i < half; ++i) {
+    const int64_t i0 = L == RopeLayout::Half ? i : 2 * i;
+    const int64_t i1 = L == RopeLayout::Half ? i + half : 2 * i + 1;
+    const T a = x[i0];
+    const T b = x[i1];
+    const T s = sign * sin[i];
+    x[i0] = a * cos[i] - b * s;
+    x[i1] = b * cos[i] + a * s;
+  }
+}
+
+template <RopeLayout L, typename T>
+void rotate_tokens(T* x, const T* cos, const T* sin, int64_t B, int64_t Tlen, int64_t H, int64_t D,
+                   int64_t token_stride, int64_t pos_offset, T sign) {
+  const int64_t half = D / 2;
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t t = 0; t < Tlen; ++t) {
+      T* token = x + (b * Tlen + t) * token_stride;
+      const int64_t row = (pos_offset + t) * half;
+      for (int64_t h = 0; h < H; ++h) rotate_head<L>(token + h * D, cos + row, sin + row, half, sign);
+    }
+  }
+}
+
+}  // namespace
+
+std::vector<double> rope_inv_freq(int64_t D, double theta, const RopeScaling& scaling) {
+  MEGATON_CHECK(D > 0 && D % 2 == 0, "rope head_dim ", D, " must be positive and even");
+  std::vector<double> inv_freq(static_cast<size_t>(D / 2));
+  for (int64_t i = 0; i < D / 2; ++i) {
+    const double f = 1.0 / std::pow(theta, static_cast<double>(2 * i) / static_cast<double>(D));
+    inv_freq[static_cast<size_t>(i)] = scaling.factor > 0.0 ? llama3_scaled(f, scaling) : f;
+  }
+  return inv_freq;
+}
+
+// Angles are formed and evaluated in double: pos * inv_freq reaches ~1e5 rad at long contexts,
+// where a float angle would already be off by ~1e-2.
+template <typename T>
+void rope_tables(T* cos, T* sin, int64_t Tlen, int64_t D, const std::vector<double>& inv_freq) {
+  const int64_t half = D / 2;
+  MEGATON_CHECK(static_cast<int64_t>(inv_freq.size()) == half, "rope inv_freq has ", inv_freq.size(),
+                " entries, head_dim ", D, " needs ", half);
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < Tlen; ++t) {
+    for (int64_t i = 0; i < half; ++i) {
+      const double angle = static_cast<double>(t) * inv_freq[static_cast<size_t>(i)];
+      cos[t * half + i] = static_cast<T>(std::cos(angle));
+      sin[t * half + i] = static_cast<T>(std::sin(angle));
+    }
+  }
+}
+
+template <typename T>
+void rope_apply(T* x, const T* cos, const T* sin, int64_t B, int64_t Tlen, int64_t H, int64_t D, int64_t token_stride,
+                int64_t pos_offset, RopeLayout layout, bool inverse) {
+  const T sign = inverse ? T(-1) : T(1);
+  if (layout == RopeLayout::Half)
+    rotate_tokens<RopeLayout::Half>(x, cos, sin, B, Tlen, H, D, token_stride, pos_offset, sign);
+  else
+    rotate_tokens<RopeLayout::Interleaved>(x, cos, sin, B, Tlen, H, D, token_stride, pos_offset, sign);
+}
+
+#define MEGATON_INSTANTIATE(T)                                                                              \
+  template void rope_tables<T>(T*, T*, int64_t, int64_t, const std::vector<double>&);                       \
+  template void rope_apply<T>(T*, const T*, const T*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, \
+                              RopeLayout, bool);
+MEGATON_INSTANTIATE(float)
+MEGATON_INSTANTIATE(double)
+#undef MEGATON_INSTANTIATE
+
+}  // namespace megaton::kernels

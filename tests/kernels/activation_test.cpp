@@ -1,0 +1,94 @@
+#include "megaton/kernels/activation.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <numbers>
+#include <vector>
+
+#include "finite_diff.h"
+
+using namespace megaton;
+using namespace megaton::kernels;
+
+namespace {
+
+constexpr int64_t kN = 17, kH = 37;
+
+double gelu_reference(double x) {
+  return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / std::numbers::pi) * (x + 0.044715 * x * x * x)));
+}
+
+double silu_reference(double x) { return x / (1.0 + std::exp(-x)); }
+
+}  // namespace
+
+TEST(Gelu, ForwardMatchesTanhFormula) {
+  auto x = fd::random_vector<double>(kN * kH, 1, -6.0, 6.0);
+  x.insert(x.end(), {0.0, -30.0, 30.0, -100.0, 100.0});  // saturation: no NaN, exact limits
+  std::vector<float> xf(x.begin(), x.end()), outf(x.size());
+  std::vector<double> out(x.size());
+  gelu_forward(out.data(), x.data(), static_cast<int64_t>(x.size()));
+  gelu_forward(outf.data(), xf.data(), static_cast<int64_t>(x.size()));
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double want = gelu_reference(x[i]);
+    EXPECT_NEAR(out[i], want, 1e-14 * (1.0 + std::abs(want))) << x[i];
+    EXPECT_NEAR(outf[i], gelu_reference(xf[i]), 1e-6 * (1.0 + std::abs(want))) << x[i];
+  }
+}
+
+TEST(Gelu, GradientMatchesFiniteDifferences) {
+  auto x = fd::random_vector(kN * kH, 2, -4.0, 4.0);
+  auto dout = fd::random_vector(x.size(), 3);
+  const int64_t n = static_cast<int64_t>(x.size());
+  std::vector<double> out(x.size()), dx(x.size());
+  auto loss = [&] {
+    gelu_forward(out.data(), x.data(), n);
+    return fd::dot(dout, out);
+  };
+  gelu_backward(dx.data(), dout.data(), x.data(), n);
+  EXPECT_LT(fd::relative_error(dx, fd::numeric_gradient(x, loss)), 1e-8);
+}
+
+TEST(Swiglu, ForwardMatchesSiluTimesUp) {
+  auto gu = fd::random_vector(kN * 2 * kH, 4, -10.0, 10.0);
+  std::vector<float> guf(gu.begin(), gu.end()), outf(kN * kH);
+  std::vector<double> out(kN * kH);
+  swiglu_forward(out.data(), gu.data(), kN, kH);
+  swiglu_forward(outf.data(), guf.data(), kN, kH);
+  for (int64_t r = 0; r < kN; ++r)
+    for (int64_t h = 0; h < kH; ++h) {
+      const int64_t g = r * 2 * kH + h, u = g + kH;
+      const double want = silu_reference(gu[g]) * gu[u];
+      EXPECT_NEAR(out[r * kH + h], want, 1e-14 * (1.0 + std::abs(want)));
+      EXPECT_NEAR(outf[r * kH + h], silu_reference(guf[g]) * guf[u], 1e-6 * (1.0 + std::abs(want)));
+    }
+}
+
+TEST(Swiglu, GradientMatchesFiniteDifferences) {
+  auto gu = fd::random_vector(kN * 2 * kH, 5, -4.0, 4.0);
+  auto dout = fd::random_vector(kN * kH, 6);
+  std::vector<double> out(kN * kH), dgu(gu.size(), 123.0);
+  auto loss = [&] {
+    swiglu_forward(out.data(), gu.data(), kN, kH);
+    return fd::dot(dout, out);
+  };
+  swiglu_backward(dgu.data(), dout.data(), gu.data(), kN, kH);
+  EXPECT_LT(fd::relative_error(dgu, fd::numeric_gradient(gu, loss)), 1e-8);
+}
+
+TEST(Activation, ResidualAllowsAliasingAndAccumulateAdds) {
+  const int64_t n = 1001;
+  auto a = fd::random_vector<float>(n, 7);
+  auto b = fd::random_vector<float>(n, 8);
+  std::vector<float> sum(n), in_place = a;
+  residual_forward(sum.data(), a.data(), b.data(), n);
+  residual_forward(in_place.data(), in_place.data(), b.data(), n);
+  std::vector<float> acc = a;
+  accumulate(acc.data(), b.data(), n);
+  for (int64_t i = 0; i < n; ++i) {
+    EXPECT_EQ(sum[i], a[i] + b[i]);
+    EXPECT_EQ(in_place[i], a[i] + b[i]);
+    EXPECT_EQ(acc[i], a[i] + b[i]);
+  }
+}

@@ -1,0 +1,161 @@
+#include "megaton/kernels/norm.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "finite_diff.h"
+
+using namespace megaton;
+using namespace megaton::kernels;
+
+namespace {
+
+constexpr int64_t kN = 17, kC = 37;
+constexpr double kEps = 1e-5;
+
+// LayerNorm by definition, in double: biased variance over the row.
+std::vector<double> layernorm_reference(const std::vector<float>& x, const std::vector<float>& w,
+                                        const std::vector<float>& b, int64_t N, int64_t C) {
+  std::vector<double> out(x.size());
+  for (int64_t n = 0; n < N; ++n) {
+    double mean = 0.0, var = 0.0;
+    for (int64_t c = 0; c < C; ++c) mean += x[n * C + c] / static_cast<double>(C);
+    for (int64_t c = 0; c < C; ++c) var += std::pow(x[n * C + c] - mean, 2) / static_cast<double>(C);
+    for (int64_t c = 0; c < C; ++c) out[n * C + c] = (x[n * C + c] - mean) / std::sqrt(var + kEps) * w[c] + b[c];
+  }
+  return out;
+}
+
+std::vector<double> rmsnorm_reference(const std::vector<float>& x, const std::vector<float>& w, int64_t N, int64_t C) {
+  std::vector<double> out(x.size());
+  for (int64_t n = 0; n < N; ++n) {
+    double ms = 0.0;
+    for (int64_t c = 0; c < C; ++c) ms += std::pow(x[n * C + c], 2) / static_cast<double>(C);
+    for (int64_t c = 0; c < C; ++c) out[n * C + c] = x[n * C + c] / std::sqrt(ms + kEps) * w[c];
+  }
+  return out;
+}
+
+void expect_close(const std::vector<float>& got, const std::vector<double>& want, double tol) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], tol * (1.0 + std::abs(want[i]))) << i;
+}
+
+}  // namespace
+
+TEST(LayerNorm, ForwardMatchesDefinition) {
+  auto x = fd::random_vector<float>(kN * kC, 1, -2.0, 3.0);
+  auto w = fd::random_vector<float>(kC, 2);
+  auto b = fd::random_vector<float>(kC, 3);
+  std::vector<float> out(x.size()), mean(kN), rstd(kN);
+  layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), kN, kC, kEps);
+  expect_close(out, layernorm_reference(x, w, b, kN, kC), 1e-6);
+
+  // Without bias the output is the same minus b.
+  std::vector<float> out_nobias(x.size()), zero(kC, 0.0f);
+  layernorm_forward(out_nobias.data(), mean.data(), rstd.data(), x.data(), w.data(), static_cast<const float*>(nullptr),
+                    kN, kC, kEps);
+  expect_close(out_nobias, layernorm_reference(x, w, zero, kN, kC), 1e-6);
+}
+
+// A large common offset (|mean| >> std) is where a one-pass E[x^2] - E[x]^2 in float collapses
+// (here it would lose every digit of the variance). The output can only be as good as the float
+// mean, which like x itself is known to half an ulp of 1e4 (~5e-4), i.e. ~1e-3 after scaling by
+// rstd ~ 1.7.
+TEST(LayerNorm, StatisticsStayAccurateWithLargeOffset) {
+  const int64_t C = 1024;
+  auto x = fd::random_vector<float>(C, 4, 1e4 - 1.0, 1e4 + 1.0);
+  std::vector<float> w(C, 1.0f), b(C, 0.0f), out(C), mean(1), rstd(1);
+  layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), 1, C, kEps);
+  const std::vector<double> want = layernorm_reference(x, w, b, 1, C);
+  for (int64_t c = 0; c < C; ++c) EXPECT_NEAR(out[c], want[c], 1e-3);
+  double m = 0.0, var = 0.0;
+  for (float v : x) m += v / static_cast<double>(C);
+  for (float v : x) var += (v - m) * (v - m) / static_cast<double>(C);
+  EXPECT_NEAR(rstd[0], 1.0 / std::sqrt(var + kEps), 1e-6 / std::sqrt(var));
+}
+
+// Loss = sum(dout * out) over x, weight and bias. dx is written over garbage; the weight gradients
+// start non-zero to check they accumulate.
+TEST(LayerNorm, GradientsMatchFiniteDifferences) {
+  auto x = fd::random_vector(kN * kC, 5, -2.0, 3.0);
+  auto w = fd::random_vector(kC, 6);
+  auto b = fd::random_vector(kC, 7);
+  auto dout = fd::random_vector(kN * kC, 8);
+  std::vector<double> out(x.size()), mean(kN), rstd(kN);
+  auto loss = [&] {
+    layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), kN, kC, kEps);
+    return fd::dot(dout, out);
+  };
+  loss();
+  std::vector<double> dx(x.size(), 123.0), dw(kC, 1.0), db(kC, 1.0);
+  layernorm_backward_input(dx.data(), dout.data(), x.data(), w.data(), mean.data(), rstd.data(), kN, kC);
+  layernorm_backward_weight(dw.data(), db.data(), dout.data(), x.data(), mean.data(), rstd.data(), kN, kC);
+  for (double& g : dw) g -= 1.0;
+  for (double& g : db) g -= 1.0;
+  EXPECT_LT(fd::relative_error(dx, fd::numeric_gradient(x, loss)), 1e-8);
+  EXPECT_LT(fd::relative_error(dw, fd::numeric_gradient(w, loss)), 1e-8);
+  EXPECT_LT(fd::relative_error(db, fd::numeric_gradient(b, loss)), 1e-8);
+}
+
+TEST(RmsNorm, ForwardMatchesDefinition) {
+  auto x = fd::random_vector<float>(kN * kC, 9, -2.0, 3.0);
+  auto w = fd::random_vector<float>(kC, 10);
+  std::vector<float> out(x.size()), rstd(kN);
+  rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), kN, kC, kEps);
+  expect_close(out, rmsnorm_reference(x, w, kN, kC), 1e-6);
+}
+
+TEST(RmsNorm, GradientsMatchFiniteDifferences) {
+  auto x = fd::random_vector(kN * kC, 11, -2.0, 3.0);
+  auto w = fd::random_vector(kC, 12);
+  auto dout = fd::random_vector(kN * kC, 13);
+  std::vector<double> out(x.size()), rstd(kN);
+  auto loss = [&] {
+    rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), kN, kC, kEps);
+    return fd::dot(dout, out);
+  };
+  loss();
+  std::vector<double> dx(x.size(), 123.0), dw(kC, 1.0);
+  rmsnorm_backward_input(dx.data(), dout.data(), x.data(), w.data(), rstd.data(), kN, kC);
+  rmsnorm_backward_weight(dw.data(), dout.data(), x.data(), rstd.data(), kN, kC);
+  for (double& g : dw) g -= 1.0;
+  EXPECT_LT(fd::relative_error(dx, fd::numeric_gradient(x, loss)), 1e-8);
+  EXPECT_LT(fd::relative_error(dw, fd::numeric_gradient(w, loss)), 1e-8);
+}
+
+// Weight gradients reduce over rows; 1000 rows span several fixed chunks.
+TEST(LayerNorm, WeightGradientIsBitwiseIdenticalForOneAndTwoThreads) {
+  const int64_t N = 1000, C = 96;
+  auto x = fd::random_vector<float>(N * C, 14);
+  auto w = fd::random_vector<float>(C, 15);
+  auto dout = fd::random_vector<float>(N * C, 16);
+  std::vector<float> out(N * C), mean(N), rstd(N);
+  layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), static_cast<const float*>(nullptr), N, C,
+                    kEps);
+  auto run = [&](int threads) {
+    std::vector<float> grads(2 * C, 0.0f);
+    fd::with_threads(threads, [&] {
+      layernorm_backward_weight(grads.data(), grads.data() + C, dout.data(), x.data(), mean.data(), rstd.data(), N, C);
+    });
+    return grads;
+  };
+  EXPECT_TRUE(fd::same_bits(run(1), run(2)));
+}
+
+TEST(RmsNorm, WeightGradientIsBitwiseIdenticalForOneAndTwoThreads) {
+  const int64_t N = 1000, C = 96;
+  auto x = fd::random_vector<float>(N * C, 17);
+  auto w = fd::random_vector<float>(C, 18);
+  auto dout = fd::random_vector<float>(N * C, 19);
+  std::vector<float> out(N * C), rstd(N);
+  rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), N, C, kEps);
+  auto run = [&](int threads) {
+    std::vector<float> dw(C, 0.0f);
+    fd::with_threads(threads, [&] { rmsnorm_backward_weight(dw.data(), dout.data(), x.data(), rstd.data(), N, C); });
+    return dw;
+  };
+  EXPECT_TRUE(fd::same_bits(run(1), run(2)));
+}
