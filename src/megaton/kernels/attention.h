@@ -10,7 +10,8 @@ namespace megaton::kernels {
 // with kv head h / (Hq/Hkv). out is contiguous [B, Tlen, Hq, D]; lse is [B, Hq, Tlen].
 // pos_offset: q token t sits at absolute position pos_offset + t and sees keys 0..pos_offset+t
 // (k/v then hold Tk = pos_offset + Tlen tokens per batch row; used by the KV cache). Training
-// passes 0.
+// passes 0. kv_batch_stride: elements between batch rows of k/v; -1 means Tk * kv_stride (a KV
+// cache with room for more tokens passes its capacity * kv_stride).
 template <typename T>
 void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, int64_t B, int64_t Tlen, int64_t Hq,
                        int64_t Hkv, int64_t D, int64_t q_stride, int64_t kv_stride, double scale,
