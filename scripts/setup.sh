@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PACKAGES=(build-essential cmake pkg-config ccache libopenblas-dev nlohmann-json3-dev libtomlplusplus-dev
+PACKAGES=(build-essential cmake pkg-config ccache libopenblas-openmp-dev nlohmann-json3-dev libtomlplusplus-dev
           libcli11-dev libgtest-dev python3-torch python3-numpy fortunes)
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -1,5 +1,7 @@
 #include "megaton/core/allocator.h"
 
+#include <malloc.h>
+
 #include <cstdlib>
 
 #include "megaton/core/error.h"
@@ -13,7 +15,14 @@ std::string_view mem_category_name(MemCategory c) {
 }
 
 Allocator& Allocator::host() {
-  static Allocator a;
+  static Allocator a = [] {
+    // Training allocates the same activation sizes every step. glibc would serve each large
+    // block with a fresh mmap and return it on free, so every step would page-fault (and the
+    // kernel zero) all activation memory again; keeping freed memory in the heap avoids that.
+    mallopt(M_MMAP_THRESHOLD, 1 << 30);
+    mallopt(M_TRIM_THRESHOLD, 1 << 30);
+    return Allocator{};
+  }();
   return a;
 }
 
