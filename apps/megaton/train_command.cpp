@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 
@@ -39,12 +40,16 @@ std::pair<std::string, std::string> prepare_fortunes() {
 }
 
 // Built-in demo: a small byte-level GPT on the fortunes corpus, sized to finish in a few minutes
-// on two cores.
-std::vector<std::string> demo_settings() {
-  auto [train, valid] = prepare_fortunes();
-  return {"data.data_path=\"" + train + "\"",
-          "data.valid_data_path=\"" + valid + "\"",
-          "model.preset=\"gpt-tiny\"",
+// on two cores. The corpus is only prepared when the user's --set does not name other data.
+std::vector<std::string> demo_settings(const std::vector<std::string>& user_sets) {
+  const bool own_data = std::any_of(user_sets.begin(), user_sets.end(),
+                                    [](const std::string& s) { return s.starts_with("data.data_path="); });
+  std::vector<std::string> settings;
+  if (!own_data) {
+    auto [train, valid] = prepare_fortunes();
+    settings = {"data.data_path=\"" + train + "\"", "data.valid_data_path=\"" + valid + "\""};
+  }
+  settings.insert(settings.end(), {"model.preset=\"gpt-tiny\"",
           "training.micro_batch_size=16",
           "training.global_batch_size=16",
           "training.seq_length=128",
@@ -58,7 +63,8 @@ std::vector<std::string> demo_settings() {
           "logging.eval_interval=200",
           "logging.eval_iters=40",
           "sample.prompt=\"The \"",
-          "sample.tokens=300"};
+          "sample.tokens=300"});
+  return settings;
 }
 
 }  // namespace
@@ -74,7 +80,7 @@ void add_train_command(CLI::App& app) {
       ->check(CLI::ExistingFile);
   cmd->add_option("--set", sets, "Override a key: section.key=value (repeatable), e.g. --set training.train_iters=10");
   cmd->callback([] {
-    std::vector<std::string> overrides = config.empty() ? demo_settings() : std::vector<std::string>{};
+    std::vector<std::string> overrides = config.empty() ? demo_settings(sets) : std::vector<std::string>{};
     overrides.insert(overrides.end(), sets.begin(), sets.end());
     train::Trainer trainer(train::load_train_config(config, overrides));
     auto summary = trainer.run();
