@@ -39,8 +39,7 @@ BenchResult run_bench(const std::string& preset, int64_t B, int64_t T, int steps
     models::ModelCtx ctx;
     model.forward(ctx, inputs, targets, true);
     model.backward(ctx);
-    optim::clip_grad_norm(model.parameters(), 1.0);
-    opt.step(1e-4);
+    opt.step(1e-4, optim::clip_coefficient(optim::global_grad_norm(model.parameters()), 1.0));
     if (s > 0) times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   std::nth_element(times.begin(), times.begin() + static_cast<int64_t>(times.size() / 2), times.end());

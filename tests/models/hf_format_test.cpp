@@ -5,7 +5,8 @@
 #include <cstring>
 #include <fstream>
 
-#include "../test_support.h"
+#include "../support/byte_dataset.h"
+#include "../support/temp_dir.h"
 #include "megaton/ckpt/safetensors.h"
 #include "megaton/train/evaluate.h"
 
@@ -40,24 +41,23 @@ void expect_same_parameters(models::TransformerModel& a, models::TransformerMode
 class HfRoundTrip : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(HfRoundTrip, ExportThenImportIsBitExact) {
-  TempDir dir("hf");
+  TempDir dir;
   models::TransformerModel m(tiny(GetParam()));
   m.init_weights(11);
-  models::save_hf_model(m, dir / "model");
-  auto back = models::load_hf_model(dir / "model");
+  models::save_hf_model(m, dir.file("model"));
+  auto back = models::load_hf_model(dir.file("model"));
   EXPECT_EQ(back->config().num_parameters(), m.config().num_parameters());
   expect_same_parameters(m, *back);
   // A second export of the re-imported model is byte-identical too.
-  models::save_hf_model(*back, dir / "again");
-  std::ifstream f1(dir / "model/model.safetensors", std::ios::binary), f2(dir / "again/model.safetensors", std::ios::binary);
-  std::string s1((std::istreambuf_iterator<char>(f1)), {}), s2((std::istreambuf_iterator<char>(f2)), {});
-  EXPECT_EQ(s1, s2);
+  models::save_hf_model(*back, dir.file("again"));
+  EXPECT_EQ(megaton::testing::read_bytes(dir.file("model/model.safetensors")),
+            megaton::testing::read_bytes(dir.file("again/model.safetensors")));
 }
 
 INSTANTIATE_TEST_SUITE_P(Presets, HfRoundTrip, ::testing::Values("gpt-tiny", "llama-tiny"));
 
 TEST(HfFormat, Gpt2UsesConv1DLayoutAndAcceptsBareNames) {
-  TempDir dir("hf");
+  TempDir dir;
   models::TransformerModel m(tiny("gpt-tiny"));
   m.init_weights(5);
   auto tensors = models::to_hf_tensors(m);
@@ -79,17 +79,17 @@ TEST(HfFormat, Gpt2UsesConv1DLayoutAndAcceptsBareNames) {
 TEST(HfFormat, InterleavedRopeExportsInHfLayoutWithTheSameLoss) {
   // A Llama trained with Meta's interleaved RoPE exports permuted q/k rows so that HF's
   // rotate_half model (what load_hf_model builds) computes the same function.
-  TempDir dir("hf");
+  TempDir dir;
   auto cfg = tiny("llama-tiny");
   cfg.rope_layout = kernels::RopeLayout::Interleaved;
   cfg.init_method_std = 0.3;  // sharp attention, so that positions (and the RoPE layout) matter
   models::TransformerModel m(cfg);
   m.init_weights(9);
-  megaton::testing::write_byte_dataset(dir / "data", 40);
-  data::TokenStream stream(dir / "data");
+  megaton::testing::write_byte_dataset(dir.file("data"), 40);
+  data::TokenStream stream(dir.file("data"));
   const double loss = train::evaluate(m, stream, 32, 4, 8).loss;
-  models::save_hf_model(m, dir / "model");
-  auto back = models::load_hf_model(dir / "model");
+  models::save_hf_model(m, dir.file("model"));
+  auto back = models::load_hf_model(dir.file("model"));
   EXPECT_EQ(back->config().rope_layout, kernels::RopeLayout::Half);
   EXPECT_NEAR(train::evaluate(*back, stream, 32, 4, 8).loss, loss, 1e-5 * loss);
   // and the layouts really differ: the same weights under the other layout give another loss
@@ -100,28 +100,20 @@ TEST(HfFormat, InterleavedRopeExportsInHfLayoutWithTheSameLoss) {
 }
 
 TEST(HfFormat, MissingOrMisshapenTensorsAreNamed) {
-  TempDir dir("hf");
+  TempDir dir;
   models::TransformerModel m(tiny("llama-tiny"));
   m.init_weights(1);
   auto tensors = models::to_hf_tensors(m);
   std::map<std::string, Tensor> map(tensors.begin(), tensors.end());
   auto missing = map;
   missing.erase("model.layers.1.mlp.up_proj.weight");
-  try {
-    models::load_hf_tensors(m, missing, "f.safetensors");
-    FAIL();
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("model.layers.1.mlp.up_proj.weight"), std::string::npos) << e.what();
-  }
+  auto msg = megaton::testing::error_message([&] { models::load_hf_tensors(m, missing, "f.safetensors"); });
+  EXPECT_NE(msg.find("model.layers.1.mlp.up_proj.weight"), std::string::npos) << msg;
   auto wrong = map;
   wrong["model.norm.weight"] = Tensor::zeros({47}, DType::F32);
-  try {
-    models::load_hf_tensors(m, wrong, "f.safetensors");
-    FAIL();
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("model.norm.weight"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("[48]"), std::string::npos) << e.what();
-  }
+  msg = megaton::testing::error_message([&] { models::load_hf_tensors(m, wrong, "f.safetensors"); });
+  EXPECT_NE(msg.find("model.norm.weight"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("[48]"), std::string::npos) << msg;
   auto extra = map;
   extra["model.layers.7.mlp.up_proj.weight"] = Tensor::zeros({1}, DType::F32);
   EXPECT_THROW(models::load_hf_tensors(m, extra, "f.safetensors"), Error);

@@ -222,3 +222,22 @@ TEST(AdamW, LoadStateNamesMissingOrMisshapenTensor) {
   }
   EXPECT_EQ(opt.steps(), 0);  // failed loads leave the state untouched
 }
+
+// step(lr, s) must equal clipping the grads in place (g *= s) and then step(lr), bit for bit.
+TEST(AdamW, GradScaleEqualsScalingTheGradsFirst) {
+  std::mt19937 rng(5);
+  nn::Parameter a("w", {3, 700}, true), b("w", {3, 700}, true);
+  fill_random(a.value, rng, 1.0f);
+  b.value.copy_from(a.value);
+  AdamW opt_a({&a}, AdamWConfig{}), opt_b({&b}, AdamWConfig{});
+  const float scale = 0.37f;
+  for (int step = 0; step < 3; ++step) {
+    fill_random(a.grad, rng, 2.0f);
+    b.grad.copy_from(a.grad);
+    for (int64_t j = 0; j < b.grad.numel(); ++j) b.grad.data<float>()[j] *= scale;
+    opt_a.step(1e-2, scale);
+    opt_b.step(1e-2);
+  }
+  EXPECT_EQ(std::memcmp(a.value.raw(), b.value.raw(), a.value.nbytes()), 0);
+  EXPECT_EQ(std::memcmp(opt_a.exp_avg_sq(0).raw(), opt_b.exp_avg_sq(0).raw(), a.value.nbytes()), 0);
+}

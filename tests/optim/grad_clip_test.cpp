@@ -102,3 +102,10 @@ TEST(GradClip, NormIsThreadCountIndependent) {
   EXPECT_EQ(std::memcmp(&n1, &n8, sizeof(double)), 0);
   EXPECT_NEAR(n1, static_cast<double>(std::sqrt(ref)), 1e-10 * n1);
 }
+
+TEST(GradClip, CoefficientMatchesWhatClipGradNormApplies) {
+  EXPECT_DOUBLE_EQ(optim::clip_coefficient(13.0, 6.5), 6.5 / (13.0 + 1e-6));
+  EXPECT_EQ(optim::clip_coefficient(0.5, 1.0), 1.0);
+  EXPECT_EQ(optim::clip_coefficient(50.0, 0.0), 1.0);  // clipping disabled
+  EXPECT_EQ(optim::clip_coefficient(std::nan(""), 1.0), 1.0);
+}

@@ -4,7 +4,9 @@
 #include <filesystem>
 #include <fstream>
 
-#include "../test_support.h"
+#include "../support/byte_dataset.h"
+#include "../support/run_command.h"
+#include "../support/temp_dir.h"
 
 using megaton::testing::run_command;
 using megaton::testing::TempDir;
@@ -24,8 +26,8 @@ void replace_all(std::string& s, const std::string& from, const std::string& to)
 }  // namespace
 
 TEST(BadInput, ConfigAndDataErrorsNameTheCulpritAndWriteNothing) {
-  TempDir dir("bad");
-  megaton::testing::write_byte_dataset(dir / "data", 50);
+  TempDir dir;
+  megaton::testing::write_byte_dataset(dir.file("data"), 50);
   const std::string base = "[data]\ndata_path = \"DATA\"\n[training]\ntrain_iters = 2\nseq_length = 16\n"
                            "micro_batch_size = 2\nglobal_batch_size = 2\n";
   const std::vector<BadCase> cases = {
@@ -43,13 +45,13 @@ TEST(BadInput, ConfigAndDataErrorsNameTheCulpritAndWriteNothing) {
   };
   for (const auto& c : cases) {
     std::string toml = c.toml;
-    replace_all(toml, "DATA", dir / "data");
-    const std::string run_dir = dir / (std::string("run_") + std::to_string(&c - cases.data()));
+    replace_all(toml, "DATA", dir.file("data"));
+    const std::string run_dir = dir.file(std::string("run_") + std::to_string(&c - cases.data()));
     toml += "[logging]\nrun_dir = \"" + run_dir + "\"\n";
     if (c.toml.find("[logging]") != std::string::npos) {  // keep one [logging] table
       replace_all(toml, "[logging]\nrun_dir", "run_dir");
     }
-    const std::string path = dir / "cfg.toml";
+    const std::string path = dir.file("cfg.toml");
     std::ofstream(path) << toml;
     auto r = run_command(std::string(MEGATON_BINARY) + " train --config " + path);
     EXPECT_NE(r.exit_code, 0) << c.name;
@@ -69,17 +71,17 @@ TEST(BadInput, SetOverrideErrorsNameTheKey) {
 }
 
 TEST(BadInput, EvalOnMissingModelOrTruncatedIndexNamesTheFile) {
-  TempDir dir("bad");
-  megaton::testing::write_byte_dataset(dir / "data", 20);
-  auto r = run_command(std::string(MEGATON_BINARY) + " eval --model " + (dir / "nomodel") + " --data " + (dir / "data") +
+  TempDir dir;
+  megaton::testing::write_byte_dataset(dir.file("data"), 20);
+  auto r = run_command(std::string(MEGATON_BINARY) + " eval --model " + (dir.file("nomodel")) + " --data " + (dir.file("data")) +
                        " --seq-len 8");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("nomodel"), std::string::npos) << r.output;
-  std::filesystem::resize_file(dir / "data.idx", std::filesystem::file_size(dir / "data.idx") - 5);
+  std::filesystem::resize_file(dir.file("data.idx"), std::filesystem::file_size(dir.file("data.idx")) - 5);
   r = run_command(std::string(MEGATON_BINARY) + " preprocess --help >/dev/null; " + MEGATON_BINARY +
-                  " train --set data.data_path=\\\"" + (dir / "data") + "\\\" --set logging.run_dir=\\\"" +
-                  (dir / "run") + "\\\"");
+                  " train --set data.data_path=\\\"" + (dir.file("data")) + "\\\" --set logging.run_dir=\\\"" +
+                  (dir.file("run")) + "\\\"");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("data.idx"), std::string::npos) << r.output;
-  EXPECT_FALSE(std::filesystem::exists(dir / "run"));
+  EXPECT_FALSE(std::filesystem::exists(dir.file("run")));
 }

@@ -7,7 +7,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "../test_support.h"
+#include "../support/byte_dataset.h"
+#include "../support/temp_dir.h"
 #include "megaton/ckpt/safetensors.h"
 #include "megaton/train/trainer.h"
 
@@ -52,12 +53,12 @@ void expect_bitwise_equal(const std::map<std::string, Tensor>& a, const std::map
 class Determinism : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Determinism, SameSeedTwiceAndOneVsTwoThreadsAreBitwiseEqual) {
-  TempDir dir("det");
-  megaton::testing::write_byte_dataset(dir / "data", 200);
+  TempDir dir;
+  megaton::testing::write_byte_dataset(dir.file("data"), 200);
   std::vector<double> l1, l2, l3;
-  auto w1 = train_run(dir / "data", dir / "run1", GetParam(), 2, l1);
-  auto w2 = train_run(dir / "data", dir / "run2", GetParam(), 2, l2);
-  auto w3 = train_run(dir / "data", dir / "run3", GetParam(), 1, l3);
+  auto w1 = train_run(dir.file("data"), dir.file("run1"), GetParam(), 2, l1);
+  auto w2 = train_run(dir.file("data"), dir.file("run2"), GetParam(), 2, l2);
+  auto w3 = train_run(dir.file("data"), dir.file("run3"), GetParam(), 1, l3);
   ASSERT_EQ(l1.size(), 6u);
   EXPECT_LT(l1.back(), l1.front());  // it learns
   EXPECT_EQ(l1, l2);

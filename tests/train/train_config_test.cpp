@@ -6,7 +6,7 @@
 
 #include "megaton/core/error.h"
 
-#include "../test_support.h"
+#include "../support/temp_dir.h"
 
 using namespace megaton;
 
@@ -28,10 +28,10 @@ TEST(TrainConfig, OverridesWinAndModelKeysApplyOnTopOfThePreset) {
 }
 
 TEST(TrainConfig, ResolvedTomlLoadsBackToTheSameConfig) {
-  megaton::testing::TempDir dir("cfg");
+  megaton::testing::TempDir dir;
   auto c = train::load_train_config("", {"model.preset=llama-tiny", "model.hidden_size=96", "training.seed=9",
                                          "optimizer.min_lr=1e-5", "logging.run_dir=\"x y\""});
-  const std::string path = dir / "resolved.toml";
+  const std::string path = dir.file("resolved.toml");
   std::ofstream(path) << train::to_toml(c);
   auto back = train::load_train_config(path, {});
   EXPECT_EQ(train::to_toml(back), train::to_toml(c));
@@ -42,12 +42,7 @@ TEST(TrainConfig, ResolvedTomlLoadsBackToTheSameConfig) {
 
 TEST(TrainConfig, ErrorsNameTheKey) {
   auto message = [](std::vector<std::string> sets) {
-    try {
-      train::load_train_config("", sets);
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
+    return megaton::testing::error_message([&] { train::load_train_config("", sets); });
   };
   EXPECT_NE(message({"optimizer.lr_warmup_iter=3"}).find("optimizer.lr_warmup_iters"), std::string::npos);
   EXPECT_NE(message({"training.seq_length=4096"}).find("max_position_embeddings"), std::string::npos);

@@ -21,7 +21,7 @@ AdamW::AdamW(nn::ParameterList params, AdamWConfig config) : params_(std::move(p
   }
 }
 
-void AdamW::step(double lr) {
+void AdamW::step(double lr, double grad_scale) {
   MEGATON_CHECK(lr >= 0, "AdamW step given lr ", lr);
   const int64_t t = steps_ + 1;
   // Scalars in double, applied in fp32 in the same operation order as PyTorch's single-tensor
@@ -30,6 +30,8 @@ void AdamW::step(double lr) {
   const float one_minus_b1 = static_cast<float>(1.0 - config_.beta1);
   const float one_minus_b2 = static_cast<float>(1.0 - config_.beta2);
   const float eps = static_cast<float>(config_.eps);
+  const float gs = static_cast<float>(grad_scale);
+  const bool scaled = grad_scale != 1.0;
   const float neg_step_size = static_cast<float>(-lr / (1.0 - std::pow(config_.beta1, static_cast<double>(t))));
   const float bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(config_.beta2, static_cast<double>(t))));
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -43,9 +45,10 @@ void AdamW::step(double lr) {
     // Elementwise, so the result does not depend on how elements are split across threads.
 #pragma omp parallel for schedule(static) if (n >= 4096)
     for (int64_t j = 0; j < n; ++j) {
+      const float gj = scaled ? g[j] * gs : g[j];
       w[j] *= decay;
-      m[j] += one_minus_b1 * (g[j] - m[j]);  // lerp toward g: b1 * m + (1 - b1) * g
-      v[j] = v[j] * b2 + one_minus_b2 * g[j] * g[j];
+      m[j] += one_minus_b1 * (gj - m[j]);  // lerp toward g: b1 * m + (1 - b1) * g
+      v[j] = v[j] * b2 + one_minus_b2 * gj * gj;
       const float denom = std::sqrt(v[j]) / bc2_sqrt + eps;
       w[j] += neg_step_size * (m[j] / denom);
     }

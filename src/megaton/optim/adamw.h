@@ -36,7 +36,9 @@ class AdamW {
   // memory accounting sees the optimizer's footprint before the first step.
   AdamW(nn::ParameterList params, AdamWConfig config);
 
-  void step(double lr);
+  // grad_scale multiplies every gradient first (the clipping coefficient, see clip_coefficient):
+  // rounding is identical to scaling the grads in place and then stepping.
+  void step(double lr, double grad_scale = 1.0);
   int64_t steps() const { return steps_; }  // completed steps; the next step uses t = steps() + 1
   const AdamWConfig& config() const { return config_; }
   const nn::ParameterList& params() const { return params_; }

@@ -41,11 +41,15 @@ double global_grad_norm(const nn::ParameterList& params) {
   return std::sqrt(total);
 }
 
+double clip_coefficient(double norm, double max_norm) {
+  if (max_norm <= 0 || !std::isfinite(norm)) return 1.0;
+  return std::min(1.0, max_norm / (norm + 1e-6));  // PyTorch clamps the coefficient to 1
+}
+
 double clip_grad_norm(const nn::ParameterList& params, double max_norm) {
   const double norm = global_grad_norm(params);
-  if (max_norm <= 0 || !std::isfinite(norm)) return norm;
-  const double coef = max_norm / (norm + 1e-6);
-  if (coef >= 1) return norm;  // PyTorch clamps the coefficient to 1: a no-op multiply
+  const double coef = clip_coefficient(norm, max_norm);
+  if (coef >= 1) return norm;
   const float scale = static_cast<float>(coef);
   for (nn::Parameter* p : params) {
     float* g = p->grad.data<float>();

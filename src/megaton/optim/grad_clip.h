@@ -16,4 +16,8 @@ double global_grad_norm(const nn::ParameterList& params);
 // untouched (PyTorch would turn them all into NaN); the caller is expected to skip the step.
 double clip_grad_norm(const nn::ParameterList& params, double max_norm);
 
+// The factor clip_grad_norm would multiply the grads by (1 when no clipping applies). Passing it to
+// AdamW::step instead of scaling the grads saves one read and write of every gradient.
+double clip_coefficient(double norm, double max_norm);
+
 }  // namespace megaton::optim

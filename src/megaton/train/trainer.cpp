@@ -100,11 +100,11 @@ void Trainer::train_step(int64_t step, std::vector<double>& rates) {
     loss += model_->forward(ctx, inputs, targets, true, 1.0f / static_cast<float>(accum)).loss / accum;
     model_->backward(ctx);
   }
-  const double grad_norm = optim::clip_grad_norm(model_->parameters(), cfg_.clip_grad);
+  const double grad_norm = optim::global_grad_norm(model_->parameters());
   // The schedule is indexed by the 1-based number of the update being made, so the first
   // update of a warmup already moves the weights.
   const double lr = schedule_.lr_at(step);
-  if (std::isfinite(grad_norm)) optimizer_->step(lr);
+  if (std::isfinite(grad_norm)) optimizer_->step(lr, optim::clip_coefficient(grad_norm, cfg_.clip_grad));
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
   const double tokens = static_cast<double>(cfg_.global_batch_size * T);
   const double tok_s = tokens / secs;
