@@ -11,7 +11,7 @@ namespace megaton::nn {
 namespace {
 // Rows per chunk: large enough for efficient GEMMs (K = chunk in dW += dlogits^T x), small
 // enough that a chunk of logits (chunk x vocab floats) stays a modest buffer.
-constexpr int64_t kChunkRows = 1024;
+constexpr int64_t kChunkRows = 256;
 }  // namespace
 
 OutputHead::OutputHead(int64_t hidden, int64_t vocab, Parameter* tied) : hidden_(hidden), vocab_(vocab), tied_(tied) {
