@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "python"))
-from torch_reference import GPT2, GPT2Config, lm_loss, random_init, torch_adamw  # noqa: E402
+from torch_reference import GPT2, GPT2Config, last_json_with, lm_loss, random_init, torch_adamw  # noqa: E402
 
 MODELS = {
     "gpt2-124m": GPT2Config(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12),
@@ -58,13 +58,9 @@ def megaton_bench(binary: str, model: str, batch: int, seq_len: int, threads: in
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"`{' '.join(cmd)}` exited with {proc.returncode}:\n{proc.stderr[-2000:]}")
-    for line in reversed(proc.stdout.strip().splitlines()):
-        try:
-            result = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(result, dict) and "tokens_per_s" in result:
-            return result
+    result = last_json_with(proc.stdout, "tokens_per_s")
+    if result is not None:
+        return result
     raise RuntimeError(f"`{' '.join(cmd)}` printed no JSON line with tokens_per_s; stdout:\n{proc.stdout[-2000:]}")
 
 

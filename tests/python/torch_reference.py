@@ -588,6 +588,18 @@ def rel_err(a, b) -> float:
 # End-to-end harness (shared by test_gpt_torch.py and test_llama_torch.py)
 # ----------------------------------------------------------------------------------------------
 
+def last_json_with(text: str, key: str) -> dict | None:
+    """The last line of `text` that parses as a JSON object holding `key` (CLI output mixes logs)."""
+    for line in reversed(text.strip().splitlines()):
+        try:
+            result = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(result, dict) and key in result:
+            return result
+    return None
+
+
 class MegatonError(RuntimeError):
     pass
 
@@ -621,13 +633,9 @@ class MegatonCli:
     def eval(self, model_dir, prefix, seq_len, max_samples, grads_file) -> dict:
         out = self.run("eval", "--model", model_dir, "--data", prefix, "--seq-len", seq_len,
                        "--max-samples", max_samples, "--dump-grads", grads_file, expect_files=[grads_file])
-        for line in reversed(out.strip().splitlines()):
-            try:
-                result = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(result, dict) and "loss" in result:
-                return result
+        result = last_json_with(out, "loss")
+        if result is not None:
+            return result
         raise MegatonError(f"`megaton eval` printed no JSON line with a \"loss\"; stdout:\n{out[-2000:]}")
 
     def train(self, config_file, run_dir) -> list[dict]:
