@@ -1,5 +1,7 @@
 #include "megaton/kernels/activation.h"
 
+#include "megaton/kernels/cpu/fast_exp.h"
+
 #include <algorithm>
 #include <bit>
 #include <cstdint>
@@ -11,43 +13,7 @@ namespace megaton::kernels {
 
 namespace {
 
-// ln 2 split so that n * hi is exact for the |n| <= 1022 used below (Cody & Waite); lo holds the rest.
-template <typename T>
-struct Ln2Split;
-template <>
-struct Ln2Split<float> {
-  static constexpr float hi = 0.693359375f, lo = -2.12194440e-4f;
-};
-template <>
-struct Ln2Split<double> {
-  static constexpr double hi = 6.93147180369123816490e-01, lo = 1.90821492927058770002e-10;
-};
-
-// exp(x) written so that loops calling it vectorise: glibc's exp has vector variants only under
-// -ffast-math, and a scalar exp call makes GeLU/SwiGLU ~6x slower than memory speed. x = n ln2 + r
-// with |r| <= ln2 / 2; exp(r) is its Taylor series (degree 7 for float, 13 for double, truncation
-// below half an ulp) and 2^n is assembled in the exponent bits. x is clamped so that 2^n stays a
-// normal number: results saturate near the smallest normal / largest finite value instead of
-// reaching 0 / inf, which no caller here can tell apart.
-template <typename T>
-T exp_saturating(T x) {
-  using Bits = std::conditional_t<std::is_same_v<T, float>, int32_t, int64_t>;
-  constexpr int kMantissaBits = std::numeric_limits<T>::digits - 1;
-  constexpr int kExponentBias = std::numeric_limits<T>::max_exponent - 1;
-  constexpr int kTerms = std::is_same_v<T, float> ? 7 : 13;
-  constexpr T kLimit = static_cast<T>((kExponentBias - 1) * std::numbers::ln2);
-  // Adding 1.5 * 2^mantissa_bits rounds to an integer (the fraction bits fall off); subtracting it
-  // again gives n as a T.
-  constexpr T kRound = T(1.5) * static_cast<T>(Bits{1} << kMantissaBits);
-
-  x = std::min(std::max(x, -kLimit), kLimit);
-  const T n = (x * std::numbers::log2e_v<T> + kRound) - kRound;
-  const T r = (x - n * Ln2Split<T>::hi) - n * Ln2Split<T>::lo;
-  T p = T(1);  // Horner form of the Taylor series: 1 + r (1 + r/2 (1 + r/3 (...)))
-  for (int k = kTerms; k >= 1; --k) p = T(1) + p * r * (T(1) / static_cast<T>(k));
-  const Bits two_to_n = (static_cast<Bits>(n) + kExponentBias) << kMantissaBits;
-  return p * std::bit_cast<T>(two_to_n);
-}
+using detail::exp_saturating;
 
 template <typename T>
 T sigmoid(T x) {
