@@ -63,7 +63,7 @@ std::vector<std::string> demo_settings(const std::vector<std::string>& user_sets
           "logging.eval_interval=250",
           "logging.eval_iters=40",
           "sample.prompt=\"The \"",
-          "sample.tokens=300"});
+          "sample.tokens=124"});
   return settings;
 }
 

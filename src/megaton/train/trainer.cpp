@@ -181,6 +181,9 @@ TrainSummary Trainer::run() {
     opts.max_new_tokens = cfg_.sample_tokens;
     opts.stop_token = tok->eod();
     auto prompt = tok->encode(cfg_.sample_prompt.empty() ? "\n" : cfg_.sample_prompt);
+    // Positions beyond the training length were never trained (learned position embeddings stay
+    // at their init), so the sample stops at seq_length tokens.
+    opts.max_new_tokens = std::min<int64_t>(opts.max_new_tokens, cfg_.seq_length - static_cast<int64_t>(prompt.size()));
     auto out = infer::generate(*model_, prompt, opts);
     summary.sample = cfg_.sample_prompt + tok->decode(out);
     std::printf("sample:\n%s\n", summary.sample.c_str());
