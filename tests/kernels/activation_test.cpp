@@ -77,18 +77,15 @@ TEST(Swiglu, GradientMatchesFiniteDifferences) {
   EXPECT_LT(fd::relative_error(dgu, fd::numeric_gradient(gu, loss)), 1e-8);
 }
 
-TEST(Activation, ResidualAllowsAliasingAndAccumulateAdds) {
+TEST(Activation, ResidualAllowsAliasing) {
   const int64_t n = 1001;
   auto a = fd::random_vector<float>(n, 7);
   auto b = fd::random_vector<float>(n, 8);
   std::vector<float> sum(n), in_place = a;
   residual_forward(sum.data(), a.data(), b.data(), n);
   residual_forward(in_place.data(), in_place.data(), b.data(), n);
-  std::vector<float> acc = a;
-  accumulate(acc.data(), b.data(), n);
   for (int64_t i = 0; i < n; ++i) {
     EXPECT_EQ(sum[i], a[i] + b[i]);
     EXPECT_EQ(in_place[i], a[i] + b[i]);
-    EXPECT_EQ(acc[i], a[i] + b[i]);
   }
 }

@@ -17,11 +17,8 @@ void swiglu_forward(T* out, const T* gu, int64_t N, int64_t H);
 template <typename T>
 void swiglu_backward(T* dgu, const T* dout, const T* gu, int64_t N, int64_t H);
 
-// out = a + b (out may alias a or b).
+// out = a + b (out may alias a or b). Its backward needs no kernel: both inputs receive dy.
 template <typename T>
 void residual_forward(T* out, const T* a, const T* b, int64_t n);
-// dst += src
-template <typename T>
-void accumulate(T* dst, const T* src, int64_t n);
 
 }  // namespace megaton::kernels

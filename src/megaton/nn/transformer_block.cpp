@@ -11,17 +11,16 @@ TransformerBlock::TransformerBlock(const std::string& name, const BlockSpec& s, 
       mlp(name + ".mlp", s.attn.hidden, s.ffn_hidden, s.swiglu, s.bias) {}
 
 namespace {
-// a += b, returning a (the residual stream is updated in place: the block's input is not
-// needed again once the branch input has been computed from it).
+// a += b, returning a. `a` is always a fresh branch output (or input gradient) that no context
+// keeps, so the residual sum reuses its storage instead of allocating another tensor.
 Tensor add_into(Tensor a, const Tensor& b) {
-  kernels::accumulate(a.data<float>(), b.data<float>(), a.numel());
+  kernels::residual_forward(a.data<float>(), a.data<float>(), b.data<float>(), a.numel());
   return a;
 }
 }  // namespace
 
 Tensor TransformerBlock::forward(BlockCtx& ctx, const Tensor& x, int64_t B, int64_t T) {
-  Tensor h = attention.forward(ctx.attn, input_norm.forward(ctx.norm1, x), B, T);
-  kernels::residual_forward(h.data<float>(), h.data<float>(), x.data<float>(), h.numel());
+  Tensor h = add_into(attention.forward(ctx.attn, input_norm.forward(ctx.norm1, x), B, T), x);
   Tensor m = mlp.forward(ctx.mlp, pre_mlp_norm.forward(ctx.norm2, h));
   return add_into(m, h);
 }
@@ -44,8 +43,7 @@ void TransformerBlock::backward_weight(BlockCtx& ctx) {
 Tensor TransformerBlock::forward_cached(KVCache& cache, const Tensor& x, int64_t B, int64_t T) {
   NormCtx n1, n2;
   MlpCtx m;
-  Tensor h = attention.forward_cached(cache, input_norm.forward(n1, x), B, T);
-  add_into(h, x);
+  Tensor h = add_into(attention.forward_cached(cache, input_norm.forward(n1, x), B, T), x);
   return add_into(mlp.forward(m, pre_mlp_norm.forward(n2, h)), h);
 }
 

@@ -91,19 +91,12 @@ void residual_forward(T* out, const T* a, const T* b, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
 }
 
-template <typename T>
-void accumulate(T* __restrict dst, const T* __restrict src, int64_t n) {
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
-}
-
 #define MEGATON_INSTANTIATE(T)                                                \
   template void gelu_forward<T>(T*, const T*, int64_t);                       \
   template void gelu_backward<T>(T*, const T*, const T*, int64_t);            \
   template void swiglu_forward<T>(T*, const T*, int64_t, int64_t);            \
   template void swiglu_backward<T>(T*, const T*, const T*, int64_t, int64_t); \
-  template void residual_forward<T>(T*, const T*, const T*, int64_t);         \
-  template void accumulate<T>(T*, const T*, int64_t);
+  template void residual_forward<T>(T*, const T*, const T*, int64_t);
 MEGATON_INSTANTIATE(float)
 MEGATON_INSTANTIATE(double)
 #undef MEGATON_INSTANTIATE
