@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "megaton/core/allocator.h"
 #include "megaton/core/rng.h"
 #include "megaton/core/threads.h"
 #include "megaton/kernels/sgemm_ceiling.h"
@@ -17,6 +18,7 @@ namespace {
 
 struct BenchResult {
   double step_s, tokens_per_s, gflops, sgemm_gflops;
+  MemStats memory;  // peak bytes per category over the timed steps
 };
 
 // Full training steps (forward, backward, clip, AdamW) on random tokens; median step time.
@@ -33,6 +35,7 @@ BenchResult run_bench(const std::string& preset, int64_t B, int64_t T, int steps
     targets.data<int32_t>()[i] = static_cast<int32_t>(rng.uniform_double(2 * i + 1) * V - 0.5);
   }
   std::vector<double> times;
+  Allocator::host().reset_peaks();
   for (int s = 0; s < steps + 1; ++s) {  // step 0 warms up caches and the allocator
     auto t0 = std::chrono::steady_clock::now();
     nn::zero_grads(model.parameters());
@@ -44,6 +47,7 @@ BenchResult run_bench(const std::string& preset, int64_t B, int64_t T, int steps
   }
   std::nth_element(times.begin(), times.begin() + static_cast<int64_t>(times.size() / 2), times.end());
   BenchResult r;
+  r.memory = Allocator::host().stats();
   r.step_s = times[times.size() / 2];
   r.tokens_per_s = static_cast<double>(B * T) / r.step_s;
   r.gflops = r.tokens_per_s * model.config().flops_per_token(T) / 1e9;
@@ -69,6 +73,10 @@ void add_bench_command(CLI::App& app) {
   cmd->callback([] {
     set_num_threads(threads);
     BenchResult r = run_bench(preset, batch, seq_len, steps);
+    nlohmann::json peak_mb;
+    for (size_t c = 0; c < kNumMemCategories; ++c)
+      peak_mb[std::string(mem_category_name(static_cast<MemCategory>(c)))] = static_cast<double>(r.memory.peak[c]) / 1e6;
+    peak_mb["total"] = static_cast<double>(r.memory.total_peak) / 1e6;
     if (json) {
       std::printf("%s\n", nlohmann::json{{"model", preset},
                                          {"batch", batch},
@@ -78,7 +86,8 @@ void add_bench_command(CLI::App& app) {
                                          {"tokens_per_s", r.tokens_per_s},
                                          {"achieved_gflops", r.gflops},
                                          {"sgemm_gflops", r.sgemm_gflops},
-                                         {"sgemm_fraction", r.gflops / r.sgemm_gflops}}
+                                         {"sgemm_fraction", r.gflops / r.sgemm_gflops},
+                                         {"peak_memory_mb", peak_mb}}
                               .dump()
                               .c_str());
     } else {
@@ -86,6 +95,7 @@ void add_bench_command(CLI::App& app) {
                   "sgemm ceiling %.1f GFLOP/s | %.1f%% of ceiling\n",
                   preset.c_str(), batch, seq_len, num_threads(), r.step_s, r.tokens_per_s, r.gflops, r.sgemm_gflops,
                   100.0 * r.gflops / r.sgemm_gflops);
+      std::printf("peak memory (MB): %s\n", peak_mb.dump().c_str());
     }
   });
 }
