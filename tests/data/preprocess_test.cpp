@@ -1,7 +1,10 @@
 #include "megaton/data/preprocess.h"
 
 #include <gtest/gtest.h>
+#include <zlib.h>
+#include <zstd.h>
 
+#include "../support/run_command.h"
 #include "../support/temp_dir.h"
 #include "megaton/data/indexed_dataset.h"
 
@@ -122,4 +125,104 @@ TEST(Preprocess, MalformedLineNamesFileAndLineAndLeavesNoOutput) {
   EXPECT_ERROR_CONTAINS(preprocess(options({missing}, dir.file("out"))), missing + ":2:", "\"text\"");
   EXPECT_ERROR_CONTAINS(preprocess(options({dir.file("absent.txt")}, dir.file("out"))), "absent.txt");
   EXPECT_EQ(dir.entries(), listing);  // neither out.bin/.idx nor temporaries
+}
+
+namespace {
+
+std::string gzip(const std::string& data) {
+  z_stream z{};
+  deflateInit2(&z, Z_DEFAULT_COMPRESSION, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY);  // +16: gzip header
+  std::string out(deflateBound(&z, data.size()) + 32, '\0');
+  z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(data.data()));
+  z.avail_in = static_cast<uInt>(data.size());
+  z.next_out = reinterpret_cast<Bytef*>(out.data());
+  z.avail_out = static_cast<uInt>(out.size());
+  EXPECT_EQ(deflate(&z, Z_FINISH), Z_STREAM_END);
+  out.resize(z.total_out);
+  deflateEnd(&z);
+  return out;
+}
+
+std::string zstd(const std::string& data) {
+  std::string out(ZSTD_compressBound(data.size()), '\0');
+  out.resize(ZSTD_compress(out.data(), out.size(), data.data(), data.size(), 3));
+  return out;
+}
+
+std::string json_lines(int first, int count) {
+  std::string s;
+  for (int i = first; i < first + count; ++i) s += "{\"text\": \"document " + std::to_string(i) + "\"}\n";
+  return s;
+}
+
+}  // namespace
+
+TEST(Preprocess, CompressedInputsDecodeLikePlainOnes) {
+  TempDir dir;
+  // Large enough that decoding spans several 1 MiB reads; concatenated members / frames (`cat a.gz b.gz`)
+  // decode as one stream, and .gz / .zst suffixes do not hide the .jsonl extension.
+  const std::string a = json_lines(0, 40000), b = json_lines(40000, 7);
+  write_bytes(dir.file("plain.jsonl"), a + b);
+  write_bytes(dir.file("c.jsonl.gz"), gzip(a) + gzip(b));
+  write_bytes(dir.file("c.jsonl.zst"), zstd(a) + zstd(b));
+  write_bytes(dir.file("text.zst"), zstd("one\n%\ntwo\n"));
+
+  auto plain = options({dir.file("plain.jsonl")}, dir.file("plain"));
+  const auto plain_stats = preprocess(plain);
+  for (const char* name : {"c.jsonl.gz", "c.jsonl.zst"}) {
+    auto o = options({dir.file(name)}, dir.file(std::string("out_") + name));
+    const auto stats = preprocess(o);
+    EXPECT_EQ(read_documents(o.output_prefix), read_documents(plain.output_prefix)) << name;
+    EXPECT_EQ(stats.bytes, plain_stats.bytes) << name << ": bytes count the decompressed text";
+  }
+  auto text = options({dir.file("text.zst")}, dir.file("text"));
+  text.doc_separator = "%";
+  preprocess(text);
+  EXPECT_EQ(read_documents(text.output_prefix),
+            (std::vector<std::vector<int32_t>>{byte_ids("one\n", false), byte_ids("two\n", false)}));
+}
+
+TEST(Preprocess, TruncatedCompressedInputIsAnErrorNamingTheFile) {
+  TempDir dir;
+  const std::string data = json_lines(0, 2000);
+  const std::string gz = gzip(data), zs = zstd(data);
+  write_bytes(dir.file("cut.jsonl.gz"), gz.substr(0, gz.size() / 2));
+  write_bytes(dir.file("cut.jsonl.zst"), zs.substr(0, zs.size() / 2));
+  write_bytes(dir.file("bad.jsonl.gz"), gz.substr(0, 10) + std::string(200, 'x'));
+  auto listing = dir.entries();
+  EXPECT_ERROR_CONTAINS(preprocess(options({dir.file("cut.jsonl.gz")}, dir.file("o"))), "cut.jsonl.gz", "truncated");
+  EXPECT_ERROR_CONTAINS(preprocess(options({dir.file("cut.jsonl.zst")}, dir.file("o"))), "cut.jsonl.zst", "truncated");
+  EXPECT_ERROR_CONTAINS(preprocess(options({dir.file("bad.jsonl.gz")}, dir.file("o"))), "bad.jsonl.gz", "corrupt");
+  EXPECT_EQ(dir.entries(), listing);
+}
+
+TEST(Preprocess, SkipBadLinesCountsAndDropsThem) {
+  TempDir dir;
+  std::string input = dir.file("mixed.jsonl");
+  write_bytes(
+      input,
+      "{\"text\": \"a\"}\n{\"text\": broken}\n{\"body\": \"no text\"}\n[1, 2]\n{\"text\": 5}\n{\"text\": \"b\"}\n");
+  auto o = options({input}, dir.file("out"));
+  o.skip_bad_lines = true;
+  const auto stats = preprocess(o);
+  EXPECT_EQ(read_documents(o.output_prefix),
+            (std::vector<std::vector<int32_t>>{byte_ids("a", false), byte_ids("b", false)}));
+  EXPECT_EQ(stats.documents, 2);
+  EXPECT_EQ(stats.skipped_lines, 4);
+  EXPECT_NE(stats.first_skipped.find(input + ":2: malformed JSON"), std::string::npos) << stats.first_skipped;
+}
+
+TEST(Preprocess, CommandLineSummaryAndSkipFlag) {
+  TempDir dir;
+  std::string input = dir.file("c.jsonl");
+  write_bytes(input, "{\"text\": \"hello\"}\nnot json\n");
+  const std::string base = std::string(MEGATON_BINARY) + " preprocess --no-progress --input " + input +
+                           " --output-prefix " + dir.file("out");
+  auto r = megaton::testing::run_command(base);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find(input + ":2:"), std::string::npos) << r.output;
+  r = megaton::testing::run_command(base + " --skip-bad-lines");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("1 documents, 5 tokens"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("skipped 1 malformed lines; the first: " + input + ":2:"), std::string::npos) << r.output;
 }

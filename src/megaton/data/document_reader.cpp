@@ -2,17 +2,16 @@
 
 #include <algorithm>
 #include <cctype>
-#include <cerrno>
 #include <cstring>
 #include <filesystem>
-
-#include "megaton/core/error.h"
 
 namespace megaton::data {
 
 namespace {
+constexpr size_t kReadBytes = 1 << 20;
+
 bool has_json_lines_extension(const std::string& path) {
-  std::string ext = std::filesystem::path(path).extension().string();
+  std::string ext = std::filesystem::path(name_without_compression_suffix(path)).extension().string();
   std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return std::tolower(c); });
   return ext == ".json" || ext == ".jsonl";
 }
@@ -23,9 +22,34 @@ bool is_blank(const std::string& s) {
 }  // namespace
 
 DocumentReader::DocumentReader(std::string path, std::string doc_separator)
-    : path_(std::move(path)), separator_(std::move(doc_separator)), json_(has_json_lines_extension(path_)) {
-  in_.open(path_, std::ios::binary);
-  if (!in_) fail("cannot open input ", path_, ": ", std::strerror(errno));
+    : path_(std::move(path)),
+      separator_(std::move(doc_separator)),
+      json_(has_json_lines_extension(path_)),
+      in_(path_),
+      buf_(kReadBytes) {}
+
+bool DocumentReader::getline(std::string& line, bool& newline) {
+  line.clear();
+  for (;;) {
+    if (buf_pos_ == buf_len_) {
+      buf_len_ = in_.read(buf_.data(), buf_.size());
+      buf_pos_ = 0;
+      if (buf_len_ == 0) {
+        newline = false;
+        return !line.empty();
+      }
+    }
+    const char* begin = buf_.data() + buf_pos_;
+    const auto* end = static_cast<const char*>(std::memchr(begin, '\n', buf_len_ - buf_pos_));
+    if (end) {
+      line.append(begin, end);
+      buf_pos_ += static_cast<size_t>(end - begin) + 1;
+      newline = true;
+      return true;
+    }
+    line.append(begin, buf_len_ - buf_pos_);
+    buf_pos_ = buf_len_;
+  }
 }
 
 // A trailing '\r' is ignored so that separators in files with Windows line endings still count.
@@ -40,8 +64,8 @@ bool DocumentReader::next_batch(std::vector<RawDocument>& batch, size_t max_byte
   batch.clear();
   uint64_t start = bytes_;
   std::string line;
-  while (std::getline(in_, line)) {
-    bool newline = !in_.eof();
+  bool newline = false;
+  while (getline(line, newline)) {
     ++line_no_;
     bytes_ += line.size() + newline;
     if (json_) {
@@ -57,7 +81,6 @@ bool DocumentReader::next_batch(std::vector<RawDocument>& batch, size_t max_byte
     }
     if (bytes_ - start >= max_bytes && !in_document_) return true;
   }
-  if (in_.bad()) fail("error reading ", path_, " near line ", line_no_, ": ", std::strerror(errno));
   if (in_document_) batch.push_back(std::move(current_));
   in_document_ = false;
   return !batch.empty();

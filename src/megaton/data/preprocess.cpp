@@ -24,20 +24,24 @@ constexpr size_t kBatchBytes = 16 << 20;
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 // One stderr line redrawn in place, at most five times a second so that printing never slows the run.
+// Percent and ETA follow the bytes on disk (compressed inputs advance by their compressed size); the
+// MB/s rate counts the text actually tokenized.
 class ProgressBar {
  public:
-  ProgressBar(uint64_t total_bytes, bool enabled) : total_(total_bytes), enabled_(enabled) {}
+  ProgressBar(uint64_t total_disk_bytes, bool enabled) : total_(total_disk_bytes), enabled_(enabled) {}
   ~ProgressBar() {
     if (drawn_) std::fputc('\n', stderr);  // leave an interrupted bar on its own line before the error
   }
 
-  void update(int64_t docs, uint64_t bytes, bool force = false) {
+  void update(int64_t docs, uint64_t text_bytes, uint64_t disk_bytes, bool force = false) {
     if (!enabled_ || (!force && Clock::now() - last_ < std::chrono::milliseconds(200))) return;
     last_ = Clock::now();
-    double mb = bytes / 1e6;
-    double pct = total_ ? 100.0 * bytes / total_ : 100.0;
-    std::fprintf(stderr, "\rpreprocess: %lld documents, %.1f MB, %.1f MB/s, %5.1f%%", static_cast<long long>(docs), mb,
-                 mb / std::max(seconds_since(start_), 1e-9), pct);
+    const double secs = std::max(seconds_since(start_), 1e-9), mb = text_bytes / 1e6;
+    const double done = total_ ? static_cast<double>(disk_bytes) / total_ : 1.0;
+    const double eta = done > 0 ? secs * (1 - done) / done : 0;
+    std::fprintf(stderr, "\rpreprocess: %lld docs (%.0f/s), %.1f MB (%.1f MB/s), %5.1f%%, ETA %lldm%02llds ",
+                 static_cast<long long>(docs), docs / secs, mb, mb / secs, 100 * done, static_cast<long long>(eta) / 60,
+                 static_cast<long long>(eta) % 60);
     std::fflush(stderr);
     drawn_ = true;
   }
@@ -50,46 +54,66 @@ class ProgressBar {
   Clock::time_point last_{};
 };
 
-// Tokens of one document; throws without location, which the caller adds.
-std::vector<int32_t> encode_document(const RawDocument& doc, bool json, const PreprocessOptions& opts,
-                                     const Tokenizer& tok) {
-  std::vector<int32_t> ids;
-  if (json) {
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(doc.text);
-    } catch (const nlohmann::json::parse_error& e) {
-      fail("malformed JSON: ", e.what());
-    }
-    auto field = j.is_object() ? j.find(opts.json_key) : j.end();
-    if (field == j.end()) fail("expected a JSON object with a \"", opts.json_key, "\" field");
-    if (!field->is_string()) fail("field \"", opts.json_key, "\" is not a string");
-    ids = tok.encode(field->get_ref<const std::string&>());
-  } else {
-    ids = tok.encode(doc.text);
+// The text field of one JSON Lines document; throws saying what is malformed, without location.
+std::string json_text(std::string_view line, const std::string& key) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(line);
+  } catch (const nlohmann::json::parse_error& e) {
+    fail("malformed JSON: ", e.what());
   }
-  if (opts.append_eod && !ids.empty()) ids.push_back(tok.eod());
-  return ids;
+  auto field = j.is_object() ? j.find(key) : j.end();
+  if (field == j.end()) fail("expected a JSON object with a \"", key, "\" field");
+  if (!field->is_string()) fail("field \"", key, "\" is not a string");
+  return std::move(field->get_ref<std::string&>());
 }
 
-// Tokenizes a batch on `workers` threads; results stay in input order. The first failing document (in
-// input order, so the report does not depend on scheduling) becomes an error naming FILE:LINE.
-std::vector<std::vector<int32_t>> encode_batch(const std::vector<RawDocument>& batch, const DocumentReader& reader,
-                                               const PreprocessOptions& opts, const Tokenizer& tok, int workers) {
-  std::vector<std::vector<int32_t>> out(batch.size());
-  std::vector<std::string> errors(batch.size());
-  bool json = reader.is_json_lines();
-  const auto n = static_cast<int64_t>(batch.size());
-#pragma omp parallel for schedule(dynamic, 16) num_threads(workers)
-  for (int64_t i = 0; i < n; ++i) {
+struct EncodedDocument {
+  std::vector<int32_t> ids;
+  std::string error;      // non-empty when the document failed
+  bool bad_line = false;  // the failure is malformed JSON Lines input (skippable), not a tokenizer error
+};
+
+EncodedDocument encode_document(const RawDocument& doc, bool json, const PreprocessOptions& opts,
+                                const Tokenizer& tok) {
+  EncodedDocument r;
+  std::string decoded;
+  if (json) {
     try {
-      out[i] = encode_document(batch[i], json, opts, tok);
+      decoded = json_text(doc.text, opts.json_key);
     } catch (const std::exception& e) {
-      errors[i] = e.what();
+      r.error = e.what();
+      r.bad_line = true;
+      return r;
     }
   }
-  for (size_t i = 0; i < batch.size(); ++i)
-    if (!errors[i].empty()) fail(reader.path(), ":", batch[i].line, ": ", errors[i]);
+  try {
+    r.ids = tok.encode(json ? decoded : doc.text);
+  } catch (const std::exception& e) {
+    r.error = e.what();
+    return r;
+  }
+  if (opts.append_eod && !r.ids.empty()) r.ids.push_back(tok.eod());
+  return r;
+}
+
+// Tokenizes a batch on `workers` threads; results stay in input order. Failures are settled in input
+// order, so the report does not depend on scheduling: a malformed line is counted and dropped with
+// --skip-bad-lines, any other failure becomes an error naming FILE:LINE.
+std::vector<EncodedDocument> encode_batch(const std::vector<RawDocument>& batch, const DocumentReader& reader,
+                                          const PreprocessOptions& opts, const Tokenizer& tok, int workers,
+                                          PreprocessStats& stats) {
+  std::vector<EncodedDocument> out(batch.size());
+  const bool json = reader.is_json_lines();
+  const auto n = static_cast<int64_t>(batch.size());
+#pragma omp parallel for schedule(dynamic, 16) num_threads(workers)
+  for (int64_t i = 0; i < n; ++i) out[i] = encode_document(batch[i], json, opts, tok);
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (out[i].error.empty()) continue;
+    std::string where = reader.path() + ":" + std::to_string(batch[i].line) + ": " + out[i].error;
+    if (!(out[i].bad_line && opts.skip_bad_lines)) fail(where);
+    if (stats.skipped_lines++ == 0) stats.first_skipped = std::move(where);
+  }
   return out;
 }
 
@@ -115,26 +139,29 @@ PreprocessStats preprocess(const PreprocessOptions& opts) {
   ProgressBar bar(total_input_bytes(opts.inputs), opts.progress);
 
   PreprocessStats stats;
-  IndexedDatasetWriter writer(opts.output_prefix, smallest_token_dtype(tok->vocab_size()));
+  stats.dtype = smallest_token_dtype(tok->vocab_size());
+  IndexedDatasetWriter writer(opts.output_prefix, stats.dtype);
   std::vector<RawDocument> batch;
+  uint64_t disk_before = 0;
   for (const auto& input : opts.inputs) {
     DocumentReader reader(input, opts.doc_separator);
-    uint64_t before = stats.bytes;
+    const uint64_t before = stats.bytes;
     while (reader.next_batch(batch, kBatchBytes)) {
-      for (const auto& ids : encode_batch(batch, reader, opts, *tok, workers)) {
+      for (const auto& doc : encode_batch(batch, reader, opts, *tok, workers, stats)) {
         // Empty documents carry no tokens to train on; skipping them keeps every document non-empty.
-        if (ids.empty()) continue;
-        writer.add_document(ids);
+        if (doc.ids.empty()) continue;
+        writer.add_document(doc.ids);
         ++stats.documents;
-        stats.tokens += static_cast<int64_t>(ids.size());
+        stats.tokens += static_cast<int64_t>(doc.ids.size());
       }
       stats.bytes = before + reader.bytes_read();
-      bar.update(stats.documents, stats.bytes);
+      bar.update(stats.documents, stats.bytes, disk_before + reader.disk_bytes_read());
     }
     stats.bytes = before + reader.bytes_read();
+    disk_before += reader.disk_bytes_read();
   }
   writer.finalize();
-  bar.update(stats.documents, stats.bytes, /*force=*/true);
+  bar.update(stats.documents, stats.bytes, disk_before, /*force=*/true);
   stats.seconds = seconds_since(start);
   return stats;
 }
