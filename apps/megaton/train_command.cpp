@@ -5,6 +5,7 @@
 #include "commands.h"
 #include "megaton/data/preprocess.h"
 #include "megaton/data/split_dataset.h"
+#include "megaton/train/supervisor.h"
 #include "megaton/train/trainer.h"
 
 namespace megaton::app {
@@ -75,14 +76,39 @@ void add_train_command(CLI::App& app) {
                                  "fortunes corpus)");
   static std::string config;
   static std::vector<std::string> sets;
+  static train::RunOptions options;
+  static int max_restarts = 0;
   cmd->add_option("--config", config, "TOML config file ([model], [data], [training], [optimizer], [logging], "
-                                      "[sample])")
+                                      "[checkpoint], [rewind], [sample])")
       ->check(CLI::ExistingFile);
   cmd->add_option("--set", sets, "Override a key: section.key=value (repeatable), e.g. --set training.train_iters=10");
+  cmd->add_option("--resume", options.resume,
+                  "Continue from a checkpoint: 'auto' (the newest valid one in the run directory, if any) or a path "
+                  "(a checkpoint directory, or a checkpoints directory to take the newest valid one from)");
+  cmd->add_option("--inject", options.inject,
+                  "Inject a fault (repeatable, for testing): nan@step=N, spike@step=N, crash@step=N, crash@save[=N], "
+                  "fail@save[=N], slow@save=SECONDS");
+  cmd->add_option("--max-restarts", max_restarts,
+                  "Run training in a child process and restart it with --resume auto when it dies, up to this many "
+                  "times")
+      ->check(CLI::NonNegativeNumber);
   cmd->callback([] {
+    if (max_restarts > 0) {
+      // The child gets this command line without --max-restarts; restarts continue from the
+      // newest valid checkpoint.
+      std::vector<std::string> args{"train"};
+      if (!config.empty()) args.insert(args.end(), {"--config", config});
+      for (const std::string& s : sets) args.insert(args.end(), {"--set", s});
+      for (const std::string& f : options.inject) args.insert(args.end(), {"--inject", f});
+      std::vector<std::string> restart_args = args;
+      if (!options.resume.empty()) args.insert(args.end(), {"--resume", options.resume});
+      restart_args.insert(restart_args.end(), {"--resume", "auto"});
+      train::supervise(args, restart_args, max_restarts);
+      return;
+    }
     std::vector<std::string> overrides = config.empty() ? demo_settings(sets) : std::vector<std::string>{};
     overrides.insert(overrides.end(), sets.begin(), sets.end());
-    train::Trainer trainer(train::load_train_config(config, overrides));
+    train::Trainer trainer(train::load_train_config(config, overrides), options);
     auto summary = trainer.run();
     if (summary.final_val_loss >= 0) std::printf("final validation loss: %.4f\n", summary.final_val_loss);
   });

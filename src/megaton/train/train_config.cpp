@@ -100,6 +100,7 @@ const std::vector<Field>& fields() {
       field("training.train_iters", &TC::train_iters),
       field("training.seed", &TC::seed),
       field("training.threads", &TC::threads),
+      field("training.exit_interval", &TC::exit_interval),
       field("optimizer.lr", &TC::lr),
       field("optimizer.min_lr", &TC::min_lr),
       field("optimizer.lr_warmup_iters", &TC::lr_warmup_iters),
@@ -116,6 +117,16 @@ const std::vector<Field>& fields() {
       field("logging.eval_iters", &TC::eval_iters),
       field("logging.save_interval", &TC::save_interval),
       field("logging.peak_tflops", &TC::peak_tflops),
+      field("checkpoint.keep_last", &TC::keep_last),
+      field("checkpoint.async_save", &TC::async_save),
+      field("checkpoint.write_attempts", &TC::write_attempts),
+      field("rewind.enabled", &TC::rewind),
+      field("rewind.window", &TC::rewind_window),
+      field("rewind.zscore", &TC::rewind_zscore),
+      field("rewind.snapshot_interval", &TC::snapshot_interval),
+      field("rewind.max_rewinds", &TC::max_rewinds),
+      field("rewind.lr_factor", &TC::rewind_lr_factor),
+      field("rewind.lr_steps", &TC::rewind_lr_steps),
       field("sample.prompt", &TC::sample_prompt),
       field("sample.tokens", &TC::sample_tokens),
       field("sample.temperature", &TC::sample_temperature),
@@ -211,6 +222,7 @@ void validate(const TrainConfig& c) {
             std::to_string(c.model.max_position_embeddings));
   check(c.train_iters >= 0, "training.train_iters", "must not be negative");
   check(c.threads >= 0, "training.threads", "must not be negative");
+  check(c.exit_interval >= 0, "training.exit_interval", "must not be negative");
   check(c.lr >= 0 && c.min_lr >= 0 && c.min_lr <= c.lr, "optimizer.min_lr", "must be in [0, optimizer.lr]");
   check(c.lr_warmup_iters >= 0, "optimizer.lr_warmup_iters", "must not be negative");
   optim::lr_decay_style_from_name(c.lr_decay_style);
@@ -221,6 +233,14 @@ void validate(const TrainConfig& c) {
   check(c.eval_interval >= 0 && c.eval_iters >= 0, "logging.eval_interval", "eval_interval/eval_iters >= 0");
   check(c.save_interval >= 0, "logging.save_interval", "must not be negative");
   check(!c.run_dir.empty(), "logging.run_dir", "must not be empty");
+  check(c.keep_last >= 0, "checkpoint.keep_last", "must not be negative");
+  check(c.write_attempts >= 1, "checkpoint.write_attempts", "must be at least 1");
+  check(c.rewind_window >= 2, "rewind.window", "must be at least 2 (a standard deviation needs two values)");
+  check(c.rewind_zscore > 0, "rewind.zscore", "must be positive");
+  check(c.snapshot_interval >= 0, "rewind.snapshot_interval", "must not be negative");
+  check(c.max_rewinds >= 0, "rewind.max_rewinds", "must not be negative");
+  check(c.rewind_lr_factor > 0 && c.rewind_lr_factor <= 1, "rewind.lr_factor", "must be in (0, 1]");
+  check(c.rewind_lr_steps >= 0, "rewind.lr_steps", "must not be negative");
   check(c.sample_tokens >= 0, "sample.tokens", "must not be negative");
 }
 

@@ -1,5 +1,5 @@
 // Everything `megaton train` reads from its TOML file and --set overrides. Keys are grouped in
-// sections ([model], [data], [training], [optimizer], [logging], [sample]) and named after
+// sections ([model], [data], [training], [optimizer], [logging], [checkpoint], [rewind], [sample]) and named after
 // Megatron-LM's arguments. Unknown keys, wrong types and inconsistent values are errors that
 // name the key (and suggest the nearest known one).
 #pragma once
@@ -30,6 +30,7 @@ struct TrainConfig {
   int64_t train_iters = 100;
   int64_t seed = 1234;
   int64_t threads = 0;  // 0: OMP_NUM_THREADS or all cores
+  int64_t exit_interval = 0;  // stop (after saving a checkpoint) once step % exit_interval == 0; 0: never
 
   // [optimizer]
   double lr = 1e-3;
@@ -50,6 +51,21 @@ struct TrainConfig {
   int64_t eval_iters = 20;    // validation batches per evaluation (0: the whole split)
   int64_t save_interval = 0;  // 0: only the final export
   double peak_tflops = 0.0;   // for MFU; 0: measured sgemm ceiling of this machine
+
+  // [checkpoint]: RUN/checkpoints/step_N/ every logging.save_interval steps and at the end
+  int64_t keep_last = 3;       // checkpoints kept (older ones removed); 0: all
+  bool async_save = true;      // write in a background thread; the step pays only for a copy
+  int64_t write_attempts = 3;  // a failing write is retried this often before training stops
+
+  // [rewind]: on a NaN/Inf or a loss / grad-norm spike, restore the last good state, skip the
+  // offending batch and go on
+  bool rewind = false;
+  int64_t rewind_window = 50;       // steps in the sliding window; spikes are judged once it is full
+  double rewind_zscore = 6.0;       // a loss or grad norm this many standard deviations above the mean
+  int64_t snapshot_interval = 10;   // in-memory snapshot every this many steps; 0: rewind to the last checkpoint
+  int64_t max_rewinds = 3;          // more anomalies than this stop training with an error
+  double rewind_lr_factor = 1.0;    // lr multiplier for rewind_lr_steps steps after a rewind
+  int64_t rewind_lr_steps = 0;
 
   // [sample]: text generated at the end of training
   std::string sample_prompt = "";

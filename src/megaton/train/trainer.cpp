@@ -6,7 +6,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
+#include "megaton/ckpt/checkpoint_dir.h"
 #include "megaton/core/threads.h"
 #include "megaton/data/tokenizer.h"
 #include "megaton/infer/generate.h"
@@ -49,6 +51,12 @@ std::string format_duration(double seconds) {
   return buf;
 }
 
+// Wall-clock time for metrics records, comparable with the checkpoint writer's timestamps and
+// across restarted processes.
+double unix_time() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::nth_element(v.begin(), v.begin() + static_cast<int64_t>(v.size() / 2), v.end());
@@ -57,9 +65,16 @@ double median(std::vector<double> v) {
 
 }  // namespace
 
-Trainer::Trainer(TrainConfig config) : cfg_(std::move(config)) {
+Trainer::Trainer(TrainConfig config, RunOptions options)
+    : cfg_(std::move(config)),
+      detector_(cfg_.rewind_window, cfg_.rewind_zscore),
+      faults_(options.inject, cfg_.run_dir),
+      writer_(cfg_.async_save, static_cast<int>(cfg_.write_attempts)) {
   set_num_threads(static_cast<int>(cfg_.threads));
   if (cfg_.data_path.empty()) fail("config key 'data.data_path' is empty: no training data");
+  if (cfg_.rewind && cfg_.snapshot_interval == 0 && cfg_.save_interval == 0)
+    fail("config key 'rewind.snapshot_interval' is 0 (rewind to the last checkpoint) but logging.save_interval is 0, "
+         "so there would be no checkpoint to rewind to");
   auto tokenizer = data::make_tokenizer(cfg_.tokenizer);
   if (tokenizer->vocab_size() > cfg_.model.vocab_size)
     fail("config key 'data.tokenizer': tokenizer '", cfg_.tokenizer, "' has ", tokenizer->vocab_size(),
@@ -80,17 +95,46 @@ Trainer::Trainer(TrainConfig config) : cfg_(std::move(config)) {
   schedule_.lr_at(0);  // validates warmup vs decay steps now, before any file is written
   order_ = std::make_unique<SampleOrder>(train_data_->num_samples(cfg_.seq_length), static_cast<uint64_t>(cfg_.seed),
                                          cfg_.shuffle);
+  resume(options.resume);
   peak_gflops_ = cfg_.peak_tflops > 0 ? cfg_.peak_tflops * 1e3 : kernels::measure_sgemm_gflops();
 }
 
-void Trainer::train_step(int64_t step, std::vector<double>& rates) {
+std::string Trainer::checkpoints_dir() const { return (fs::path(cfg_.run_dir) / "checkpoints").string(); }
+
+void Trainer::resume(const std::string& from) {
+  const std::string root = checkpoints_dir();
+  if (from.empty()) {
+    // Starting over next to an older run's checkpoints would interleave two runs' steps under
+    // one `latest`; refuse instead of guessing which one the user meant.
+    const auto existing = ckpt::list_checkpoints(root);
+    if (!existing.empty())
+      fail("config key 'logging.run_dir': '", cfg_.run_dir, "' already holds checkpoints (", existing.front(),
+           "): pass --resume auto to continue that run, or choose another run directory");
+    return;
+  }
+  if (from == "auto" && !fs::is_directory(root)) return;  // nothing saved yet: a fresh start
+  auto dir = ckpt::find_valid_checkpoint(from == "auto" ? root : from, [&](const std::string& why) {
+    std::fprintf(stderr, "warning: checkpoint rejected: %s; falling back to an older one\n", why.c_str());
+    rejected_checkpoints_.push_back(why);
+  });
+  if (!dir) {
+    if (from != "auto") fail("--resume ", from, ": no valid checkpoint there");
+    std::fprintf(stderr, "warning: no valid checkpoint in %s; starting from step 0\n", root.c_str());
+    return;
+  }
+  progress_ = load_checkpoint(*dir, *model_, *optimizer_, cfg_);
+  resumed_from_ = *dir;
+  last_saved_step_ = progress_.step;
+}
+
+Trainer::StepResult Trainer::forward_backward(int64_t step, int64_t first_sample) {
   const auto t0 = Clock::now();
   const int64_t mbs = cfg_.micro_batch_size, T = cfg_.seq_length, accum = cfg_.grad_accum_steps();
   nn::zero_grads(model_->parameters());
   double loss = 0;
   std::vector<int64_t> ids(static_cast<size_t>(mbs));
   for (int64_t m = 0; m < accum; ++m) {
-    const int64_t first = (step - 1) * cfg_.global_batch_size + m * mbs;  // stream position
+    const int64_t first = first_sample + m * mbs;  // stream position
     for (int64_t b = 0; b < mbs; ++b) ids[static_cast<size_t>(b)] = order_->at(first + b);
     Tensor inputs = Tensor::empty({mbs, T}, DType::I32, MemCategory::Activations, "inputs");
     Tensor targets = Tensor::empty({mbs, T}, DType::I32, MemCategory::Activations, "targets");
@@ -100,28 +144,133 @@ void Trainer::train_step(int64_t step, std::vector<double>& rates) {
     loss += model_->forward(ctx, inputs, targets, true, 1.0f / static_cast<float>(accum)).loss / accum;
     model_->backward(ctx);
   }
+  if (faults_.fire(Fault::Nan, step)) {
+    model_->parameters().front()->grad.data<float>()[0] = std::nanf("");
+    loss = std::nan("");
+  }
+  if (faults_.fire(Fault::Spike, step)) {
+    constexpr float kSpike = 10.0f;
+    for (nn::Parameter* p : model_->parameters()) {
+      float* g = p->grad.data<float>();
+      for (int64_t i = 0; i < p->grad.numel(); ++i) g[i] *= kSpike;
+    }
+    loss *= kSpike;
+  }
   const double grad_norm = optim::global_grad_norm(model_->parameters());
-  // The schedule is indexed by the 1-based number of the update being made, so the first
-  // update of a warmup already moves the weights.
-  const double lr = schedule_.lr_at(step);
-  if (std::isfinite(grad_norm)) optimizer_->step(lr, optim::clip_coefficient(grad_norm, cfg_.clip_grad));
-  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  return {loss, grad_norm, std::chrono::duration<double>(Clock::now() - t0).count()};
+}
+
+void Trainer::log_step(int64_t step, const StepResult& r, double lr, std::vector<double>& rates) {
+  const int64_t T = cfg_.seq_length;
   const double tokens = static_cast<double>(cfg_.global_batch_size * T);
-  const double tok_s = tokens / secs;
+  const double tok_s = tokens / r.seconds;
   const double gflops = tok_s * model_->config().flops_per_token(T) / 1e9;
   rates.push_back(tok_s);
-  last_loss_ = loss;
-  nlohmann::json rec = {{"step", step},         {"loss", loss},   {"lr", lr},
-                        {"grad_norm", grad_norm}, {"tokens_per_s", tok_s}, {"tflops", gflops / 1e3},
-                        {"mfu", gflops / peak_gflops_}, {"step_time_s", secs}};
-  if (!std::isfinite(grad_norm)) rec["skipped"] = "non-finite gradient";
+  last_loss_ = r.loss;
+  nlohmann::json rec = {{"step", step},
+                        {"loss", r.loss},
+                        {"lr", lr},
+                        {"grad_norm", r.grad_norm},
+                        {"tokens_per_s", tok_s},
+                        {"tflops", gflops / 1e3},
+                        {"mfu", gflops / peak_gflops_},
+                        {"step_time_s", r.seconds},
+                        {"consumed_samples", progress_.consumed_samples},
+                        {"time", unix_time()}};
+  if (!std::isfinite(r.grad_norm)) rec["skipped"] = "non-finite gradient";
   metrics_->write(rec);
   if (step % cfg_.log_interval == 0 || step == cfg_.train_iters) {
     const double eta = median(rates) > 0 ? (cfg_.train_iters - step) * tokens / median(rates) : 0;
     std::printf("step %5ld/%ld | loss %.4f | lr %.3e | grad norm %.3f | %.0f tok/s | %.3f TFLOP/s | MFU %.1f%% | "
                 "ETA %s\n",
-                step, cfg_.train_iters, loss, lr, grad_norm, tok_s, gflops / 1e3, 100.0 * gflops / peak_gflops_,
+                step, cfg_.train_iters, r.loss, lr, r.grad_norm, tok_s, gflops / 1e3, 100.0 * gflops / peak_gflops_,
                 format_duration(eta).c_str());
+    std::fflush(stdout);
+  }
+}
+
+void Trainer::rewind(int64_t step, const std::string& reason, int64_t first_sample) {
+  if (progress_.rewinds >= cfg_.max_rewinds)
+    fail("step ", step, ": ", reason, "; not rewinding again after ", progress_.rewinds,
+         " rewinds (config key 'rewind.max_rewinds')");
+  const TrainProgress before = progress_;
+  std::string restored_from = "memory";
+  if (good_state_) {
+    good_state_->restore(*model_, *optimizer_);
+    progress_ = good_state_->progress();
+  } else {
+    writer_.wait();  // the newest checkpoint may still be in flight
+    log_finished_writes();
+    auto dir = ckpt::find_valid_checkpoint(checkpoints_dir(), [](const std::string& why) {
+      std::fprintf(stderr, "warning: checkpoint rejected: %s; falling back to an older one\n", why.c_str());
+    });
+    if (!dir) fail("step ", step, ": ", reason, "; no valid checkpoint in ", checkpoints_dir(), " to rewind to");
+    progress_ = load_checkpoint(*dir, *model_, *optimizer_, cfg_);
+    restored_from = *dir;
+  }
+  // What the rewinds learned outlives the state they restore.
+  progress_.skipped_batches = before.skipped_batches;
+  progress_.skipped_batches.push_back(first_sample);
+  progress_.rewinds = before.rewinds + 1;
+  if (cfg_.rewind_lr_steps > 0) {
+    progress_.lr_factor = cfg_.rewind_lr_factor;
+    progress_.lr_factor_until = progress_.step + cfg_.rewind_lr_steps;
+  }
+  metrics_->write({{"event", "rewind"},
+                   {"step", step},
+                   {"reason", reason},
+                   {"restored_step", progress_.step},
+                   {"restored_from", restored_from},
+                   {"skipped_batch", {{"step", step}, {"first_sample", first_sample}, {"samples", cfg_.global_batch_size}}},
+                   {"skipped_batches", progress_.skipped_batches},
+                   {"rewinds", progress_.rewinds},
+                   {"time", unix_time()}});
+  std::printf("step %ld: %s; rewound to step %ld, skipping samples [%ld, %ld) (rewind %ld of at most %ld)\n", step,
+              reason.c_str(), progress_.step, first_sample, first_sample + cfg_.global_batch_size, progress_.rewinds,
+              cfg_.max_rewinds);
+  std::fflush(stdout);
+}
+
+void Trainer::save_checkpoint() {
+  const auto t0 = Clock::now();
+  writer_.wait();  // at most one save in flight: its buffers are free again once it is written
+  log_finished_writes();
+  if (!save_buffers_) save_buffers_ = std::make_unique<StateSnapshot>(model_->config(), *optimizer_);
+  save_buffers_->capture(*model_, *optimizer_, progress_, cfg_);
+  const int64_t step = progress_.step;
+  const std::string name = ckpt::checkpoint_name(step);
+  pending_saves_[name] = {{"event", "checkpoint"},
+                          {"step", step},
+                          {"path", (fs::path(checkpoints_dir()) / name).string()},
+                          {"async", cfg_.async_save}};
+  writer_.submit(name, [this, step] {
+    if (faults_.save_delay_s() > 0) std::this_thread::sleep_for(std::chrono::duration<double>(faults_.save_delay_s()));
+    ckpt::commit_checkpoint(
+        checkpoints_dir(), step,
+        [&](const std::string& dir) {
+          if (faults_.fire(Fault::FailSave, step)) fail("injected fault fail@save: cannot write ", dir);
+          save_buffers_->write_model(dir);
+          if (faults_.fire(Fault::CrashInSave, step)) FaultInjector::crash("crash@save while writing " + dir);
+          save_buffers_->write_optimizer_and_state(dir);
+        },
+        cfg_.keep_last);
+  });
+  // What the step paid: the copy, plus the whole write when saving synchronously.
+  pending_saves_[name]["stall_s"] = std::chrono::duration<double>(Clock::now() - t0).count();
+  last_saved_step_ = step;
+  log_finished_writes();
+}
+
+void Trainer::log_finished_writes() {
+  for (const ckpt::WriteReport& r : writer_.take_finished()) {
+    nlohmann::json rec = std::move(pending_saves_.at(r.what));
+    pending_saves_.erase(r.what);
+    rec["write_start"] = r.start_time;
+    rec["write_end"] = r.end_time;
+    rec["attempts"] = r.attempts;
+    metrics_->write(rec);
+    std::printf("checkpoint %s saved (write %.2f s%s, step stalled %.3f s)\n", rec["path"].get<std::string>().c_str(),
+                r.end_time - r.start_time, cfg_.async_save ? " in the background" : "", rec["stall_s"].get<double>());
     std::fflush(stdout);
   }
 }
@@ -132,8 +281,6 @@ double Trainer::validation_loss() {
       .loss;
 }
 
-void Trainer::save(const std::string& dir) { models::save_hf_model(*model_, dir); }
-
 TrainSummary Trainer::run() {
   fs::create_directories(cfg_.run_dir);
   {
@@ -141,6 +288,21 @@ TrainSummary Trainer::run() {
     resolved << to_toml(cfg_);
   }
   metrics_ = std::make_unique<MetricsLog>((fs::path(cfg_.run_dir) / "metrics.jsonl").string());
+  for (const std::string& path : ckpt::remove_torn_checkpoints(checkpoints_dir())) {
+    std::printf("removed %s (a checkpoint whose writing was interrupted)\n", path.c_str());
+    metrics_->write({{"event", "torn_checkpoint_removed"}, {"path", path}, {"time", unix_time()}});
+  }
+  for (const std::string& why : rejected_checkpoints_)
+    metrics_->write({{"event", "checkpoint_rejected"}, {"reason", why}, {"time", unix_time()}});
+  if (!resumed_from_.empty()) {
+    std::printf("resumed from %s at step %ld (%ld samples consumed)\n", resumed_from_.c_str(), progress_.step,
+                progress_.consumed_samples);
+    metrics_->write({{"event", "resume"},
+                     {"step", progress_.step},
+                     {"checkpoint", resumed_from_},
+                     {"consumed_samples", progress_.consumed_samples},
+                     {"time", unix_time()}});
+  }
   const auto& mc = model_->config();
   std::printf("model %s: %ld layers, hidden %ld, %ld heads (%ld kv), %.2fM parameters | %ld steps of %ld x %ld tokens"
               " | %d threads | sgemm ceiling %.1f GFLOP/s\n",
@@ -149,28 +311,59 @@ TrainSummary Trainer::run() {
               cfg_.global_batch_size, cfg_.seq_length, num_threads(), peak_gflops_);
   TrainSummary summary;
   std::vector<double> rates;
-  for (int64_t step = 1; step <= cfg_.train_iters; ++step) {
-    train_step(step, rates);
+  bool exiting = false;
+  while (progress_.step < cfg_.train_iters && !exiting) {
+    const int64_t step = progress_.step + 1;
+    if (faults_.fire(Fault::CrashAtStep, step)) FaultInjector::crash("crash@step=" + std::to_string(step));
+    if (cfg_.rewind && cfg_.snapshot_interval > 0 &&
+        (!good_state_ || (progress_.step % cfg_.snapshot_interval == 0 && good_state_->progress().step != progress_.step))) {
+      if (!good_state_) good_state_ = std::make_unique<StateSnapshot>(model_->config(), *optimizer_);
+      good_state_->capture(*model_, *optimizer_, progress_, cfg_);
+    }
+    const int64_t first_sample = progress_.next_batch(cfg_.global_batch_size);
+    const StepResult r = forward_backward(step, first_sample);
+    if (cfg_.rewind) {
+      const std::string why = detector_.check(progress_.recent, r.loss, r.grad_norm);
+      if (!why.empty()) {
+        rewind(step, why, first_sample);
+        continue;
+      }
+      detector_.accept(progress_.recent, r.loss, r.grad_norm);
+    }
+    // The schedule is indexed by the 1-based number of the update being made, so the first
+    // update of a warmup already moves the weights.
+    const double lr = schedule_.lr_at(step) * (step <= progress_.lr_factor_until ? progress_.lr_factor : 1.0);
+    if (std::isfinite(r.grad_norm)) optimizer_->step(lr, optim::clip_coefficient(r.grad_norm, cfg_.clip_grad));
+    progress_.step = step;
+    progress_.consumed_samples = first_sample + cfg_.global_batch_size;
+    log_step(step, r, lr, rates);
+    log_finished_writes();
     if (valid_data_ && cfg_.eval_interval > 0 && step % cfg_.eval_interval == 0 && step != cfg_.train_iters) {
       const double v = validation_loss();
       metrics_->write({{"step", step}, {"val_loss", v}});
       std::printf("step %5ld | validation loss %.4f\n", step, v);
     }
-    if (cfg_.save_interval > 0 && step % cfg_.save_interval == 0) {
-      char name[32];
-      std::snprintf(name, sizeof name, "step_%06ld", step);
-      save((fs::path(cfg_.run_dir) / "checkpoints" / name).string());
-    }
+    if (cfg_.save_interval > 0 && step % cfg_.save_interval == 0) save_checkpoint();
+    exiting = cfg_.exit_interval > 0 && step % cfg_.exit_interval == 0 && step < cfg_.train_iters;
   }
-  summary.steps = cfg_.train_iters;
+  // The last state is always on disk when checkpointing is on, so a finished run can be extended
+  // (--resume auto with more train_iters) and an early exit resumed.
+  if ((cfg_.save_interval > 0 || exiting) && last_saved_step_ != progress_.step) save_checkpoint();
+  writer_.wait();  // the last save must be complete before the process may end
+  log_finished_writes();
+  summary.steps = progress_.step;
   summary.final_loss = last_loss_;
   summary.tokens_per_s = median(rates);
+  if (exiting) {
+    std::printf("exiting after step %ld (training.exit_interval); continue with --resume auto\n", progress_.step);
+    return summary;
+  }
   if (valid_data_) {
     summary.final_val_loss = validation_loss();
     metrics_->write({{"step", cfg_.train_iters}, {"val_loss", summary.final_val_loss}, {"final", true}});
     std::printf("final validation loss %.4f nats/token\n", summary.final_val_loss);
   }
-  save((fs::path(cfg_.run_dir) / "final").string());
+  models::save_hf_model(*model_, (fs::path(cfg_.run_dir) / "final").string());
   std::printf("model saved to %s\n", (fs::path(cfg_.run_dir) / "final").c_str());
   if (cfg_.sample_tokens > 0) {
     auto tok = data::make_tokenizer(cfg_.tokenizer);

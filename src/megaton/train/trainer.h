@@ -1,38 +1,63 @@
 // The training loop: config -> model, optimizer, data, schedule; runs steps with gradient
-// accumulation, logs metrics, evaluates, exports HF-format checkpoints.
+// accumulation, logs metrics, evaluates, writes checkpoints (RUN/checkpoints/step_N: HF weights,
+// optimizer state, state.json, manifest) and resumes from them bit for bit; optionally rewinds
+// past NaN / spiking steps; exports the final model in HF format.
 #pragma once
+#include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "megaton/ckpt/async_writer.h"
 #include "megaton/data/token_stream.h"
 #include "megaton/models/transformer_model.h"
 #include "megaton/optim/adamw.h"
 #include "megaton/optim/lr_schedule.h"
+#include "megaton/train/anomaly_detector.h"
+#include "megaton/train/fault_injection.h"
 #include "megaton/train/metrics_log.h"
 #include "megaton/train/sample_order.h"
+#include "megaton/train/state_snapshot.h"
 #include "megaton/train/train_config.h"
+#include "megaton/train/train_state.h"
 
 namespace megaton::train {
 
 struct TrainSummary {
   int64_t steps = 0;
   double final_loss = 0;      // training loss of the last step
-  double final_val_loss = -1; // -1 when there is no validation data
+  double final_val_loss = -1; // -1 when there is no validation data (or training exited early)
   double tokens_per_s = 0;    // median over logged steps
   std::string sample;         // generated text (when sample.tokens > 0)
 };
 
+struct RunOptions {
+  // "": a fresh run (an error if the run directory already holds checkpoints); "auto": the newest
+  // valid checkpoint of this run directory, or a fresh start if there is none; otherwise a
+  // checkpoint directory or a checkpoints directory to take the newest valid one from.
+  std::string resume;
+  std::vector<std::string> inject;  // fault injection specs, see fault_injection.h
+};
+
 class Trainer {
  public:
-  // Opens the data and builds the model; every error in config or data surfaces here, before
-  // anything is written to the run directory.
-  explicit Trainer(TrainConfig config);
+  // Opens the data, builds the model and restores the checkpoint to resume from; every error in
+  // config, data or checkpoint surfaces here, before anything is written to the run directory.
+  explicit Trainer(TrainConfig config, RunOptions options = {});
   TrainSummary run();
 
  private:
-  void train_step(int64_t step, std::vector<double>& rates);
+  struct StepResult {
+    double loss, grad_norm, seconds;
+  };
+  StepResult forward_backward(int64_t step, int64_t first_sample);
+  void log_step(int64_t step, const StepResult& r, double lr, std::vector<double>& rates);
+  void rewind(int64_t step, const std::string& reason, int64_t first_sample);
+  void resume(const std::string& from);
+  void save_checkpoint();
+  void log_finished_writes();
+  std::string checkpoints_dir() const;
   double validation_loss();
-  void save(const std::string& dir);
 
   TrainConfig cfg_;
   std::unique_ptr<data::TokenStream> train_data_, valid_data_;
@@ -41,6 +66,16 @@ class Trainer {
   optim::LRSchedule schedule_;
   std::unique_ptr<SampleOrder> order_;
   std::unique_ptr<MetricsLog> metrics_;
+  AnomalyDetector detector_;
+  FaultInjector faults_;
+  TrainProgress progress_;
+  std::unique_ptr<StateSnapshot> good_state_;    // rewind point (rewind.snapshot_interval)
+  std::unique_ptr<StateSnapshot> save_buffers_;  // what the checkpoint writer writes from
+  ckpt::AsyncWriter writer_;
+  std::map<std::string, nlohmann::json> pending_saves_;  // checkpoint name -> its metrics record so far
+  std::string resumed_from_;
+  std::vector<std::string> rejected_checkpoints_;  // reasons, logged once the metrics file is open
+  int64_t last_saved_step_ = -1;
   double peak_gflops_ = 0;
   double last_loss_ = 0;
 };

@@ -1,0 +1,96 @@
+#include "megaton/train/state_snapshot.h"
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "megaton/ckpt/safetensors.h"
+#include "megaton/core/atomic_file.h"
+#include "megaton/models/hf_format.h"
+
+namespace megaton::train {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kOptimizerFile = "optimizer.safetensors";
+constexpr const char* kStateFile = "state.json";
+
+// memcpy in 1 MiB chunks across threads: one thread does not saturate memory bandwidth, and
+// this copy is what a save stalls the step for.
+void copy_bytes(const Tensor& src, const Tensor& dst) {
+  MEGATON_CHECK(src.nbytes() == dst.nbytes(), "snapshot of '", src.name(), "': size changed");
+  constexpr int64_t kChunk = int64_t{1} << 20;
+  const auto n = static_cast<int64_t>(src.nbytes());
+  const auto* s = static_cast<const char*>(src.raw());
+  auto* d = static_cast<char*>(dst.raw());
+#pragma omp parallel for schedule(static) if (n > 4 * kChunk)
+  for (int64_t c = 0; c < (n + kChunk - 1) / kChunk; ++c)
+    std::memcpy(d + c * kChunk, s + c * kChunk, static_cast<size_t>(std::min(kChunk, n - c * kChunk)));
+}
+
+}  // namespace
+
+StateSnapshot::StateSnapshot(const models::TransformerConfig& config, const optim::AdamW& optimizer) : model_(config) {
+  for (nn::Parameter* p : model_.parameters()) p->grad = Tensor();  // only the values are kept
+  for (const auto& [name, t] : optimizer.state_tensors())
+    moments_.emplace_back(name, Tensor::empty(t.shape(), t.dtype(), MemCategory::Optimizer, name));
+}
+
+void StateSnapshot::capture(const models::TransformerModel& model, const optim::AdamW& optimizer,
+                            const TrainProgress& progress, const TrainConfig& cfg) {
+  const auto& from = model.parameters();
+  const auto& to = model_.parameters();
+  for (size_t i = 0; i < from.size(); ++i) copy_bytes(from[i]->value, to[i]->value);
+  const auto state = optimizer.state_tensors();
+  for (size_t i = 0; i < state.size(); ++i) copy_bytes(state[i].second, moments_[i].second);
+  optimizer_steps_ = optimizer.steps();
+  progress_ = progress;
+  state_ = state_to_json(progress, cfg, optimizer_steps_);
+}
+
+void StateSnapshot::restore(models::TransformerModel& model, optim::AdamW& optimizer) const {
+  const auto& from = model_.parameters();
+  const auto& to = model.parameters();
+  for (size_t i = 0; i < from.size(); ++i) copy_bytes(from[i]->value, to[i]->value);
+  optimizer.load_state({moments_.begin(), moments_.end()}, optimizer_steps_);
+}
+
+void StateSnapshot::write_model(const std::string& dir) { models::save_hf_model(model_, dir); }
+
+void StateSnapshot::write_optimizer_and_state(const std::string& dir) const {
+  ckpt::save_safetensors((fs::path(dir) / kOptimizerFile).string(), moments_,
+                         {{"format", "megaton-adamw"}, {"steps", std::to_string(optimizer_steps_)}});
+  AtomicFile out((fs::path(dir) / kStateFile).string());
+  const std::string text = state_.dump(2) + "\n";
+  out.write(text.data(), text.size());
+  out.commit();
+}
+
+TrainProgress load_checkpoint(const std::string& dir, models::TransformerModel& model, optim::AdamW& optimizer,
+                              const TrainConfig& cfg) {
+  const std::string model_file = (fs::path(dir) / "model.safetensors").string();
+  const std::string state_file = (fs::path(dir) / kStateFile).string();
+  nlohmann::json state;
+  try {
+    std::ifstream in(state_file);
+    if (!in) fail("cannot open ", state_file);
+    state = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    fail(state_file, ": ", e.what());
+  }
+  int64_t optimizer_steps = 0;
+  TrainProgress progress = state_from_json(state, cfg, state_file, &optimizer_steps);
+  models::load_hf_tensors(model, ckpt::load_safetensors(model_file), model_file);
+  const std::string optimizer_file = (fs::path(dir) / kOptimizerFile).string();
+  try {
+    optimizer.load_state(ckpt::load_safetensors(optimizer_file), optimizer_steps);
+  } catch (const Error& e) {
+    fail(optimizer_file, ": ", e.what());
+  }
+  return progress;
+}
+
+}  // namespace megaton::train

@@ -1,0 +1,43 @@
+// A copy of the training state (weights, AdamW moments, progress) in host buffers allocated once
+// and reused by every capture. It is both the in-memory rewind point and the source a checkpoint
+// is written from on the writer thread while training moves on, so a step pays only for copies.
+#pragma once
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "megaton/models/transformer_model.h"
+#include "megaton/optim/adamw.h"
+#include "megaton/train/train_state.h"
+
+namespace megaton::train {
+
+class StateSnapshot {
+ public:
+  StateSnapshot(const models::TransformerConfig& config, const optim::AdamW& optimizer);
+
+  void capture(const models::TransformerModel& model, const optim::AdamW& optimizer, const TrainProgress& progress,
+               const TrainConfig& cfg);
+  void restore(models::TransformerModel& model, optim::AdamW& optimizer) const;
+  const TrainProgress& progress() const { return progress_; }
+
+  // The checkpoint files, from the buffers. The model part is an HF folder (config.json +
+  // model.safetensors), loadable by `megaton eval/generate` and transformers as it is.
+  void write_model(const std::string& dir);
+  void write_optimizer_and_state(const std::string& dir) const;  // optimizer.safetensors + state.json
+
+ private:
+  models::TransformerModel model_;  // holds the weights (its gradient buffers are released)
+  std::vector<std::pair<std::string, Tensor>> moments_;  // AdamW state under AdamW::state_tensors() names
+  int64_t optimizer_steps_ = 0;
+  TrainProgress progress_;
+  nlohmann::json state_;  // state.json as of the capture
+};
+
+// Loads checkpoint DIR (already verified against its manifest) into model and optimizer and
+// returns its progress; errors name the file at fault.
+TrainProgress load_checkpoint(const std::string& dir, models::TransformerModel& model, optim::AdamW& optimizer,
+                              const TrainConfig& cfg);
+
+}  // namespace megaton::train
