@@ -1,5 +1,6 @@
 #include "megaton/data/indexed_dataset.h"
 
+#include <algorithm>
 #include <bit>
 #include <cstring>
 #include <optional>
@@ -131,27 +132,32 @@ size_t IndexedDataset::sequence_length(size_t seq) const {
 }
 
 template <typename Out>
-std::vector<Out> IndexedDataset::read(size_t seq, size_t offset, size_t length) const {
+void IndexedDataset::read_into(size_t seq, size_t offset, size_t length, Out* out) const {
   size_t len = sequence_length(seq);
   if (offset > len) fail(prefix_, ": offset ", offset, " is past the end of sequence ", seq, " (", len, " tokens)");
-  if (length == kAll)
-    length = len - offset;
-  else if (length > len - offset)
+  if (length > len - offset)
     fail(prefix_, ": tokens [", offset, ", ", offset + length, ") run past the end of sequence ", seq, " (", len,
          " tokens)");
-  std::vector<Out> out(length);
-  if (length == 0) return out;
+  if (length == 0) return;
   const uint8_t* base = bin_.data() + sequence_pointer(seq) + offset * dtype_size(dtype_);
   visit_token_type(dtype_, [&](auto tag) {
     using In = typename decltype(tag)::type;
     // Pointers were checked to be multiples of the element size, and the map is page aligned.
     const In* src = reinterpret_cast<const In*>(base);
-    size_t bad = convert_tokens(src, length, out.data());
+    size_t bad = convert_tokens(src, length, out);
     if (bad != length)
       fail(bin_.path(), ": token ", +src[bad], " at position ", offset + bad, " of sequence ", seq,
            " is not representable as ", dtype_name(dtype_of<Out>()),
            std::is_same_v<Out, int32_t> ? " (read it with get_int64)" : "");
   });
+}
+
+template <typename Out>
+std::vector<Out> IndexedDataset::read(size_t seq, size_t offset, size_t length) const {
+  const size_t len = sequence_length(seq);
+  if (length == kAll) length = len - std::min(offset, len);
+  std::vector<Out> out(length);
+  read_into(seq, offset, length, out.data());
   return out;
 }
 
@@ -161,6 +167,10 @@ std::vector<int32_t> IndexedDataset::get(size_t seq, size_t offset, size_t lengt
 
 std::vector<int64_t> IndexedDataset::get_int64(size_t seq, size_t offset, size_t length) const {
   return read<int64_t>(seq, offset, length);
+}
+
+void IndexedDataset::get(size_t seq, size_t offset, size_t length, int32_t* out) const {
+  read_into(seq, offset, length, out);
 }
 
 }  // namespace megaton::data

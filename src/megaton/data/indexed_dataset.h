@@ -85,11 +85,15 @@ class IndexedDataset {
   // converted from the stored dtype; a token that does not fit the result type is an error.
   std::vector<int32_t> get(size_t seq, size_t offset = 0, size_t length = kAll) const;
   std::vector<int64_t> get_int64(size_t seq, size_t offset = 0, size_t length = kAll) const;
+  // The same into out (length tokens, no kAll), without allocating: the sampling hot path.
+  void get(size_t seq, size_t offset, size_t length, int32_t* out) const;
 
  private:
   IndexedDataset() = default;
   template <typename Out>
   std::vector<Out> read(size_t seq, size_t offset, size_t length) const;
+  template <typename Out>
+  void read_into(size_t seq, size_t offset, size_t length, Out* out) const;
   int64_t sequence_pointer(size_t seq) const;
 
   std::string prefix_;
