@@ -1,55 +1,21 @@
-"""Megaton's `preprocess` output checked against an independent numpy restatement of Megatron-LM's
-indexed dataset layout (megatron/core/datasets/indexed_dataset.py): the files must parse, hold the input
-bytes plus end-of-document (256) per document, and equal byte for byte what the numpy writer makes.
+"""Megaton's indexed datasets checked against an independent numpy restatement of Megatron-LM's layout
+(megatron/core/datasets/indexed_dataset.py), both ways: `preprocess` output must parse, hold the input
+bytes plus end-of-document (256) per document, and equal byte for byte what the numpy writer makes; and
+datasets the numpy writer makes in every dtype code must read back in `megaton data inspect`.
 
 Usage: /usr/bin/python3 tests/python/test_indexed_dataset_numpy.py --megaton PATH_TO_MEGATON
 """
 import argparse
 import json
-import struct
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
-MAGIC = b"MMIDIDX\x00\x00"
-CODES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64, 7: np.float32,
-         8: np.uint16}
+from data_reference import CODES, megaton_json, read_dataset, run_tests, write_dataset
+
 EOD = 256
-
-
-def write_dataset(prefix, documents, code):
-    """documents: list of documents, each a list of sequences (lists of ints)."""
-    dtype = np.dtype(CODES[code]).newbyteorder("<")
-    sequences = [np.asarray(s, dtype=dtype) for doc in documents for s in doc]
-    lengths = np.array([len(s) for s in sequences], dtype="<i4")
-    pointers = np.concatenate([[0], np.cumsum(lengths.astype("<i8") * dtype.itemsize)[:-1]]).astype("<i8") \
-        if sequences else np.zeros(0, dtype="<i8")
-    doc_index = np.cumsum([0] + [len(doc) for doc in documents]).astype("<i8")
-    Path(prefix + ".bin").write_bytes(b"".join(s.tobytes() for s in sequences))
-    header = MAGIC + struct.pack("<QBQQ", 1, code, len(sequences), len(doc_index))
-    Path(prefix + ".idx").write_bytes(header + lengths.tobytes() + pointers.tobytes() + doc_index.tobytes())
-
-
-def read_dataset(prefix):
-    """Returns (dtype code, documents as lists of sequences as numpy arrays)."""
-    idx = Path(prefix + ".idx").read_bytes()
-    assert idx[:9] == MAGIC, f"{prefix}.idx: bad magic {idx[:9]!r}"
-    version, code, n_seq, n_doc = struct.unpack_from("<QBQQ", idx, 9)
-    assert version == 1, f"{prefix}.idx: version {version}"
-    assert code in CODES, f"{prefix}.idx: unknown dtype code {code}"
-    offset = 34
-    assert len(idx) == offset + 12 * n_seq + 8 * n_doc, f"{prefix}.idx: size {len(idx)} disagrees with header"
-    lengths = np.frombuffer(idx, dtype="<i4", count=n_seq, offset=offset)
-    pointers = np.frombuffer(idx, dtype="<i8", count=n_seq, offset=offset + 4 * n_seq)
-    doc_index = np.frombuffer(idx, dtype="<i8", count=n_doc, offset=offset + 12 * n_seq)
-    assert doc_index[0] == 0 and doc_index[-1] == n_seq, f"{prefix}.idx: document index {doc_index}"
-    data = Path(prefix + ".bin").read_bytes()
-    dtype = np.dtype(CODES[code]).newbyteorder("<")
-    sequences = [np.frombuffer(data, dtype=dtype, count=int(n), offset=int(p)) for n, p in zip(lengths, pointers)]
-    return code, [sequences[doc_index[d]:doc_index[d + 1]] for d in range(n_doc - 1)]
 
 
 def expected_tokens(text_bytes):
@@ -112,23 +78,40 @@ def test_json_key_and_text_separator(megaton, tmp):
     check_against_reference(prefix, [b"First fortune,\n  two lines.\n", b"Second \xff\xfe not UTF-8.\n", b"Third.\n"])
 
 
+def test_numpy_written_every_dtype(megaton, tmp):
+    """Every dtype code, with values at the edges of each type, several sequences per document and an
+    empty one, reads back in megaton exactly: counts, lengths, tokens and the token histogram."""
+    edges = {1: [0, 255], 2: [-128, 127], 3: [-32768, 32767], 4: [-2**31, 2**31 - 1], 5: [-2**62, 2**62],
+             6: [-2**52, 2**52], 7: [-2**24, 2**24], 8: [0, 65535]}
+    for code, (lo, hi) in edges.items():
+        docs = [[[lo, 1, 2, 2], [hi, 2]], [[]], [[7, 7, 7, 2, hi]], [[1], [2], [lo]]]
+        prefix = str(tmp / f"numpy{code}")
+        write_dataset(prefix, docs, code)
+        got = megaton_json(megaton, "data", "inspect", prefix, "--json", "--show", len(docs))
+        seqs = [s for d in docs for s in d]
+        tokens = [t for s in seqs for t in s]
+        assert got["dtype"] == code, f"code {code}: megaton says dtype {got['dtype']}"
+        assert (got["documents"], got["sequences"], got["tokens"]) == (len(docs), len(seqs), len(tokens)), \
+            f"code {code}: counts {got}"
+        assert (got["min_length"], got["max_length"]) == (0, 5), f"code {code}: lengths {got}"
+        assert (got["min_token"], got["max_token"]) == (lo, hi), f"code {code}: token range {got}"
+        shown = [d["tokens"] for d in got["documents_shown"]]
+        assert shown == [[t for s in d for t in s] for d in docs], f"code {code}: tokens {shown}"
+        values, counts = np.unique(np.array(tokens, dtype=np.int64), return_counts=True)
+        order = sorted(zip(values.tolist(), counts.tolist()), key=lambda vc: (-vc[1], vc[0]))
+        assert got["distinct_tokens"] == len(order), f"code {code}: distinct {got['distinct_tokens']}"
+        assert [tuple(p) for p in got["top_tokens"]] == order[:10], f"code {code}: histogram {got['top_tokens']}"
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--megaton", required=True, help="path to the megaton binary")
     args = parser.parse_args()
     tests = [("reference_round_trip", test_reference_round_trip),
              ("jsonl", lambda tmp: test_jsonl(args.megaton, tmp)),
-             ("json_key_and_text_separator", lambda tmp: test_json_key_and_text_separator(args.megaton, tmp))]
-    failures = 0
-    with tempfile.TemporaryDirectory(prefix="megaton_idx_") as tmp_dir:
-        for name, test in tests:
-            try:
-                test(Path(tmp_dir))
-                print(f"ok: {name}")
-            except (AssertionError, OSError) as e:
-                failures += 1
-                print(f"FAIL: {name}: {e}")
-    return 1 if failures else 0
+             ("json_key_and_text_separator", lambda tmp: test_json_key_and_text_separator(args.megaton, tmp)),
+             ("numpy_written_every_dtype", lambda tmp: test_numpy_written_every_dtype(args.megaton, tmp))]
+    return run_tests(tests, "megaton_idx_")
 
 
 if __name__ == "__main__":

@@ -64,7 +64,7 @@ struct TrainConfig {
   double rewind_zscore = 6.0;       // a loss or grad norm this many standard deviations above the mean
   int64_t snapshot_interval = 10;   // in-memory snapshot every this many steps; 0: rewind to the last checkpoint
   int64_t max_rewinds = 3;          // more anomalies than this stop training with an error
-  double rewind_lr_factor = 1.0;    // lr multiplier for rewind_lr_steps steps after a rewind
+  double rewind_lr_factor = 1.0;    // lr multiplier for rewind_lr_steps steps from the skipped one on
   int64_t rewind_lr_steps = 0;
 
   // [sample]: text generated at the end of training

@@ -21,7 +21,8 @@ nlohmann::json state_to_json(const TrainProgress& p, const TrainConfig& cfg, int
       // The sample order is a pure function of (seed, stream position) and training draws no
       // other random numbers, so the seed is the whole RNG state.
       {"rng", {{"seed", cfg.seed}, {"generator", "philox4x32-10"}}},
-      {"lr_schedule", {{"iteration", p.step}, {"rewind_lr_factor", p.lr_factor}, {"rewind_lr_until", p.lr_factor_until}}},
+      {"lr_schedule", {{"iteration", p.step}, {"rewind_lr_factor", p.lr_factor},
+                       {"rewind_lr_steps", {p.lr_factor_from, p.lr_factor_until}}}},
       // Training is fp32, so model.safetensors holds the master weights.
       {"optimizer", {{"type", "adamw"}, {"steps", optimizer_steps}, {"master_weights", "model.safetensors"}}},
       {"rewind", {{"rewinds", p.rewinds}, {"recent_losses", p.recent.losses}, {"recent_grad_norms", p.recent.grad_norms}}},
@@ -43,7 +44,9 @@ TrainProgress state_from_json(const nlohmann::json& j, const TrainConfig& cfg, c
       fail("config key 'training.seed' is ", cfg.seed, " but ", source, " was trained with seed ", seed,
            " (the sample order derives from it)");
     p.lr_factor = j.at("lr_schedule").at("rewind_lr_factor").get<double>();
-    p.lr_factor_until = j.at("lr_schedule").at("rewind_lr_until").get<int64_t>();
+    const auto& lr_steps = j.at("lr_schedule").at("rewind_lr_steps");
+    p.lr_factor_from = lr_steps.at(0).get<int64_t>();
+    p.lr_factor_until = lr_steps.at(1).get<int64_t>();
     *optimizer_steps = j.at("optimizer").at("steps").get<int64_t>();
     const auto& rewind = j.at("rewind");
     p.rewinds = rewind.at("rewinds").get<int64_t>();

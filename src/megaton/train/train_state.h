@@ -19,12 +19,16 @@ struct TrainProgress {
   int64_t consumed_samples = 0;
   std::vector<int64_t> skipped_batches;  // first stream positions of the batches rewinds skipped
   int64_t rewinds = 0;
-  double lr_factor = 1.0;        // applied up to and including step lr_factor_until (after a rewind)
-  int64_t lr_factor_until = 0;
+  // After a rewind the lr is multiplied by lr_factor for steps lr_factor_from .. lr_factor_until.
+  double lr_factor = 1.0;
+  int64_t lr_factor_from = 0, lr_factor_until = 0;
   AnomalyWindow recent;          // the anomaly detector's history
 
   // First stream position of the next batch of `batch_size` samples, past skipped batches.
   int64_t next_batch(int64_t batch_size) const;
+  double lr_multiplier(int64_t step) const {
+    return step >= lr_factor_from && step <= lr_factor_until ? lr_factor : 1.0;
+  }
 };
 
 // state.json: the progress plus what makes it meaningful (the seed the sample order derives

@@ -212,9 +212,11 @@ void Trainer::rewind(int64_t step, const std::string& reason, int64_t first_samp
   progress_.skipped_batches = before.skipped_batches;
   progress_.skipped_batches.push_back(first_sample);
   progress_.rewinds = before.rewinds + 1;
+  // Steps up to the anomaly replay exactly as before; the lr is lowered from there on.
   if (cfg_.rewind_lr_steps > 0) {
     progress_.lr_factor = cfg_.rewind_lr_factor;
-    progress_.lr_factor_until = progress_.step + cfg_.rewind_lr_steps;
+    progress_.lr_factor_from = step;
+    progress_.lr_factor_until = step + cfg_.rewind_lr_steps - 1;
   }
   metrics_->write({{"event", "rewind"},
                    {"step", step},
@@ -332,7 +334,7 @@ TrainSummary Trainer::run() {
     }
     // The schedule is indexed by the 1-based number of the update being made, so the first
     // update of a warmup already moves the weights.
-    const double lr = schedule_.lr_at(step) * (step <= progress_.lr_factor_until ? progress_.lr_factor : 1.0);
+    const double lr = schedule_.lr_at(step) * progress_.lr_multiplier(step);
     if (std::isfinite(r.grad_norm)) optimizer_->step(lr, optim::clip_coefficient(r.grad_norm, cfg_.clip_grad));
     progress_.step = step;
     progress_.consumed_samples = first_sample + cfg_.global_batch_size;

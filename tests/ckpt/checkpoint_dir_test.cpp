@@ -1,0 +1,89 @@
+// Checkpoint directories: manifest verification (truncation, a flipped byte, a missing file, no
+// manifest), fallback to the newest valid checkpoint, `latest`, retention and torn-save cleanup.
+#include "megaton/ckpt/checkpoint_dir.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "../support/temp_dir.h"
+#include "megaton/ckpt/manifest.h"
+
+using namespace megaton;
+using megaton::testing::read_bytes;
+using megaton::testing::TempDir;
+using megaton::testing::write_bytes;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A checkpoint of two small files whose contents depend on the step.
+void save(const std::string& root, int64_t step, int64_t keep_last = 0) {
+  ckpt::commit_checkpoint(
+      root, step,
+      [&](const std::string& dir) {
+        write_bytes(dir + "/a.bin", std::string(1000, static_cast<char>('a' + step)));
+        write_bytes(dir + "/b.json", "{\"step\": " + std::to_string(step) + "}");
+      },
+      keep_last);
+}
+
+std::vector<std::string> rejections(const std::string& root, std::optional<std::string>& chosen) {
+  std::vector<std::string> why;
+  chosen = ckpt::find_valid_checkpoint(root, [&](const std::string& r) { why.push_back(r); });
+  return why;
+}
+
+}  // namespace
+
+TEST(CheckpointDir, CorruptionIsNamedAndTheNewestValidCheckpointChosen) {
+  TempDir dir;
+  const std::string root = dir.file("ckpts");
+  for (int64_t s : {10, 20, 30}) save(root, s);
+  EXPECT_EQ(read_bytes(root + "/latest"), "step_000030\n");
+  std::optional<std::string> chosen;
+  EXPECT_TRUE(rejections(root, chosen).empty());
+  EXPECT_EQ(chosen, root + "/step_000030");
+
+  fs::resize_file(root + "/step_000030/a.bin", 999);
+  std::string b = read_bytes(root + "/step_000020/a.bin");
+  b[500] ^= 1;
+  write_bytes(root + "/step_000020/a.bin", b);
+  auto why = rejections(root, chosen);
+  ASSERT_EQ(why.size(), 2u);
+  EXPECT_NE(why[0].find(root + "/step_000030/a.bin: 999 bytes, the manifest says 1000"), std::string::npos) << why[0];
+  EXPECT_NE(why[1].find(root + "/step_000020/a.bin: checksum mismatch"), std::string::npos) << why[1];
+  EXPECT_EQ(chosen, root + "/step_000010");
+
+  fs::remove(root + "/step_000010/b.json");
+  EXPECT_EQ(rejections(root, chosen).size(), 3u);
+  EXPECT_FALSE(chosen.has_value());
+  EXPECT_ERROR_CONTAINS(ckpt::verify_manifest(root + "/step_000010"), "b.json", "missing");
+  fs::remove(root + "/step_000010/manifest.json");
+  EXPECT_ERROR_CONTAINS(ckpt::verify_manifest(root + "/step_000010"), "step_000010", "no manifest.json");
+  // A named checkpoint is verified too; an error instead of a fallback.
+  EXPECT_ERROR_CONTAINS(ckpt::find_valid_checkpoint(root + "/step_000020", [](const std::string&) {}), "checksum");
+}
+
+TEST(CheckpointDir, RetentionLatestAndTornSaves) {
+  TempDir dir;
+  const std::string root = dir.file("ckpts");
+  for (int64_t s : {5, 10, 15, 20}) save(root, s, 2);
+  EXPECT_EQ(ckpt::list_checkpoints(root), (std::vector<std::string>{root + "/step_000020", root + "/step_000015"}));
+
+  // A save that throws halfway leaves only its .tmp directory; the next run removes it.
+  EXPECT_ERROR_CONTAINS(ckpt::commit_checkpoint(
+                            root, 25, [](const std::string& d) { write_bytes(d + "/a.bin", "x"), fail("disk full"); }, 2),
+                        "disk full");
+  EXPECT_TRUE(fs::exists(root + "/step_000025.tmp"));
+  EXPECT_EQ(ckpt::list_checkpoints(root).size(), 2u);
+  EXPECT_EQ(read_bytes(root + "/latest"), "step_000020\n");
+  EXPECT_EQ(ckpt::remove_torn_checkpoints(root), std::vector<std::string>{root + "/step_000025.tmp"});
+  EXPECT_FALSE(fs::exists(root + "/step_000025.tmp"));
+
+  // Saving a step again (a resumed run after a fallback) replaces the older directory, and
+  // `latest` wins over higher steps when listing.
+  save(root, 15, 0);
+  EXPECT_EQ(read_bytes(root + "/latest"), "step_000015\n");
+  EXPECT_EQ(ckpt::list_checkpoints(root), (std::vector<std::string>{root + "/step_000015", root + "/step_000020"}));
+}

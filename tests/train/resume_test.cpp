@@ -1,0 +1,80 @@
+// Exact resume: training N steps straight and training k steps, stopping and resuming for N-k
+// give bitwise-identical losses and weights; a corrupted checkpoint is reported by name and the
+// previous valid one is used, still ending bitwise equal to the clean run.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "tiny_run.h"
+
+using namespace megaton::testing;
+namespace fs = std::filesystem;
+
+class Resume : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Resume, StopAndResumeEqualsTrainingStraightBitwise) {
+  TinyRunDir d(GetParam());
+  auto clean = d.train("clean");
+  ASSERT_EQ(clean.exit_code, 0) << clean.output;
+
+  auto first = d.train("stopped", "--set training.exit_interval=25");
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  EXPECT_EQ(read_metrics(d.run_dir("stopped")).losses.size(), 25u);
+  EXPECT_FALSE(fs::exists(d.run_dir("stopped") + "/final"));
+  auto again = d.train("stopped");  // a fresh start next to checkpoints is refused
+  EXPECT_NE(again.exit_code, 0);
+  EXPECT_NE(again.output.find("--resume auto"), std::string::npos) << again.output;
+  auto second = d.train("stopped", "--resume auto");
+  ASSERT_EQ(second.exit_code, 0) << second.output;
+
+  const Metrics a = read_metrics(d.run_dir("clean")), b = read_metrics(d.run_dir("stopped"));
+  ASSERT_EQ(a.losses.size(), 60u);
+  EXPECT_EQ(a.losses, b.losses);
+  EXPECT_EQ(a.final_val_loss, b.final_val_loss);
+  ASSERT_EQ(b.events_of("resume").size(), 1u);
+  EXPECT_EQ(b.events_of("resume")[0]["step"], 25);
+  expect_bitwise_equal(final_weights(d.run_dir("clean")), final_weights(d.run_dir("stopped")));
+
+  // --resume PATH: another run directory continues from the clean run's step-40 checkpoint.
+  auto other = d.train("from_path", "--resume " + d.run_dir("clean") + "/checkpoints/step_000040");
+  ASSERT_EQ(other.exit_code, 0) << other.output;
+  expect_bitwise_equal(final_weights(d.run_dir("clean")), final_weights(d.run_dir("from_path")));
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, Resume, ::testing::Values("gpt-tiny", "llama-tiny"));
+
+TEST(Resume, CorruptCheckpointsAreReportedByNameAndThePreviousOneIsUsed) {
+  TinyRunDir d;
+  auto clean = d.train("clean");
+  ASSERT_EQ(clean.exit_code, 0) << clean.output;
+  auto first = d.train("run", "--set training.exit_interval=30");
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  const std::string ckpts = d.run_dir("run") + "/checkpoints";
+  ASSERT_EQ(read_bytes(ckpts + "/latest"), "step_000030\n");
+
+  // step 30: a truncated optimizer state; step 20: one flipped bit in the weights.
+  const std::string truncated = ckpts + "/step_000030/optimizer.safetensors";
+  fs::resize_file(truncated, fs::file_size(truncated) - 100);
+  const std::string flipped = ckpts + "/step_000020/model.safetensors";
+  std::string bytes = read_bytes(flipped);
+  bytes[bytes.size() / 2] ^= 0x10;
+  write_bytes(flipped, bytes);
+
+  // Named explicitly, a corrupt checkpoint is an error naming the file.
+  auto bad = d.train("elsewhere", "--resume " + ckpts + "/step_000030");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find(truncated), std::string::npos) << bad.output;
+  EXPECT_FALSE(fs::exists(d.run_dir("elsewhere")));
+
+  auto resumed = d.train("run", "--resume auto");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find(truncated + ": "), std::string::npos) << resumed.output;
+  EXPECT_NE(resumed.output.find("truncated"), std::string::npos) << resumed.output;
+  EXPECT_NE(resumed.output.find(flipped + ": checksum mismatch"), std::string::npos) << resumed.output;
+  const Metrics m = read_metrics(d.run_dir("run"));
+  ASSERT_EQ(m.events_of("checkpoint_rejected").size(), 2u);
+  ASSERT_EQ(m.events_of("resume").size(), 1u);
+  EXPECT_EQ(m.events_of("resume")[0]["step"], 10);
+  EXPECT_EQ(m.losses, read_metrics(d.run_dir("clean")).losses);
+  expect_bitwise_equal(final_weights(d.run_dir("clean")), final_weights(d.run_dir("run")));
+}
