@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   megaton::app::add_preprocess_command(app);
   megaton::app::add_bench_command(app);
   megaton::app::add_data_command(app);
+  megaton::app::add_tokenizer_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -39,7 +39,12 @@ TEST(Tokenizer, ByteTokenizerDecodeSkipsEodAndRejectsUnknownIds) {
 
 TEST(Tokenizer, UnknownSpecsListTheKnownOnes) {
   EXPECT_ERROR_CONTAINS(make_tokenizer("bpe"), "unknown tokenizer 'bpe'", "byte", "gpt2:DIR", "tiktoken:FILE",
-                        "sentencepiece:FILE.model", "not built yet");
-  EXPECT_ERROR_CONTAINS(make_tokenizer("gpt2:/models/gpt2"), "gpt2", "not built yet");
-  EXPECT_ERROR_CONTAINS(make_tokenizer("sentencepiece:x.model"), "sentencepiece", "not built yet");
+                        "sentencepiece:FILE.model");
+  EXPECT_ERROR_CONTAINS(make_tokenizer("gpt2:"), "gpt2:PATH");
+}
+
+TEST(Tokenizer, MissingFilesAreNamed) {
+  EXPECT_ERROR_CONTAINS(make_tokenizer("gpt2:/no/such/dir"), "/no/such/dir/vocab.json");
+  EXPECT_ERROR_CONTAINS(make_tokenizer("tiktoken:/no/such.tiktoken"), "/no/such.tiktoken");
+  EXPECT_ERROR_CONTAINS(make_tokenizer("sentencepiece:/no/such.model"), "/no/such.model");
 }

@@ -21,7 +21,9 @@ class Tokenizer {
   virtual std::string spec() const = 0;
 };
 
-// Known specs: "byte". Unknown specs are an error listing them.
+// Specs: "byte", "gpt2:DIR" (DIR/vocab.json + DIR/merges.txt), "tiktoken:FILE" (a .tiktoken rank file),
+// "sentencepiece:FILE.model". Unknown specs are an error listing them; missing or malformed files are
+// errors naming the file (and line).
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string& spec);
 
 }  // namespace megaton::data
