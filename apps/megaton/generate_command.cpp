@@ -1,4 +1,5 @@
 #include <cstdio>
+#include <vector>
 
 #include "commands.h"
 #include "megaton/core/threads.h"
@@ -34,8 +35,15 @@ void add_generate_command(CLI::App& app) {
            model->config().vocab_size);
     opts.stop_token = tok->eod();
     std::fputs(prompt.c_str(), stdout);
+    // Stream by decoding the whole continuation and printing what is new: a token decoded alone can
+    // lose context (SentencePiece's leading space, a UTF-8 character split across byte tokens).
+    std::vector<int32_t> generated;
+    size_t printed = 0;
     infer::generate(*model, tok->encode(prompt), opts, [&](int32_t id) {
-      std::fputs(tok->decode(std::span<const int32_t>(&id, 1)).c_str(), stdout);
+      generated.push_back(id);
+      const std::string text = tok->decode(generated);
+      std::fwrite(text.data() + printed, 1, text.size() - printed, stdout);
+      printed = text.size();
       std::fflush(stdout);
     });
     std::fputc('\n', stdout);
