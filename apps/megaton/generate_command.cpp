@@ -42,6 +42,7 @@ void add_generate_command(CLI::App& app) {
     infer::generate(*model, tok->encode(prompt), opts, [&](int32_t id) {
       generated.push_back(id);
       const std::string text = tok->decode(generated);
+      if (text.size() <= printed) return;
       std::fwrite(text.data() + printed, 1, text.size() - printed, stdout);
       printed = text.size();
       std::fflush(stdout);

@@ -93,6 +93,9 @@ void add_train_command(CLI::App& app) {
                   "times")
       ->check(CLI::NonNegativeNumber);
   cmd->callback([] {
+    std::vector<std::string> overrides = config.empty() ? demo_settings(sets) : std::vector<std::string>{};
+    overrides.insert(overrides.end(), sets.begin(), sets.end());
+    train::TrainConfig cfg = train::load_train_config(config, overrides);  // config errors: no child started
     if (max_restarts > 0) {
       // The child gets this command line without --max-restarts; restarts continue from the
       // newest valid checkpoint.
@@ -103,12 +106,10 @@ void add_train_command(CLI::App& app) {
       std::vector<std::string> restart_args = args;
       if (!options.resume.empty()) args.insert(args.end(), {"--resume", options.resume});
       restart_args.insert(restart_args.end(), {"--resume", "auto"});
-      train::supervise(args, restart_args, max_restarts);
+      train::supervise(args, restart_args, max_restarts, (fs::path(cfg.run_dir) / "metrics.jsonl").string());
       return;
     }
-    std::vector<std::string> overrides = config.empty() ? demo_settings(sets) : std::vector<std::string>{};
-    overrides.insert(overrides.end(), sets.begin(), sets.end());
-    train::Trainer trainer(train::load_train_config(config, overrides), options);
+    train::Trainer trainer(std::move(cfg), options);
     auto summary = trainer.run();
     if (summary.final_val_loss >= 0) std::printf("final validation loss: %.4f\n", summary.final_val_loss);
   });

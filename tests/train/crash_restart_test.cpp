@@ -33,7 +33,14 @@ TEST(CrashRestart, WithoutRestartsACrashEndsTheRunAndTooManyCrashesGiveUp) {
   TinyRunDir d;
   auto once = d.train("once", "--inject crash@step=5");
   EXPECT_NE(once.exit_code, 0);
-  auto repeated = d.train("repeated", "--max-restarts 1 --inject crash@step=5 --inject crash@step=7");
+  auto repeated = d.train("repeated", "--max-restarts 1 --inject crash@step=15 --inject crash@step=17");
   EXPECT_NE(repeated.exit_code, 0);
   EXPECT_NE(repeated.output.find("giving up after 1 restarts"), std::string::npos) << repeated.output;
+  // A failure while setting up would only repeat: not restarted (here: a fresh start refused
+  // next to the checkpoints of the run above).
+  auto setup = d.train("repeated", "--max-restarts 3");
+  EXPECT_NE(setup.exit_code, 0);
+  EXPECT_NE(setup.output.find("already holds checkpoints"), std::string::npos) << setup.output;
+  EXPECT_NE(setup.output.find("not restarting"), std::string::npos) << setup.output;
+  EXPECT_EQ(setup.output.find("restart 1 of 3"), std::string::npos) << setup.output;
 }

@@ -53,16 +53,26 @@ int run_child(const std::vector<std::string>& args) {
 
 }  // namespace
 
-void supervise(const std::vector<std::string>& args, const std::vector<std::string>& restart_args, int max_restarts) {
+void supervise(const std::vector<std::string>& args, const std::vector<std::string>& restart_args, int max_restarts,
+               const std::string& metrics_path) {
+  auto metrics_bytes = [&] {
+    std::error_code ec;
+    const auto n = std::filesystem::file_size(metrics_path, ec);
+    return ec ? uintmax_t{0} : n;
+  };
   struct sigaction sa {};
   sa.sa_handler = forward_signal;
   sigemptyset(&sa.sa_mask);
   ::sigaction(SIGINT, &sa, nullptr);
   ::sigaction(SIGTERM, &sa, nullptr);
   for (int restart = 0;; ++restart) {
+    const uintmax_t logged = metrics_bytes();
     const int status = run_child(restart == 0 ? args : restart_args);
     if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return;
     if (g_stop_signal) fail("training stopped by signal ", static_cast<int>(g_stop_signal), "; the process ", describe(status));
+    if (metrics_bytes() == logged)
+      fail("the training process ", describe(status), " before it started training (nothing new in ", metrics_path,
+           "); not restarting, that would fail the same way");
     if (restart == max_restarts)
       fail("the training process ", describe(status), "; giving up after ", max_restarts, " restarts (--max-restarts)");
     std::fprintf(stderr, "megaton train: the training process %s; restarting from the latest valid checkpoint (restart %d of %d)\n",

@@ -237,7 +237,6 @@ void Trainer::save_checkpoint() {
   const auto t0 = Clock::now();
   writer_.wait();  // at most one save in flight: its buffers are free again once it is written
   log_finished_writes();
-  if (!save_buffers_) save_buffers_ = std::make_unique<StateSnapshot>(model_->config(), *optimizer_);
   save_buffers_->capture(*model_, *optimizer_, progress_, cfg_);
   const int64_t step = progress_.step;
   const std::string name = ckpt::checkpoint_name(step);
@@ -311,6 +310,10 @@ TrainSummary Trainer::run() {
               mc.name.c_str(), mc.num_layers, mc.hidden_size, mc.num_attention_heads, mc.num_query_groups,
               static_cast<double>(nn::count_parameters(model_->parameters())) / 1e6, cfg_.train_iters,
               cfg_.global_batch_size, cfg_.seq_length, num_threads(), peak_gflops_);
+  // Checkpoint buffers up front: the first save then stalls no longer than the others, and a
+  // machine short of memory for them fails now rather than at the first save.
+  if (cfg_.save_interval > 0 || cfg_.exit_interval > 0)
+    save_buffers_ = std::make_unique<StateSnapshot>(model_->config(), *optimizer_);
   TrainSummary summary;
   std::vector<double> rates;
   bool exiting = false;
