@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <future>
 #include <nlohmann/json.hpp>
 
 #include "megaton/core/error.h"
@@ -67,6 +68,12 @@ std::string json_text(std::string_view line, const std::string& key) {
   if (!field->is_string()) fail("field \"", key, "\" is not a string");
   return std::move(field->get_ref<std::string&>());
 }
+
+struct InputBatch {
+  std::vector<RawDocument> documents;
+  uint64_t bytes_read = 0, disk_bytes_read = 0;  // the reader's counts once this batch was read
+  bool more = false;                             // false: the input is exhausted and documents is empty
+};
 
 struct EncodedDocument {
   std::vector<int32_t> ids;
@@ -141,24 +148,37 @@ PreprocessStats preprocess(const PreprocessOptions& opts) {
   PreprocessStats stats;
   stats.dtype = smallest_token_dtype(tok->vocab_size());
   IndexedDatasetWriter writer(opts.output_prefix, stats.dtype);
-  std::vector<RawDocument> batch;
   uint64_t disk_before = 0;
   for (const auto& input : opts.inputs) {
     DocumentReader reader(input, opts.doc_separator);
     const uint64_t before = stats.bytes;
-    while (reader.next_batch(batch, kBatchBytes)) {
-      for (const auto& doc : encode_batch(batch, reader, opts, *tok, workers, stats)) {
+    auto read = [&reader] {
+      InputBatch in;
+      in.more = reader.next_batch(in.documents, kBatchBytes);
+      in.bytes_read = reader.bytes_read();
+      in.disk_bytes_read = reader.disk_bytes_read();
+      return in;
+    };
+    // The next batch is read while this one is tokenized: reading, decompressing and splitting lines is
+    // serial work that would otherwise leave the tokenizing threads idle.
+    std::future<InputBatch> pending = std::async(std::launch::async, read);
+    for (;;) {
+      InputBatch in = pending.get();
+      stats.bytes = before + in.bytes_read;
+      if (!in.more) {
+        disk_before += in.disk_bytes_read;
+        break;
+      }
+      pending = std::async(std::launch::async, read);
+      for (const auto& doc : encode_batch(in.documents, reader, opts, *tok, workers, stats)) {
         // Empty documents carry no tokens to train on; skipping them keeps every document non-empty.
         if (doc.ids.empty()) continue;
         writer.add_document(doc.ids);
         ++stats.documents;
         stats.tokens += static_cast<int64_t>(doc.ids.size());
       }
-      stats.bytes = before + reader.bytes_read();
-      bar.update(stats.documents, stats.bytes, disk_before + reader.disk_bytes_read());
+      bar.update(stats.documents, stats.bytes, disk_before + in.disk_bytes_read);
     }
-    stats.bytes = before + reader.bytes_read();
-    disk_before += reader.disk_bytes_read();
   }
   writer.finalize();
   bar.update(stats.documents, stats.bytes, disk_before, /*force=*/true);
