@@ -13,6 +13,7 @@ sources, prepared with `megaton preprocess`.
 """
 import argparse
 import json
+import shutil
 import statistics
 import subprocess
 import tempfile
@@ -23,6 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def run_train(megaton: str, work: Path, args, async_save: bool) -> dict:
     run_dir = work / ("async" if async_save else "sync")
+    shutil.rmtree(run_dir, ignore_errors=True)  # a fresh run; train refuses to start beside old checkpoints
     iters = args.interval * (args.saves + 1)  # the last measured save is followed by steps too
     sets = {
         "model.preset": f'"{args.model}"',

@@ -36,7 +36,7 @@ void copy_bytes(const Tensor& src, const Tensor& dst) {
 StateSnapshot::StateSnapshot(const models::TransformerConfig& config, const optim::AdamW& optimizer) : model_(config) {
   for (nn::Parameter* p : model_.parameters()) p->grad = Tensor();  // only the values are kept
   for (const auto& [name, t] : optimizer.state_tensors())
-    moments_.emplace_back(name, Tensor::empty(t.shape(), t.dtype(), MemCategory::Optimizer, name));
+    moments_.emplace_back(name, Tensor::zeros(t.shape(), t.dtype(), MemCategory::Optimizer, name));  // touched now, not in the first save
 }
 
 void StateSnapshot::capture(const models::TransformerModel& model, const optim::AdamW& optimizer,
