@@ -24,12 +24,8 @@ int steps_during_writes(const Metrics& m) {
 TEST(AsyncSave, StepsOverlapTheWriteAndTheFilesEqualASynchronousSave) {
   TinyRunDir d;
   // A slow file system (0.3 s per write) makes the overlap, or its absence, unmistakable.
-  auto async = d.train("async", "--inject slow@save=0.3");
-  ASSERT_EQ(async.exit_code, 0) << async.output;
-  auto sync = d.train("sync", "--inject slow@save=0.3 --set checkpoint.async_save=false");
-  ASSERT_EQ(sync.exit_code, 0) << sync.output;
-
-  const Metrics a = read_metrics(d.run_dir("async")), s = read_metrics(d.run_dir("sync"));
+  const Metrics a = d.train_ok("async", "--inject slow@save=0.3");
+  const Metrics s = d.train_ok("sync", "--inject slow@save=0.3 --set checkpoint.async_save=false");
   ASSERT_EQ(a.events_of("checkpoint").size(), 6u);
   ASSERT_EQ(s.events_of("checkpoint").size(), 6u);
   EXPECT_GT(steps_during_writes(a), 5);

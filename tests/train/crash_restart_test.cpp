@@ -9,9 +9,7 @@ using namespace megaton::testing;
 
 TEST(CrashRestart, KilledAtAStepAndDuringASaveEndsBitwiseEqualToTheCleanRun) {
   TinyRunDir d;
-  auto clean = d.train("clean");
-  ASSERT_EQ(clean.exit_code, 0) << clean.output;
-
+  const Metrics clean = d.train_ok("clean");
   auto crashed = d.train("crashed", "--max-restarts 3 --inject crash@save=20 --inject crash@step=37");
   ASSERT_EQ(crashed.exit_code, 0) << crashed.output;
   EXPECT_NE(crashed.output.find("restart 2 of 3"), std::string::npos) << crashed.output;
@@ -25,7 +23,7 @@ TEST(CrashRestart, KilledAtAStepAndDuringASaveEndsBitwiseEqualToTheCleanRun) {
   ASSERT_GE(torn.size(), 1u);
   EXPECT_NE(torn[0]["path"].get<std::string>().find("step_000020.tmp"), std::string::npos) << torn[0].dump();
   EXPECT_TRUE(torn_checkpoints(d.run_dir("crashed")).empty());
-  EXPECT_EQ(m.losses, read_metrics(d.run_dir("clean")).losses);
+  EXPECT_EQ(m.losses, clean.losses);
   expect_bitwise_equal(final_weights(d.run_dir("clean")), final_weights(d.run_dir("crashed")));
 }
 

@@ -14,20 +14,13 @@ class Resume : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Resume, StopAndResumeEqualsTrainingStraightBitwise) {
   TinyRunDir d(GetParam());
-  auto clean = d.train("clean");
-  ASSERT_EQ(clean.exit_code, 0) << clean.output;
-
-  auto first = d.train("stopped", "--set training.exit_interval=25");
-  ASSERT_EQ(first.exit_code, 0) << first.output;
-  EXPECT_EQ(read_metrics(d.run_dir("stopped")).losses.size(), 25u);
+  const Metrics a = d.train_ok("clean");
+  EXPECT_EQ(d.train_ok("stopped", "--set training.exit_interval=25").losses.size(), 25u);
   EXPECT_FALSE(fs::exists(d.run_dir("stopped") + "/final"));
   auto again = d.train("stopped");  // a fresh start next to checkpoints is refused
   EXPECT_NE(again.exit_code, 0);
   EXPECT_NE(again.output.find("--resume auto"), std::string::npos) << again.output;
-  auto second = d.train("stopped", "--resume auto");
-  ASSERT_EQ(second.exit_code, 0) << second.output;
-
-  const Metrics a = read_metrics(d.run_dir("clean")), b = read_metrics(d.run_dir("stopped"));
+  const Metrics b = d.train_ok("stopped", "--resume auto");
   ASSERT_EQ(a.losses.size(), 60u);
   EXPECT_EQ(a.losses, b.losses);
   EXPECT_EQ(a.final_val_loss, b.final_val_loss);
@@ -36,8 +29,7 @@ TEST_P(Resume, StopAndResumeEqualsTrainingStraightBitwise) {
   expect_bitwise_equal(final_weights(d.run_dir("clean")), final_weights(d.run_dir("stopped")));
 
   // --resume PATH: another run directory continues from the clean run's step-40 checkpoint.
-  auto other = d.train("from_path", "--resume " + d.run_dir("clean") + "/checkpoints/step_000040");
-  ASSERT_EQ(other.exit_code, 0) << other.output;
+  d.train_ok("from_path", "--resume " + d.run_dir("clean") + "/checkpoints/step_000040");
   expect_bitwise_equal(final_weights(d.run_dir("clean")), final_weights(d.run_dir("from_path")));
 }
 
@@ -45,10 +37,8 @@ INSTANTIATE_TEST_SUITE_P(Models, Resume, ::testing::Values("gpt-tiny", "llama-ti
 
 TEST(Resume, CorruptCheckpointsAreReportedByNameAndThePreviousOneIsUsed) {
   TinyRunDir d;
-  auto clean = d.train("clean");
-  ASSERT_EQ(clean.exit_code, 0) << clean.output;
-  auto first = d.train("run", "--set training.exit_interval=30");
-  ASSERT_EQ(first.exit_code, 0) << first.output;
+  const Metrics clean = d.train_ok("clean");
+  d.train_ok("run", "--set training.exit_interval=30");
   const std::string ckpts = d.run_dir("run") + "/checkpoints";
   ASSERT_EQ(read_bytes(ckpts + "/latest"), "step_000030\n");
 
@@ -75,6 +65,6 @@ TEST(Resume, CorruptCheckpointsAreReportedByNameAndThePreviousOneIsUsed) {
   ASSERT_EQ(m.events_of("checkpoint_rejected").size(), 2u);
   ASSERT_EQ(m.events_of("resume").size(), 1u);
   EXPECT_EQ(m.events_of("resume")[0]["step"], 10);
-  EXPECT_EQ(m.losses, read_metrics(d.run_dir("clean")).losses);
+  EXPECT_EQ(m.losses, clean.losses);
   expect_bitwise_equal(final_weights(d.run_dir("clean")), final_weights(d.run_dir("run")));
 }

@@ -24,14 +24,10 @@ void expect_close_to_clean(const Metrics& m, const Metrics& clean) {
 
 TEST(Rewind, NanAndSpikeAreRewoundAndSkipped) {
   TinyRunDir d;
-  auto clean = d.train("clean", kRewind);
-  ASSERT_EQ(clean.exit_code, 0) << clean.output;
-  const Metrics c = read_metrics(d.run_dir("clean"));
+  const Metrics c = d.train_ok("clean", kRewind);
   EXPECT_TRUE(c.events_of("rewind").empty()) << "false alarm: " << c.events_of("rewind")[0].dump();
 
-  auto nan = d.train("nan", kRewind + "--inject nan@step=40");
-  ASSERT_EQ(nan.exit_code, 0) << nan.output;
-  const Metrics n = read_metrics(d.run_dir("nan"));
+  const Metrics n = d.train_ok("nan", kRewind + "--inject nan@step=40");
   ASSERT_EQ(n.events_of("rewind").size(), 1u);
   const auto r = n.events_of("rewind")[0];
   EXPECT_NE(r["reason"].get<std::string>().find("nan"), std::string::npos) << r.dump();
@@ -44,9 +40,8 @@ TEST(Rewind, NanAndSpikeAreRewoundAndSkipped) {
   expect_close_to_clean(n, c);
 
   // A spike, with the lr halved for 5 steps after the rewind.
-  auto spike = d.train("spike", kRewind + "--set rewind.lr_factor=0.5 --set rewind.lr_steps=5 --inject spike@step=55");
-  ASSERT_EQ(spike.exit_code, 0) << spike.output;
-  const Metrics s = read_metrics(d.run_dir("spike"));
+  const Metrics s =
+      d.train_ok("spike", kRewind + "--set rewind.lr_factor=0.5 --set rewind.lr_steps=5 --inject spike@step=55");
   ASSERT_EQ(s.events_of("rewind").size(), 1u);
   const auto sr = s.events_of("rewind")[0];
   EXPECT_NE(sr["reason"].get<std::string>().find("standard deviations above"), std::string::npos) << sr.dump();
@@ -60,9 +55,7 @@ TEST(Rewind, NanAndSpikeAreRewoundAndSkipped) {
 
 TEST(Rewind, FromTheLastCheckpointWhenNoSnapshotIsKept) {
   TinyRunDir d;
-  auto run = d.train("disk", kRewind + "--set rewind.snapshot_interval=0 --inject nan@step=45");
-  ASSERT_EQ(run.exit_code, 0) << run.output;
-  const Metrics m = read_metrics(d.run_dir("disk"));
+  const Metrics m = d.train_ok("disk", kRewind + "--set rewind.snapshot_interval=0 --inject nan@step=45");
   ASSERT_EQ(m.events_of("rewind").size(), 1u);
   EXPECT_EQ(m.events_of("rewind")[0]["restored_step"], 40);
   EXPECT_NE(m.events_of("rewind")[0]["restored_from"].get<std::string>().find("step_000040"), std::string::npos);

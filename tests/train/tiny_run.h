@@ -19,32 +19,6 @@
 
 namespace megaton::testing {
 
-// A scratch directory with training and validation data and a config for a 2-layer model.
-class TinyRunDir {
- public:
-  explicit TinyRunDir(const std::string& preset = "gpt-tiny") {
-    write_byte_dataset(dir_.file("train"), 400, 3);
-    write_byte_dataset(dir_.file("valid"), 40, 11);
-    std::ofstream(dir_.file("run.toml"))
-        << "[model]\npreset = \"" << preset << "\"\nnum_layers = 2\nhidden_size = 48\nffn_hidden_size = 96\n"
-        << "num_attention_heads = 6\nnum_query_groups = " << (preset == "gpt-tiny" ? 6 : 2) << "\n"
-        << "[data]\ndata_path = \"" << dir_.file("train") << "\"\nvalid_data_path = \"" << dir_.file("valid") << "\"\n"
-        << "[training]\nmicro_batch_size = 4\nglobal_batch_size = 8\nseq_length = 32\ntrain_iters = 60\nthreads = 1\n"
-        << "[optimizer]\nlr = 3e-3\nlr_warmup_iters = 5\n"
-        << "[logging]\nlog_interval = 20\neval_iters = 5\nsave_interval = 10\npeak_tflops = 1.0\n";
-  }
-  std::string run_dir(const std::string& name) const { return dir_.file(name); }
-
-  // `megaton train` on this config into run directory `name`; `args` are appended verbatim.
-  CommandResult train(const std::string& name, const std::string& args = "") const {
-    return run_command(std::string(MEGATON_BINARY) + " train --config " + dir_.file("run.toml") +
-                       " --set logging.run_dir='\"" + run_dir(name) + "\"' " + args);
-  }
-
- private:
-  TempDir dir_;
-};
-
 struct Metrics {
   std::map<int64_t, double> losses;            // step -> training loss (its last record)
   std::vector<nlohmann::json> steps;           // every step record, in order
@@ -80,6 +54,38 @@ inline Metrics read_metrics(const std::string& run_dir) {
   }
   return m;
 }
+
+// A scratch directory with training and validation data and a config for a 2-layer model.
+class TinyRunDir {
+ public:
+  explicit TinyRunDir(const std::string& preset = "gpt-tiny") {
+    write_byte_dataset(dir_.file("train"), 400, 3);
+    write_byte_dataset(dir_.file("valid"), 40, 11);
+    std::ofstream(dir_.file("run.toml"))
+        << "[model]\npreset = \"" << preset << "\"\nnum_layers = 2\nhidden_size = 48\nffn_hidden_size = 96\n"
+        << "num_attention_heads = 6\nnum_query_groups = " << (preset == "gpt-tiny" ? 6 : 2) << "\n"
+        << "[data]\ndata_path = \"" << dir_.file("train") << "\"\nvalid_data_path = \"" << dir_.file("valid") << "\"\n"
+        << "[training]\nmicro_batch_size = 4\nglobal_batch_size = 8\nseq_length = 32\ntrain_iters = 60\nthreads = 1\n"
+        << "[optimizer]\nlr = 3e-3\nlr_warmup_iters = 5\n"
+        << "[logging]\nlog_interval = 20\neval_iters = 5\nsave_interval = 10\npeak_tflops = 1.0\n";
+  }
+  std::string run_dir(const std::string& name) const { return dir_.file(name); }
+
+  // `megaton train` on this config into run directory `name`; `args` are appended verbatim.
+  CommandResult train(const std::string& name, const std::string& args = "") const {
+    return run_command(std::string(MEGATON_BINARY) + " train --config " + dir_.file("run.toml") +
+                       " --set logging.run_dir='\"" + run_dir(name) + "\"' " + args);
+  }
+  // A run that must succeed: its metrics.
+  Metrics train_ok(const std::string& name, const std::string& args = "") const {
+    const CommandResult r = train(name, args);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return read_metrics(run_dir(name));
+  }
+
+ private:
+  TempDir dir_;
+};
 
 inline std::map<std::string, Tensor> final_weights(const std::string& run_dir) {
   return ckpt::load_safetensors(run_dir + "/final/model.safetensors");
