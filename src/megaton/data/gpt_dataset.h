@@ -15,6 +15,7 @@
 // split, the seed, the sequence length, the split and the sample count), so a changed dataset or setting
 // rebuilds them and an unchanged one loads them.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <optional>
