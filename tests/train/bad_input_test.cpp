@@ -70,6 +70,22 @@ TEST(BadInput, SetOverrideErrorsNameTheKey) {
   EXPECT_NE(r.output.find("training.train_iters"), std::string::npos) << r.output;
 }
 
+TEST(BadInput, BadFaultSpecsAndResumePathsNameTheCulprit) {
+  TempDir dir;
+  megaton::testing::write_byte_dataset(dir.file("data"), 50);
+  const std::string train = std::string(MEGATON_BINARY) + " train --set data.data_path=\\\"" + dir.file("data") +
+                            "\\\" --set logging.run_dir=\\\"" + dir.file("run") + "\\\" ";
+  auto r = run_command(train + "--inject boom@step=3");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("--inject boom@step=3"), std::string::npos) << r.output;
+  r = run_command(train + "--inject nan@step=x");
+  EXPECT_NE(r.output.find("not a positive step number"), std::string::npos) << r.output;
+  r = run_command(train + "--resume " + dir.file("nowhere"));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find(dir.file("nowhere")), std::string::npos) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(dir.file("run")));
+}
+
 TEST(BadInput, EvalOnMissingModelOrTruncatedIndexNamesTheFile) {
   TempDir dir;
   megaton::testing::write_byte_dataset(dir.file("data"), 20);

@@ -50,4 +50,7 @@ TEST(TrainConfig, ErrorsNameTheKey) {
   EXPECT_NE(message({"optimizer.lr_decay_style=\"exp\""}).find("exp"), std::string::npos);
   EXPECT_NE(message({"model.preset=gpt5"}).find("gpt5"), std::string::npos);
   EXPECT_NE(message({"training.micro_batch_size=1.5"}).find("training.micro_batch_size"), std::string::npos);
+  EXPECT_NE(message({"checkpoint.keep_lst=2"}).find("checkpoint.keep_last"), std::string::npos);
+  EXPECT_NE(message({"rewind.zscore=-1"}).find("rewind.zscore"), std::string::npos);
+  EXPECT_NE(message({"rewind.lr_factor=2"}).find("rewind.lr_factor"), std::string::npos);
 }
