@@ -4,6 +4,7 @@
 #include "commands.h"
 #include "megaton/ckpt/safetensors.h"
 #include "megaton/core/threads.h"
+#include "megaton/data/token_stream.h"
 #include "megaton/models/hf_format.h"
 #include "megaton/train/evaluate.h"
 
@@ -31,8 +32,8 @@ void add_eval_command(CLI::App& app) {
     if (seq_len > model->config().max_position_embeddings)
       fail("--seq-len ", seq_len, " exceeds the model's max_position_embeddings ",
            model->config().max_position_embeddings);
-    data::TokenStream stream(data_prefix);
-    auto r = train::evaluate(*model, stream, seq_len, batch, max_samples, !dump.empty());
+    data::StreamSamples samples(std::make_shared<data::TokenStream>(data_prefix), seq_len);
+    auto r = train::evaluate(*model, samples, batch, max_samples, !dump.empty());
     if (!dump.empty())
       ckpt::save_safetensors(dump, models::to_hf_tensors(*model, true), {{"loss", std::to_string(r.loss)}});
     std::printf("%s\n", nlohmann::json{{"loss", r.loss}, {"tokens", r.tokens}}.dump().c_str());

@@ -48,7 +48,8 @@ std::vector<std::string> demo_settings(const std::vector<std::string>& user_sets
   std::vector<std::string> settings;
   if (!own_data) {
     auto [train, valid] = prepare_fortunes();
-    settings = {"data.data_path=\"" + train + "\"", "data.valid_data_path=\"" + valid + "\""};
+    // The corpus is already split by document, so all of `train` trains.
+    settings = {"data.data_path=\"" + train + "\"", "data.valid_data_path=\"" + valid + "\"", "data.split=\"100,0,0\""};
   }
   settings.insert(settings.end(), {"model.preset=\"gpt-tiny\"",
           "training.micro_batch_size=16",

@@ -8,6 +8,7 @@
 #include "../support/byte_dataset.h"
 #include "../support/temp_dir.h"
 #include "megaton/ckpt/safetensors.h"
+#include "megaton/data/token_stream.h"
 #include "megaton/train/evaluate.h"
 
 using namespace megaton;
@@ -86,17 +87,17 @@ TEST(HfFormat, InterleavedRopeExportsInHfLayoutWithTheSameLoss) {
   models::TransformerModel m(cfg);
   m.init_weights(9);
   megaton::testing::write_byte_dataset(dir.file("data"), 40);
-  data::TokenStream stream(dir.file("data"));
-  const double loss = train::evaluate(m, stream, 32, 4, 8).loss;
+  data::StreamSamples stream(std::make_shared<data::TokenStream>(dir.file("data")), 32);
+  const double loss = train::evaluate(m, stream, 4, 8).loss;
   models::save_hf_model(m, dir.file("model"));
   auto back = models::load_hf_model(dir.file("model"));
   EXPECT_EQ(back->config().rope_layout, kernels::RopeLayout::Half);
-  EXPECT_NEAR(train::evaluate(*back, stream, 32, 4, 8).loss, loss, 1e-5 * loss);
+  EXPECT_NEAR(train::evaluate(*back, stream, 4, 8).loss, loss, 1e-5 * loss);
   // and the layouts really differ: the same weights under the other layout give another loss
   models::TransformerModel wrong(cfg);
   for (size_t i = 0; i < wrong.parameters().size(); ++i)
     wrong.parameters()[i]->value.copy_from(back->parameters()[i]->value);
-  EXPECT_GT(std::abs(train::evaluate(wrong, stream, 32, 4, 8).loss - loss), 1e-3);
+  EXPECT_GT(std::abs(train::evaluate(wrong, stream, 4, 8).loss - loss), 1e-3);
 }
 
 TEST(HfFormat, MissingOrMisshapenTensorsAreNamed) {

@@ -39,14 +39,13 @@ int32_t TokenStream::max_token(int64_t limit) const {
   return n ? *std::max_element(buf.begin(), buf.end()) : -1;
 }
 
-void read_samples(const TokenStream& stream, const int64_t* ids, int64_t B, int64_t T, int32_t* inputs,
-                  int32_t* targets) {
-  std::vector<int32_t> buf(static_cast<size_t>(T + 1));
-  for (int64_t b = 0; b < B; ++b) {
-    stream.read(ids[b] * T, T + 1, buf.data());
-    std::copy_n(buf.begin(), T, inputs + b * T);
-    std::copy_n(buf.begin() + 1, T, targets + b * T);
-  }
+StreamSamples::StreamSamples(std::shared_ptr<const TokenStream> stream, int64_t seq_length, int64_t size)
+    : stream_(std::move(stream)), T_(seq_length), samples_(stream_->num_samples(seq_length)) {
+  if (samples_ == 0)
+    fail("dataset '", stream_->dataset().prefix(), "' has ", stream_->size(), " tokens: not one sample of ", T_ + 1);
+  size_ = size < 0 ? samples_ : size;
 }
+
+void StreamSamples::read(int64_t i, int32_t* out) const { stream_->read((i % samples_) * T_, T_ + 1, out); }
 
 }  // namespace megaton::data

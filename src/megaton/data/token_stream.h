@@ -3,10 +3,12 @@
 // labels the last T), the GPT-2 / nanoGPT convention `megaton eval` documents.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "megaton/data/indexed_dataset.h"
+#include "megaton/data/sample_source.h"
 
 namespace megaton::data {
 
@@ -27,8 +29,19 @@ class TokenStream {
   std::vector<int64_t> starts_;  // stream offset of each sequence, plus the total at the end
 };
 
-// Fills inputs/targets [B, T] with samples ids[0..B) of the stream.
-void read_samples(const TokenStream& stream, const int64_t* ids, int64_t B, int64_t T, int32_t* inputs,
-                  int32_t* targets);
+// The stream's samples in order (sample i = tokens [i*T, i*T + T]) as a SampleSource: what
+// `megaton eval` scores and what training reads with data.shuffle = false. With `size` larger
+// than the number of complete samples the stream wraps around (epoch after epoch, same order).
+class StreamSamples final : public data::SampleSource {
+ public:
+  StreamSamples(std::shared_ptr<const TokenStream> stream, int64_t seq_length, int64_t size = -1);
+  int64_t size() const override { return size_; }
+  int64_t seq_length() const override { return T_; }
+  void read(int64_t i, int32_t* out) const override;
+
+ private:
+  std::shared_ptr<const TokenStream> stream_;
+  int64_t T_, samples_, size_;
+};
 
 }  // namespace megaton::data

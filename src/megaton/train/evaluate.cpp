@@ -1,27 +1,31 @@
 #include "megaton/train/evaluate.h"
 
 #include <algorithm>
-#include <numeric>
+
+#include "megaton/core/error.h"
 
 namespace megaton::train {
 
-EvalResult evaluate(models::TransformerModel& model, const data::TokenStream& stream, int64_t T, int64_t batch,
+EvalResult evaluate(models::TransformerModel& model, const data::SampleSource& samples, int64_t batch,
                     int64_t max_samples, bool accumulate_grads) {
-  int64_t n = stream.num_samples(T);
+  int64_t n = samples.size();
   if (max_samples > 0) n = std::min(n, max_samples);
-  if (n == 0)
-    fail("dataset '", stream.dataset().prefix(), "' has ", stream.size(), " tokens: not one sample of ", T + 1);
+  if (n == 0) fail("evaluate: no samples to score");
+  const int64_t T = samples.seq_length();
   EvalResult r;
   r.samples = n;
   double sum = 0;
   const int64_t total_tokens = n * T;  // every position of a sample has a target
+  std::vector<int32_t> row(static_cast<size_t>(T + 1));
   for (int64_t s0 = 0; s0 < n; s0 += batch) {
     const int64_t B = std::min(batch, n - s0);
-    std::vector<int64_t> ids(static_cast<size_t>(B));
-    std::iota(ids.begin(), ids.end(), s0);
     Tensor inputs = Tensor::empty({B, T}, DType::I32, MemCategory::Activations, "inputs");
     Tensor targets = Tensor::empty({B, T}, DType::I32, MemCategory::Activations, "targets");
-    data::read_samples(stream, ids.data(), B, T, inputs.data<int32_t>(), targets.data<int32_t>());
+    for (int64_t b = 0; b < B; ++b) {
+      samples.read(s0 + b, row.data());
+      std::copy_n(row.begin(), T, inputs.data<int32_t>() + b * T);
+      std::copy_n(row.begin() + 1, T, targets.data<int32_t>() + b * T);
+    }
     models::ModelCtx ctx;
     // The per-batch mean is rescaled so the accumulated gradient is that of the overall mean.
     const float scale = static_cast<float>(static_cast<double>(B * T) / static_cast<double>(total_tokens));

@@ -91,9 +91,12 @@ const std::vector<Field>& fields() {
       model_field("model.norm_epsilon", &MC::norm_epsilon),
       model_field("model.init_method_std", &MC::init_method_std),
       field("data.data_path", &TC::data_path),
+      field("data.split", &TC::split),
       field("data.valid_data_path", &TC::valid_data_path),
+      field("data.data_cache_path", &TC::data_cache_path),
       field("data.tokenizer", &TC::tokenizer),
       field("data.shuffle", &TC::shuffle),
+      field("data.num_workers", &TC::num_workers),
       field("training.micro_batch_size", &TC::micro_batch_size),
       field("training.global_batch_size", &TC::global_batch_size),
       field("training.seq_length", &TC::seq_length),
@@ -222,6 +225,7 @@ void validate(const TrainConfig& c) {
             std::to_string(c.model.max_position_embeddings));
   check(c.train_iters >= 0, "training.train_iters", "must not be negative");
   check(c.threads >= 0, "training.threads", "must not be negative");
+  check(c.num_workers >= 1, "data.num_workers", "must be at least 1");
   check(c.exit_interval >= 0, "training.exit_interval", "must not be negative");
   check(c.lr >= 0 && c.min_lr >= 0 && c.min_lr <= c.lr, "optimizer.min_lr", "must be in [0, optimizer.lr]");
   check(c.lr_warmup_iters >= 0, "optimizer.lr_warmup_iters", "must not be negative");

@@ -18,10 +18,18 @@ struct TrainConfig {
   models::TransformerConfig model;  // resolved from preset/load and overrides
 
   // [data]
-  std::string data_path;        // Megatron dataset prefix (PREFIX.bin / PREFIX.idx)
-  std::string valid_data_path;  // validation prefix; empty: no validation
+  // Megatron's --data-path: one dataset prefix (PREFIX.bin / PREFIX.idx) or a weighted blend
+  // "0.7 web 0.3 code", sampled like Megatron's GPTDataset / BlendedDataset.
+  std::string data_path;
+  std::string split = "969,30,1";  // train,valid,test document ratios of each dataset
+  // Validation prefix scored in stream order; empty: the split's validation part (if any).
+  std::string valid_data_path;
+  std::string data_cache_path;     // where sample indices are cached; empty: next to the data
   std::string tokenizer = "byte";
+  // false: no sampling at all; step s reads samples s*B .. of one dataset's concatenated token
+  // stream, in order (sample i = tokens [i*T, i*T + T]), wrapping around at its end.
   bool shuffle = true;
+  int64_t num_workers = 2;         // loader threads reading ahead of the trainer
 
   // [training]
   int64_t micro_batch_size = 16;

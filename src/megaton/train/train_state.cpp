@@ -20,7 +20,7 @@ nlohmann::json state_to_json(const TrainProgress& p, const TrainConfig& cfg, int
                 {"global_batch_size", cfg.global_batch_size}}},
       // The sample order is a pure function of (seed, stream position) and training draws no
       // other random numbers, so the seed is the whole RNG state.
-      {"rng", {{"seed", cfg.seed}, {"generator", "philox4x32-10"}}},
+      {"rng", {{"seed", cfg.seed}, {"generator", "numpy-mt19937 (GPTDataset indices)"}}},
       {"lr_schedule", {{"iteration", p.step}, {"rewind_lr_factor", p.lr_factor},
                        {"rewind_lr_steps", {p.lr_factor_from, p.lr_factor_until}}}},
       // Training is fp32, so model.safetensors holds the master weights.

@@ -15,7 +15,7 @@ namespace megaton::train {
 struct TrainProgress {
   int64_t step = 0;              // steps done (including ones whose update was skipped)
   // The data position, kept here and only here: the next batch starts at this position of the
-  // sample stream (SampleOrder), unless a rewind marked that batch to be skipped.
+  // sample stream (TrainingData::train), unless a rewind marked that batch to be skipped.
   int64_t consumed_samples = 0;
   std::vector<int64_t> skipped_batches;  // first stream positions of the batches rewinds skipped
   int64_t rewinds = 0;

@@ -25,22 +25,6 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-std::unique_ptr<data::TokenStream> open_stream(const std::string& prefix, const std::string& key,
-                                               const models::TransformerConfig& model, int64_t T) {
-  if (prefix.empty()) return nullptr;
-  if (!fs::exists(prefix + ".idx") || !fs::exists(prefix + ".bin"))
-    fail("config key '", key, "': dataset '", prefix, "' not found (expected ", prefix, ".bin and ", prefix, ".idx)");
-  auto s = std::make_unique<data::TokenStream>(prefix);
-  if (s->num_samples(T) == 0)
-    fail("config key '", key, "': dataset '", prefix, "' has ", s->size(), " tokens, fewer than one sample of ",
-         T + 1);
-  const int32_t top = s->max_token(int64_t{1} << 22);
-  if (top >= model.vocab_size)
-    fail("config key '", key, "': dataset '", prefix, "' holds token id ", top, " but the model's vocab_size is ",
-         model.vocab_size, " (vocab mismatch between data and model)");
-  return s;
-}
-
 std::string format_duration(double seconds) {
   const auto s = static_cast<int64_t>(seconds);
   char buf[32];
@@ -71,7 +55,6 @@ Trainer::Trainer(TrainConfig config, RunOptions options)
       faults_(options.inject, cfg_.run_dir),
       writer_(cfg_.async_save, static_cast<int>(cfg_.write_attempts)) {
   set_num_threads(static_cast<int>(cfg_.threads));
-  if (cfg_.data_path.empty()) fail("config key 'data.data_path' is empty: no training data");
   if (cfg_.rewind && cfg_.snapshot_interval == 0 && cfg_.save_interval == 0)
     fail("config key 'rewind.snapshot_interval' is 0 (rewind to the last checkpoint) but logging.save_interval is 0, "
          "so there would be no checkpoint to rewind to");
@@ -79,8 +62,7 @@ Trainer::Trainer(TrainConfig config, RunOptions options)
   if (tokenizer->vocab_size() > cfg_.model.vocab_size)
     fail("config key 'data.tokenizer': tokenizer '", cfg_.tokenizer, "' has ", tokenizer->vocab_size(),
          " ids but the model's vocab_size is ", cfg_.model.vocab_size);
-  train_data_ = open_stream(cfg_.data_path, "data.data_path", cfg_.model, cfg_.seq_length);
-  valid_data_ = open_stream(cfg_.valid_data_path, "data.valid_data_path", cfg_.model, cfg_.seq_length);
+  data_ = build_training_data(cfg_);
   if (!cfg_.load.empty()) {
     model_ = models::load_hf_model(cfg_.load);
   } else {
@@ -93,8 +75,6 @@ Trainer::Trainer(TrainConfig config, RunOptions options)
   schedule_ = {cfg_.lr, cfg_.min_lr, cfg_.lr_warmup_iters, cfg_.lr_decay_iters,
                optim::lr_decay_style_from_name(cfg_.lr_decay_style)};
   schedule_.lr_at(0);  // validates warmup vs decay steps now, before any file is written
-  order_ = std::make_unique<SampleOrder>(train_data_->num_samples(cfg_.seq_length), static_cast<uint64_t>(cfg_.seed),
-                                         cfg_.shuffle);
   resume(options.resume);
   peak_gflops_ = cfg_.peak_tflops > 0 ? cfg_.peak_tflops * 1e3 : kernels::measure_sgemm_gflops();
 }
@@ -132,13 +112,20 @@ Trainer::StepResult Trainer::forward_backward(int64_t step, int64_t first_sample
   const int64_t mbs = cfg_.micro_batch_size, T = cfg_.seq_length, accum = cfg_.grad_accum_steps();
   nn::zero_grads(model_->parameters());
   double loss = 0;
-  std::vector<int64_t> ids(static_cast<size_t>(mbs));
+  if (!loader_ || loader_position_ != first_sample) {
+    loader_.reset();  // stop the old workers before the new loader starts its own
+    loader_ = std::make_unique<data::DataLoader>(
+        data_.train, data::DataLoaderOptions{mbs, 0, 1, first_sample, static_cast<int>(cfg_.num_workers)});
+    loader_position_ = first_sample;
+  }
+  data::Batch batch;
   for (int64_t m = 0; m < accum; ++m) {
-    const int64_t first = first_sample + m * mbs;  // stream position
-    for (int64_t b = 0; b < mbs; ++b) ids[static_cast<size_t>(b)] = order_->at(first + b);
+    if (!loader_->next(batch)) fail("training data exhausted at sample ", loader_position_);
+    loader_position_ += mbs;
     Tensor inputs = Tensor::empty({mbs, T}, DType::I32, MemCategory::Activations, "inputs");
     Tensor targets = Tensor::empty({mbs, T}, DType::I32, MemCategory::Activations, "targets");
-    data::read_samples(*train_data_, ids.data(), mbs, T, inputs.data<int32_t>(), targets.data<int32_t>());
+    std::copy(batch.inputs.begin(), batch.inputs.end(), inputs.data<int32_t>());
+    std::copy(batch.targets.begin(), batch.targets.end(), targets.data<int32_t>());
     models::ModelCtx ctx;
     // Megatron's convention: each micro-batch's mean loss, averaged over micro-batches.
     loss += model_->forward(ctx, inputs, targets, true, 1.0f / static_cast<float>(accum)).loss / accum;
@@ -277,7 +264,7 @@ void Trainer::log_finished_writes() {
 }
 
 double Trainer::validation_loss() {
-  return evaluate(*model_, *valid_data_, cfg_.seq_length, cfg_.micro_batch_size,
+  return evaluate(*model_, *data_.valid, cfg_.micro_batch_size,
                   cfg_.eval_iters > 0 ? cfg_.eval_iters * cfg_.micro_batch_size : 0)
       .loss;
 }
@@ -343,7 +330,7 @@ TrainSummary Trainer::run() {
     progress_.consumed_samples = first_sample + cfg_.global_batch_size;
     log_step(step, r, lr, rates);
     log_finished_writes();
-    if (valid_data_ && cfg_.eval_interval > 0 && step % cfg_.eval_interval == 0 && step != cfg_.train_iters) {
+    if (data_.valid && cfg_.eval_interval > 0 && step % cfg_.eval_interval == 0 && step != cfg_.train_iters) {
       const double v = validation_loss();
       metrics_->write({{"step", step}, {"val_loss", v}});
       std::printf("step %5ld | validation loss %.4f\n", step, v);
@@ -363,7 +350,7 @@ TrainSummary Trainer::run() {
     std::printf("exiting after step %ld (training.exit_interval); continue with --resume auto\n", progress_.step);
     return summary;
   }
-  if (valid_data_) {
+  if (data_.valid) {
     summary.final_val_loss = validation_loss();
     metrics_->write({{"step", cfg_.train_iters}, {"val_loss", summary.final_val_loss}, {"final", true}});
     std::printf("final validation loss %.4f nats/token\n", summary.final_val_loss);

@@ -9,16 +9,16 @@
 #include <vector>
 
 #include "megaton/ckpt/async_writer.h"
-#include "megaton/data/token_stream.h"
+#include "megaton/data/data_loader.h"
 #include "megaton/models/transformer_model.h"
 #include "megaton/optim/adamw.h"
 #include "megaton/optim/lr_schedule.h"
 #include "megaton/train/anomaly_detector.h"
 #include "megaton/train/fault_injection.h"
 #include "megaton/train/metrics_log.h"
-#include "megaton/train/sample_order.h"
 #include "megaton/train/state_snapshot.h"
 #include "megaton/train/train_config.h"
+#include "megaton/train/training_data.h"
 #include "megaton/train/train_state.h"
 
 namespace megaton::train {
@@ -60,11 +60,14 @@ class Trainer {
   double validation_loss();
 
   TrainConfig cfg_;
-  std::unique_ptr<data::TokenStream> train_data_, valid_data_;
+  TrainingData data_;
+  // Reads ahead from data_.train; recreated when the next batch is not where it stands (resume,
+  // or a batch a rewind skipped).
+  std::unique_ptr<data::DataLoader> loader_;
+  int64_t loader_position_ = -1;
   std::unique_ptr<models::TransformerModel> model_;
   std::unique_ptr<optim::AdamW> optimizer_;
   optim::LRSchedule schedule_;
-  std::unique_ptr<SampleOrder> order_;
   std::unique_ptr<MetricsLog> metrics_;
   AnomalyDetector detector_;
   FaultInjector faults_;
