@@ -133,7 +133,8 @@ GptDataset::GptDataset(std::shared_ptr<const IndexedDataset> data, Split split, 
     fail(what, ": documents [", documents.first, ", ", documents.second, ") hold no tokens, but ", *num_samples,
          " samples were requested");
   // Megatron's _get_num_epochs: enough epochs for num_samples windows of T + 1 tokens overlapping by one.
-  if (num_samples)
+  // (An empty split asked for 0 samples has no epochs to count: it stays empty.)
+  if (num_samples && tokens_per_epoch > 0)
     while (num_epochs_ * tokens_per_epoch < *num_samples * T + 1) ++num_epochs_;
   int64_t samples_before_final_epoch = 0;
   if (num_epochs_ > 1) {

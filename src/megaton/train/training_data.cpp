@@ -53,8 +53,9 @@ TrainingData build_training_data(const TrainConfig& cfg) {
   const std::optional<int64_t> eval_samples =
       cfg.eval_iters > 0 ? std::optional<int64_t>(cfg.eval_iters * cfg.micro_batch_size)
                          : (single ? std::nullopt : std::optional<int64_t>(cfg.micro_batch_size));
-  const std::optional<int64_t> test_samples =
-      single ? std::nullopt : std::optional<int64_t>(cfg.micro_batch_size);
+  // Training never draws test samples; a blend still needs a count for the split, and 0 keeps a
+  // test part without documents (small data, a 1/1000 ratio) from being an error.
+  const std::optional<int64_t> test_samples = single ? std::nullopt : std::optional<int64_t>(0);
   auto splits = data::build_datasets(blend, {train_samples, eval_samples, test_samples},
                                      {cfg.seq_length, cfg.seed, cfg.split, cfg.data_cache_path});
   if (!splits[0]) fail("config key 'data.split': '", cfg.split, "' leaves no documents for training");
