@@ -47,6 +47,8 @@ TEST(TrainConfig, ErrorsNameTheKey) {
   EXPECT_NE(message({"optimizer.lr_warmup_iter=3"}).find("optimizer.lr_warmup_iters"), std::string::npos);
   EXPECT_NE(message({"training.seq_length=4096"}).find("max_position_embeddings"), std::string::npos);
   EXPECT_NE(message({"optimizer.adam_beta2=1.5"}).find("optimizer.adam_beta2"), std::string::npos);
+  EXPECT_NE(message({"training.train_iters=5", "optimizer.lr_warmup_iters=10"}).find("optimizer.lr_decay_iters"),
+            std::string::npos);
   EXPECT_NE(message({"optimizer.lr_decay_style=\"exp\""}).find("exp"), std::string::npos);
   EXPECT_NE(message({"model.preset=gpt5"}).find("gpt5"), std::string::npos);
   EXPECT_NE(message({"training.micro_batch_size=1.5"}).find("training.micro_batch_size"), std::string::npos);

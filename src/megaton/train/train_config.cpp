@@ -229,7 +229,10 @@ void validate(const TrainConfig& c) {
   check(c.exit_interval >= 0, "training.exit_interval", "must not be negative");
   check(c.lr >= 0 && c.min_lr >= 0 && c.min_lr <= c.lr, "optimizer.min_lr", "must be in [0, optimizer.lr]");
   check(c.lr_warmup_iters >= 0, "optimizer.lr_warmup_iters", "must not be negative");
-  optim::lr_decay_style_from_name(c.lr_decay_style);
+  const bool decays = optim::lr_decay_style_from_name(c.lr_decay_style) != optim::LRDecayStyle::Constant;
+  check(!decays || c.lr_decay_iters > c.lr_warmup_iters, "optimizer.lr_decay_iters",
+        std::to_string(c.lr_decay_iters) + " (train_iters when 0) must exceed optimizer.lr_warmup_iters " +
+            std::to_string(c.lr_warmup_iters) + " for lr_decay_style '" + c.lr_decay_style + "'");
   check(c.adam_beta1 >= 0 && c.adam_beta1 < 1, "optimizer.adam_beta1", "must be in [0, 1)");
   check(c.adam_beta2 >= 0 && c.adam_beta2 < 1, "optimizer.adam_beta2", "must be in [0, 1)");
   check(c.adam_eps > 0, "optimizer.adam_eps", "must be positive");
