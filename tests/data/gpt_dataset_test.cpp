@@ -145,6 +145,17 @@ TEST(GptDataset, IndicesAreCachedAndRebuiltWhenInputsChange) {
   expect_windows_follow_the_indices(rebuilt);
 }
 
+// A split without documents asked for no samples (a blend's unused test part) caches and reloads
+// its one-row sample index instead of being rebuilt, with a warning, on every run.
+TEST(GptDataset, EmptySplitCacheReloads) {
+  TempDir dir;
+  auto data = write_dataset(dir.file("d"), random_lengths(30, 3));
+  GptDataset first(data, Split::kTest, {30, 30}, 0, config(8));
+  EXPECT_EQ(first.size(), 0);
+  EXPECT_TRUE(first.built_anew());
+  EXPECT_FALSE(GptDataset(data, Split::kTest, {30, 30}, 0, config(8)).built_anew());
+}
+
 TEST(GptDataset, DamagedCacheIsRebuilt) {
   TempDir dir;
   auto data = write_dataset(dir.file("d"), random_lengths(30, 5));

@@ -168,8 +168,11 @@ bool GptDataset::load_cache(const std::string& description) {
     // Checked once here so that reads can trust the indices: a damaged cache is rebuilt, not followed.
     const auto n = static_cast<int64_t>(shuffle.size());
     if (sample.size() != static_cast<size_t>(2 * (n + 1))) fail(cache_path_, ": sample and shuffle index disagree");
+    // Each row starts a sample in document_index; the last row only ends the last sample, so it may
+    // sit one past the end (an empty split's single row does).
     for (size_t r = 0; r < sample.size(); r += 2)
-      if (sample[r] < 0 || static_cast<size_t>(sample[r]) >= doc.size() || sample[r + 1] < 0)
+      if (sample[r] < 0 || sample[r + 1] < 0 ||
+          static_cast<size_t>(sample[r]) >= doc.size() + (r + 2 == sample.size() ? 1 : 0))
         fail(cache_path_, "-sample_index.npy: row ", r / 2, " is out of range");
     for (int64_t s : shuffle)
       if (s < 0 || s >= n) fail(cache_path_, "-shuffle_index.npy: entry ", s, " is out of range");
