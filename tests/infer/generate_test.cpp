@@ -4,18 +4,14 @@
 
 #include <cmath>
 
+#include "../support/tiny_model.h"
+
 using namespace megaton;
 
 namespace {
 
 models::TransformerConfig tiny(const std::string& preset) {
-  auto c = models::preset(preset);
-  c.num_layers = 2;
-  c.hidden_size = 48;
-  c.num_attention_heads = 6;
-  c.num_query_groups = preset == "gpt-tiny" ? 6 : 2;
-  c.ffn_hidden_size = 80;
-  c.max_position_embeddings = 64;
+  auto c = megaton::testing::tiny_config(preset);
   c.init_method_std = 0.2;  // sharp distributions, so positions and the cache matter
   return c;
 }

@@ -7,6 +7,7 @@
 
 #include "../support/byte_dataset.h"
 #include "../support/temp_dir.h"
+#include "../support/tiny_model.h"
 #include "megaton/ckpt/safetensors.h"
 #include "megaton/data/token_stream.h"
 #include "megaton/train/evaluate.h"
@@ -15,17 +16,6 @@ using namespace megaton;
 using megaton::testing::TempDir;
 
 namespace {
-
-models::TransformerConfig tiny(const std::string& preset) {
-  auto c = models::preset(preset);
-  c.num_layers = 2;
-  c.hidden_size = 48;
-  c.num_attention_heads = 6;
-  c.num_query_groups = preset == "gpt-tiny" ? 6 : 2;
-  c.ffn_hidden_size = 80;
-  c.max_position_embeddings = 64;
-  return c;
-}
 
 void expect_same_parameters(models::TransformerModel& a, models::TransformerModel& b) {
   ASSERT_EQ(a.parameters().size(), b.parameters().size());
@@ -43,7 +33,7 @@ class HfRoundTrip : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(HfRoundTrip, ExportThenImportIsBitExact) {
   TempDir dir;
-  models::TransformerModel m(tiny(GetParam()));
+  models::TransformerModel m(megaton::testing::tiny_config(GetParam()));
   m.init_weights(11);
   models::save_hf_model(m, dir.file("model"));
   auto back = models::load_hf_model(dir.file("model"));
@@ -59,7 +49,7 @@ INSTANTIATE_TEST_SUITE_P(Presets, HfRoundTrip, ::testing::Values("gpt-tiny", "ll
 
 TEST(HfFormat, Gpt2UsesConv1DLayoutAndAcceptsBareNames) {
   TempDir dir;
-  models::TransformerModel m(tiny("gpt-tiny"));
+  models::TransformerModel m(megaton::testing::tiny_config("gpt-tiny"));
   m.init_weights(5);
   auto tensors = models::to_hf_tensors(m);
   std::map<std::string, Tensor> bare;
@@ -72,7 +62,7 @@ TEST(HfFormat, Gpt2UsesConv1DLayoutAndAcceptsBareNames) {
     }
     bare[name.substr(name.rfind("transformer.", 0) == 0 ? 12 : 0)] = t;
   }
-  models::TransformerModel m2(tiny("gpt-tiny"));
+  models::TransformerModel m2(megaton::testing::tiny_config("gpt-tiny"));
   models::load_hf_tensors(m2, bare, "bare");
   expect_same_parameters(m, m2);
 }
@@ -81,7 +71,7 @@ TEST(HfFormat, InterleavedRopeExportsInHfLayoutWithTheSameLoss) {
   // A Llama trained with Meta's interleaved RoPE exports permuted q/k rows so that HF's
   // rotate_half model (what load_hf_model builds) computes the same function.
   TempDir dir;
-  auto cfg = tiny("llama-tiny");
+  auto cfg = megaton::testing::tiny_config("llama-tiny");
   cfg.rope_layout = kernels::RopeLayout::Interleaved;
   cfg.init_method_std = 0.3;  // sharp attention, so that positions (and the RoPE layout) matter
   models::TransformerModel m(cfg);
@@ -102,7 +92,7 @@ TEST(HfFormat, InterleavedRopeExportsInHfLayoutWithTheSameLoss) {
 
 TEST(HfFormat, MissingOrMisshapenTensorsAreNamed) {
   TempDir dir;
-  models::TransformerModel m(tiny("llama-tiny"));
+  models::TransformerModel m(megaton::testing::tiny_config("llama-tiny"));
   m.init_weights(1);
   auto tensors = models::to_hf_tensors(m);
   std::map<std::string, Tensor> map(tensors.begin(), tensors.end());
