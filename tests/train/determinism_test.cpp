@@ -68,3 +68,15 @@ TEST_P(Determinism, SameSeedTwiceAndOneVsTwoThreadsAreBitwiseEqual) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, Determinism, ::testing::Values("gpt-tiny", "llama-tiny"));
+
+// A fresh run into a directory an earlier run left (without checkpoints) starts metrics.jsonl
+// afresh instead of appending to the earlier run's records.
+TEST(Metrics, FreshRunStartsItsOwnMetricsFile) {
+  TempDir dir;
+  megaton::testing::write_byte_dataset(dir.file("data"), 100);
+  std::vector<double> first, second;
+  train_run(dir.file("data"), dir.file("run"), "gpt-tiny", 2, first);
+  train_run(dir.file("data"), dir.file("run"), "gpt-tiny", 2, second);
+  EXPECT_EQ(second.size(), 6u);
+  EXPECT_EQ(first, second);
+}

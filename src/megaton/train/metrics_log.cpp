@@ -4,7 +4,8 @@
 
 namespace megaton::train {
 
-MetricsLog::MetricsLog(const std::string& path) : path_(path), out_(path, std::ios::app) {
+MetricsLog::MetricsLog(const std::string& path, bool append)
+    : path_(path), out_(path, append ? std::ios::app : std::ios::trunc) {
   if (!out_) fail("cannot open metrics file '", path, "' for writing");
 }
 

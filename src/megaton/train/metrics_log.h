@@ -8,7 +8,9 @@ namespace megaton::train {
 
 class MetricsLog {
  public:
-  explicit MetricsLog(const std::string& path);
+  // append: continue an existing file (a resumed or restarted run); otherwise start it afresh so
+  // a new run's records never mix with an earlier run's in the same directory.
+  MetricsLog(const std::string& path, bool append);
   void write(const nlohmann::json& record);
 
  private:

@@ -75,6 +75,7 @@ Trainer::Trainer(TrainConfig config, RunOptions options)
   schedule_ = {cfg_.lr, cfg_.min_lr, cfg_.lr_warmup_iters, cfg_.lr_decay_iters,
                optim::lr_decay_style_from_name(cfg_.lr_decay_style)};
   schedule_.lr_at(0);  // validates warmup vs decay steps now, before any file is written
+  resuming_ = !options.resume.empty();
   resume(options.resume);
   peak_gflops_ = cfg_.peak_tflops > 0 ? cfg_.peak_tflops * 1e3 : kernels::measure_sgemm_gflops();
 }
@@ -275,7 +276,7 @@ TrainSummary Trainer::run() {
     std::ofstream resolved(fs::path(cfg_.run_dir) / "config.toml");
     resolved << to_toml(cfg_);
   }
-  metrics_ = std::make_unique<MetricsLog>((fs::path(cfg_.run_dir) / "metrics.jsonl").string());
+  metrics_ = std::make_unique<MetricsLog>((fs::path(cfg_.run_dir) / "metrics.jsonl").string(), resuming_);
   for (const std::string& path : ckpt::remove_torn_checkpoints(checkpoints_dir())) {
     std::printf("removed %s (a checkpoint whose writing was interrupted)\n", path.c_str());
     metrics_->write({{"event", "torn_checkpoint_removed"}, {"path", path}, {"time", unix_time()}});

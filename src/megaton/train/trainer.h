@@ -61,6 +61,7 @@ class Trainer {
 
   TrainConfig cfg_;
   TrainingData data_;
+  bool resuming_ = false;  // --resume given: metrics.jsonl continues rather than starts afresh
   // Reads ahead from data_.train; recreated when the next batch is not where it stands (resume,
   // or a batch a rewind skipped).
   std::unique_ptr<data::DataLoader> loader_;
