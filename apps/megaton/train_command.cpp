@@ -112,7 +112,8 @@ void add_train_command(CLI::App& app) {
     }
     train::Trainer trainer(std::move(cfg), options);
     auto summary = trainer.run();
-    if (summary.final_val_loss >= 0) std::printf("final validation loss: %.4f\n", summary.final_val_loss);
+    // Last, after the sample: the one number a run is judged by.
+    if (summary.final_val_loss >= 0) std::printf("final validation loss: %.4f nats/token\n", summary.final_val_loss);
   });
 }
 

@@ -354,7 +354,6 @@ TrainSummary Trainer::run() {
   if (data_.valid) {
     summary.final_val_loss = validation_loss();
     metrics_->write({{"step", cfg_.train_iters}, {"val_loss", summary.final_val_loss}, {"final", true}});
-    std::printf("final validation loss %.4f nats/token\n", summary.final_val_loss);
   }
   models::save_hf_model(*model_, (fs::path(cfg_.run_dir) / "final").string());
   std::printf("model saved to %s\n", (fs::path(cfg_.run_dir) / "final").c_str());
