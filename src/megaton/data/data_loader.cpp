@@ -38,14 +38,9 @@ void DataLoader::fill(int64_t step, Batch& batch) const {
   batch.sample_ids.resize(static_cast<size_t>(B));
   batch.inputs.resize(static_cast<size_t>(B * T));
   batch.targets.resize(static_cast<size_t>(B * T));
-  std::vector<int32_t> tokens(static_cast<size_t>(T + 1));
   const int64_t first = opt_.consumed_samples + step * B * opt_.data_parallel_size + opt_.data_parallel_rank * B;
-  for (int64_t b = 0; b < B; ++b) {
-    batch.sample_ids[static_cast<size_t>(b)] = first + b;
-    source_->read(first + b, tokens.data());
-    std::copy_n(tokens.begin(), T, batch.inputs.begin() + b * T);
-    std::copy_n(tokens.begin() + 1, T, batch.targets.begin() + b * T);
-  }
+  for (int64_t b = 0; b < B; ++b) batch.sample_ids[static_cast<size_t>(b)] = first + b;
+  read_batch(*source_, first, B, batch.inputs.data(), batch.targets.data());
 }
 
 void DataLoader::work() {

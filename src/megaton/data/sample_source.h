@@ -16,4 +16,8 @@ class SampleSource {
   virtual void read(int64_t i, int32_t* out) const = 0;
 };
 
+// Samples first .. first + B - 1 of `source` as a batch: inputs and targets are [B, seq_length()]
+// row-major, targets shifted by one token.
+void read_batch(const SampleSource& source, int64_t first, int64_t B, int32_t* inputs, int32_t* targets);
+
 }  // namespace megaton::data

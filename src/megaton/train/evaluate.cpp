@@ -16,16 +16,11 @@ EvalResult evaluate(models::TransformerModel& model, const data::SampleSource& s
   r.samples = n;
   double sum = 0;
   const int64_t total_tokens = n * T;  // every position of a sample has a target
-  std::vector<int32_t> row(static_cast<size_t>(T + 1));
   for (int64_t s0 = 0; s0 < n; s0 += batch) {
     const int64_t B = std::min(batch, n - s0);
     Tensor inputs = Tensor::empty({B, T}, DType::I32, MemCategory::Activations, "inputs");
     Tensor targets = Tensor::empty({B, T}, DType::I32, MemCategory::Activations, "targets");
-    for (int64_t b = 0; b < B; ++b) {
-      samples.read(s0 + b, row.data());
-      std::copy_n(row.begin(), T, inputs.data<int32_t>() + b * T);
-      std::copy_n(row.begin() + 1, T, targets.data<int32_t>() + b * T);
-    }
+    data::read_batch(samples, s0, B, inputs.data<int32_t>(), targets.data<int32_t>());
     models::ModelCtx ctx;
     // The per-batch mean is rescaled so the accumulated gradient is that of the overall mean.
     const float scale = static_cast<float>(static_cast<double>(B * T) / static_cast<double>(total_tokens));
