@@ -8,6 +8,7 @@ set -euo pipefail
 megaton=$(realpath "${1:-build/megaton}")
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+"$megaton" bench --cpu-info
 
 mapfile -t texts < <(find /usr/share/games/fortunes -type f ! -name '*.dat' ! -name '*.u8' | sort)
 "$megaton" preprocess --input "${texts[@]}" --doc-separator % --append-eod --output-prefix "$work/fortunes" \

@@ -14,6 +14,7 @@ mb=${2:-100}
 workers=${WORKERS:-2}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+"$megaton" bench --cpu-info
 
 /usr/bin/python3 - "$work" "$mb" <<'PY'
 import json, pathlib, re, sys

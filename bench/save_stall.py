@@ -71,6 +71,7 @@ def main():
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--work", help="scratch directory (default: a temporary one)")
     args = p.parse_args()
+    subprocess.run([args.megaton, "bench", "--cpu-info", "--threads", str(args.threads)], check=True)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(args.work or tmp)
         work.mkdir(parents=True, exist_ok=True)

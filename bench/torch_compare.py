@@ -76,6 +76,9 @@ def main() -> int:
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)
+    cpu = subprocess.run([args.megaton, "bench", "--cpu-info", "--threads", str(args.threads)],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    print(cpu)
     print(f"{args.model}: batch {args.batch}, seq_len {args.seq_len}, threads {args.threads}; "
           f"PyTorch {torch.__version__} eager fp32, plain attention (no SDPA), AdamW, no grad clipping")
     theirs = statistics.median(torch_tokens_per_s(MODELS[args.model], args.batch, args.seq_len,

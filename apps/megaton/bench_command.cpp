@@ -4,7 +4,9 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "gemm_shapes.h"
 #include "megaton/core/allocator.h"
+#include "megaton/core/cpu_info.h"
 #include "megaton/core/rng.h"
 #include "megaton/core/threads.h"
 #include "megaton/kernels/sgemm_ceiling.h"
@@ -63,15 +65,25 @@ void add_bench_command(CLI::App& app) {
   static std::string preset = "gpt2-124m";
   static int64_t batch = 4, seq_len = 256;
   static int steps = 5, threads = 0;
-  static bool json = false;
+  static bool json = false, gemm_shapes = false, cpu_only = false;
   cmd->add_option("--model", preset, "Model preset")->capture_default_str();
   cmd->add_option("--batch", batch, "Batch size")->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_option("--seq-len", seq_len, "Sequence length")->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_option("--steps", steps, "Timed steps (median reported)")->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_option("--threads", threads, "CPU threads (default: OMP_NUM_THREADS or all cores)");
   cmd->add_flag("--json", json, "Print one JSON line");
+  cmd->add_flag("--gemm-shapes", gemm_shapes,
+                "Instead of training steps, time each linear's forward / dgrad / wgrad GEMM at batch x seq-len rows");
+  cmd->add_flag("--cpu-info", cpu_only, "Only print the CPU line (model, features, threads) every benchmark starts with");
   cmd->callback([] {
     set_num_threads(threads);
+    const CpuInfo cpu = cpu_info();
+    if (!json || cpu_only) std::printf("cpu: %s, %d threads\n", describe(cpu).c_str(), num_threads());
+    if (cpu_only) return;
+    if (gemm_shapes) {
+      print_gemm_shapes(models::preset(preset), batch * seq_len, steps, json);
+      return;
+    }
     BenchResult r = run_bench(preset, batch, seq_len, steps);
     nlohmann::json peak_mb;
     for (size_t c = 0; c < kNumMemCategories; ++c)
@@ -82,6 +94,7 @@ void add_bench_command(CLI::App& app) {
                                          {"batch", batch},
                                          {"seq_len", seq_len},
                                          {"threads", num_threads()},
+                                         {"cpu", {{"model", cpu.model}, {"features", cpu.features}}},
                                          {"step_s", r.step_s},
                                          {"tokens_per_s", r.tokens_per_s},
                                          {"achieved_gflops", r.gflops},

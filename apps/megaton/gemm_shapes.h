@@ -1,0 +1,16 @@
+// `megaton bench --gemm-shapes`: the GEMM rate of every linear shape a training step of a preset
+// runs (forward, input-gradient and weight-gradient GEMM of each layer kind), timed in isolation
+// with the model's own linear kernels, next to the square sgemm ceiling of the same run. Tells
+// whether a gap to the ceiling is in the GEMMs or in the elementwise work between them.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "megaton/models/transformer_config.h"
+
+namespace megaton::app {
+
+// Prints one line per (linear, pass) or, with json, one JSON object per line.
+void print_gemm_shapes(const models::TransformerConfig& cfg, int64_t tokens, int repeats, bool json);
+
+}  // namespace megaton::app
