@@ -1,9 +1,13 @@
-// Same config and seed -> bitwise-identical losses and weights; and the thread count does not
-// change the result either (kernels reduce over fixed chunks, never per-thread partials; the
-// OpenBLAS sgemm splits output tiles across threads but never the inner dimension).
+// Same config, seed and thread count -> bitwise-identical losses and weights. Across thread counts
+// Megaton's own kernels stay bitwise equal (they reduce over fixed chunks, never per-thread
+// partials; each kernel test checks 1 vs 2 threads), but OpenBLAS's sgemm does not on every CPU:
+// on an AVX2 Zen 3 its 1- and 2-thread results differ in the last bits for every GEMM shape of
+// these models, while on an AVX-512 Zen 4 they were equal. So 1 vs 2 threads must agree to fp32
+// rounding (a race or a thread-dependent bug is many orders of magnitude larger), not bitwise.
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -34,10 +38,26 @@ std::map<std::string, Tensor> train_run(const std::string& data, const std::stri
            "model.num_attention_heads=6", "model.num_query_groups=" + std::string(preset == "gpt-tiny" ? "6" : "2"),
            "data.data_path=\"" + data + "\"", "training.micro_batch_size=4", "training.global_batch_size=8",
            "training.seq_length=32", "training.train_iters=6", "training.threads=" + std::to_string(threads),
-           "optimizer.lr_warmup_iters=2", "logging.run_dir=\"" + run_dir + "\"", "logging.peak_tflops=1.0"});
+           "optimizer.lr=1e-4", "optimizer.lr_warmup_iters=2", "logging.run_dir=\"" + run_dir + "\"", "logging.peak_tflops=1.0"});
   train::Trainer(cfg).run();
   losses = losses_of(run_dir + "/metrics.jsonl");
   return ckpt::load_safetensors(run_dir + "/final/model.safetensors");
+}
+
+// Every |a - b| within tol (NaN-proof: a non-finite difference fails).
+void expect_close(const std::map<std::string, Tensor>& a, const std::map<std::string, Tensor>& b, double tol) {
+  ASSERT_EQ(a.size(), b.size());
+  for (const auto& [name, t] : a) {
+    ASSERT_TRUE(b.count(name)) << name;
+    const float* x = t.data<float>();
+    const float* y = b.at(name).data<float>();
+    double diff = 0;
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      const double d = std::abs(double(x[i]) - double(y[i]));
+      if (!(d <= diff)) diff = d;  // a NaN difference sticks
+    }
+    EXPECT_TRUE(diff <= tol) << name << ": max difference " << diff << ", allowed " << tol;
+  }
 }
 
 void expect_bitwise_equal(const std::map<std::string, Tensor>& a, const std::map<std::string, Tensor>& b) {
@@ -52,7 +72,7 @@ void expect_bitwise_equal(const std::map<std::string, Tensor>& a, const std::map
 
 class Determinism : public ::testing::TestWithParam<std::string> {};
 
-TEST_P(Determinism, SameSeedTwiceAndOneVsTwoThreadsAreBitwiseEqual) {
+TEST_P(Determinism, SameSeedTwiceIsBitwiseEqualAndOneVsTwoThreadsAgreeToRounding) {
   TempDir dir;
   megaton::testing::write_byte_dataset(dir.file("data"), 200);
   std::vector<double> l1, l2, l3;
@@ -63,8 +83,12 @@ TEST_P(Determinism, SameSeedTwiceAndOneVsTwoThreadsAreBitwiseEqual) {
   EXPECT_LT(l1.back(), l1.front());  // it learns
   EXPECT_EQ(l1, l2);
   expect_bitwise_equal(w1, w2);
-  EXPECT_EQ(l1, l3);
-  expect_bitwise_equal(w1, w3);
+  ASSERT_EQ(l1.size(), l3.size());
+  for (size_t i = 0; i < l1.size(); ++i) EXPECT_NEAR(l1[i], l3[i], 1e-5 * std::abs(l1[i])) << "step " << i + 1;
+  // Adam moves a weight by up to ~lr per step whatever the gradient's size, so an element whose
+  // gradient is near zero can take a different step from a last-bit difference: allow 5% of the
+  // largest possible movement (a wrong or racy gradient moves weights by up to all of it).
+  expect_close(w1, w3, 0.05 * 1e-4 * 6);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, Determinism, ::testing::Values("gpt-tiny", "llama-tiny"));

@@ -59,6 +59,29 @@ Tensor Tensor::view(Shape shape) const {
   return t;
 }
 
+Tensor Tensor::window(int64_t offset, Shape shape, std::string name) const {
+  const int64_t n = shape_numel(shape);
+  if (offset < 0 || offset > numel_ || n > numel_ - offset)
+    fail("window of ", shape_str(shape), " at element ", offset, " lies outside tensor '", name_, "' of ",
+         numel_, " elements");
+  Tensor t = *this;
+  t.offset_ = offset_ + offset;
+  t.numel_ = n;
+  t.shape_ = std::move(shape);
+  t.name_ = std::move(name);
+  return t;
+}
+
+Tensor Tensor::slice_rows(int64_t begin, int64_t end) const {
+  const int64_t rows = size(0);
+  if (begin < 0 || begin > end || end > rows)
+    fail("rows [", begin, ", ", end, ") out of range for tensor '", name_, "' of shape ", shape_str(shape_));
+  Shape shape = shape_;
+  shape[0] = end - begin;
+  const int64_t row_elems = rows ? numel_ / rows : 0;
+  return window(begin * row_elems, std::move(shape), name_);
+}
+
 Tensor Tensor::clone(MemCategory cat) const {
   Tensor t = empty(shape_, dtype_, cat, name_);
   if (nbytes()) std::memcpy(t.raw(), raw(), nbytes());

@@ -1,5 +1,7 @@
 // One Tensor type: shape + dtype tag over contiguous host storage obtained from the accounting
-// allocator. Copies share storage (like torch); clone() copies the bytes.
+// allocator. Copies share storage (like torch); clone() copies the bytes. A tensor may be a
+// contiguous window of its storage (an element offset plus its own shape): row slices and the
+// per-parameter views into flat gradient / weight buffers.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -49,7 +51,12 @@ class Tensor {
   void set_name(std::string n) { name_ = std::move(n); }
   MemCategory category() const;
 
-  void* raw() const { return storage_ ? storage_->data() : nullptr; }
+  void* raw() const {
+    return storage_ ? static_cast<char*>(storage_->data()) + offset_ * static_cast<int64_t>(dtype_size(dtype_))
+                    : nullptr;
+  }
+  int64_t storage_offset() const { return offset_; }  // in elements
+  bool shares_storage_with(const Tensor& other) const { return storage_ && storage_ == other.storage_; }
   // Typed access; throws naming the tensor if T does not match the dtype tag.
   template <typename T>
   T* data() const {
@@ -60,6 +67,11 @@ class Tensor {
 
   // Same storage, new shape with the same element count.
   Tensor view(Shape shape) const;
+  // Same storage: `shape` laid out from element `offset` of this tensor (flattened); the window
+  // must lie inside this tensor. The view is named `name` (for errors and checkpoints).
+  Tensor window(int64_t offset, Shape shape, std::string name) const;
+  // Same storage: rows [begin, end) along dimension 0.
+  Tensor slice_rows(int64_t begin, int64_t end) const;
   Tensor clone(MemCategory cat) const;
   void zero_();
   // Converting copy of every element (f32/f64/bf16/f16 and integer types); shapes must agree.
@@ -73,6 +85,7 @@ class Tensor {
   std::shared_ptr<Storage> storage_;
   Shape shape_;
   int64_t numel_ = 0;
+  int64_t offset_ = 0;  // elements from the start of storage_
   DType dtype_ = DType::F32;
   std::string name_;
 };

@@ -8,8 +8,8 @@
 namespace megaton::nn {
 
 SelfAttention::SelfAttention(const std::string& name, AttentionShape shape, bool bias, const RopeTables* rope)
-    : qkv(name + ".linear_qkv", shape.hidden, shape.qkv_size(), bias),
-      proj(name + ".linear_proj", shape.q_size(), shape.hidden, bias),
+    : qkv(name + ".linear_qkv", shape.hidden, shape.qkv_size(), bias, LinearParallel::Column),
+      proj(name + ".linear_proj", shape.q_size(), shape.hidden, bias, LinearParallel::Row),
       shape_(shape),
       rope_(rope),
       scale_(1.0 / std::sqrt(static_cast<double>(shape.head_dim))) {}

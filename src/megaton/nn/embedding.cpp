@@ -6,7 +6,9 @@
 namespace megaton::nn {
 
 Embedding::Embedding(int64_t vocab, int64_t hidden, int64_t max_positions, bool learned_positions)
-    : word("embedding.word_embeddings.weight", {vocab, hidden}, false), vocab_(vocab), hidden_(hidden) {
+    : word("embedding.word_embeddings.weight", {vocab, hidden}, false, ShardSpec::tensor_parallel(0)),
+      vocab_(vocab),
+      hidden_(hidden) {
   if (learned_positions) position = Parameter("embedding.position_embeddings.weight", {max_positions, hidden}, false);
 }
 
@@ -28,6 +30,9 @@ Tensor Embedding::forward(const Tensor& tokens, int64_t pos_offset) {
 void Embedding::backward_weight(const Tensor& tokens, const Tensor& dy) {
   kernels::embedding_backward(word.grad.data<float>(), position.grad.defined() ? position.grad.data<float>() : nullptr,
                               dy.data<float>(), tokens.data<int32_t>(), tokens.size(0), tokens.size(1), hidden_);
+  // Reverse order of registration (the gradient buffer's order): positions, then words.
+  if (position.grad.defined()) position.grad_accumulated();
+  word.grad_accumulated();
 }
 
 void Embedding::parameters(ParameterList& out) {

@@ -10,9 +10,15 @@ Tensor new_activation(Shape shape, const std::string& name) {
   return Tensor::empty(std::move(shape), DType::F32, MemCategory::Activations, name);
 }
 
-Linear::Linear(const std::string& name, int64_t in_features, int64_t out_features, bool has_bias)
-    : weight(name + ".weight", {out_features, in_features}, true), in_(in_features), out_(out_features) {
-  if (has_bias) bias = Parameter(name + ".bias", {out_features}, false);
+Linear::Linear(const std::string& name, int64_t in_features, int64_t out_features, bool has_bias,
+               LinearParallel parallel)
+    : weight(name + ".weight", {out_features, in_features}, true,
+             ShardSpec::tensor_parallel(parallel == LinearParallel::Column ? 0 : 1)),
+      in_(in_features),
+      out_(out_features) {
+  if (has_bias)
+    bias = Parameter(name + ".bias", {out_features}, false,
+                     parallel == LinearParallel::Column ? ShardSpec::tensor_parallel(0) : ShardSpec::replicate());
 }
 
 Tensor Linear::forward(LinearCtx& ctx, const Tensor& x) {
@@ -38,6 +44,9 @@ void Linear::backward_weight(LinearCtx& ctx) {
   const int64_t N = rows_of(ctx.dy);
   kernels::linear_backward_weight(weight.grad.data<float>(), bias.grad.defined() ? bias.grad.data<float>() : nullptr,
                                   ctx.dy.data<float>(), ctx.x.data<float>(), N, in_, out_);
+  // Reverse order of registration (the gradient buffer's order): bias, then weight.
+  if (bias.grad.defined()) bias.grad_accumulated();
+  weight.grad_accumulated();
   ctx = {};
 }
 

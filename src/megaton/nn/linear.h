@@ -10,9 +10,13 @@ struct LinearCtx {
   Tensor dy;  // output gradient, saved by backward_input for backward_weight
 };
 
+// Megatron's split of a linear over the tensor-parallel group: Column splits the output features
+// (weight and bias along dim 0), Row the input features (weight along dim 1, bias replicated).
+enum class LinearParallel { Column, Row };
+
 class Linear {
  public:
-  Linear(const std::string& name, int64_t in_features, int64_t out_features, bool bias);
+  Linear(const std::string& name, int64_t in_features, int64_t out_features, bool bias, LinearParallel parallel);
   Tensor forward(LinearCtx& ctx, const Tensor& x);           // x [N, in] -> [N, out]
   Tensor backward_input(LinearCtx& ctx, const Tensor& dy);   // -> dx [N, in]
   void backward_weight(LinearCtx& ctx);                      // dW += dy^T x, db += sum dy; frees ctx

@@ -5,8 +5,8 @@
 namespace megaton::nn {
 
 Mlp::Mlp(const std::string& name, int64_t hidden, int64_t ffn_hidden, bool swiglu, bool bias)
-    : fc1(name + ".linear_fc1", hidden, swiglu ? 2 * ffn_hidden : ffn_hidden, bias),
-      fc2(name + ".linear_fc2", ffn_hidden, hidden, bias),
+    : fc1(name + ".linear_fc1", hidden, swiglu ? 2 * ffn_hidden : ffn_hidden, bias, LinearParallel::Column),
+      fc2(name + ".linear_fc2", ffn_hidden, hidden, bias, LinearParallel::Row),
       ffn_(ffn_hidden),
       swiglu_(swiglu) {}
 

@@ -49,6 +49,9 @@ void Norm::backward_weight(NormCtx& ctx) {
     kernels::layernorm_backward_weight(weight.grad.data<float>(), bias.grad.data<float>(), ctx.dy.data<float>(),
                                        ctx.x.data<float>(), ctx.mean.data<float>(), ctx.rstd.data<float>(), N,
                                        hidden_);
+  // Reverse order of registration (the gradient buffer's order): bias, then weight.
+  if (bias.grad.defined()) bias.grad_accumulated();
+  weight.grad_accumulated();
   ctx = {};
 }
 

@@ -15,7 +15,10 @@ constexpr int64_t kChunkRows = 256;
 }  // namespace
 
 OutputHead::OutputHead(int64_t hidden, int64_t vocab, Parameter* tied) : hidden_(hidden), vocab_(vocab), tied_(tied) {
-  if (!tied) own_ = Parameter("output_layer.weight", {vocab, hidden}, true);
+  if (tied)
+    ++tied->uses;  // the embedding's gradient is final only after both the head and the embedding added theirs
+  else
+    own_ = Parameter("output_layer.weight", {vocab, hidden}, true, ShardSpec::tensor_parallel(0));
 }
 
 int64_t count_targets(const int32_t* targets, int64_t n) {
@@ -46,6 +49,7 @@ LossSum OutputHead::run(const Tensor& x, const int32_t* targets, float grad_scal
     kernels::linear_backward_input(dx->data<float>() + r0 * hidden_, lg, w.value.data<float>(), n, hidden_, vocab_);
     kernels::linear_backward_weight(w.grad.data<float>(), static_cast<float*>(nullptr), lg, xr, n, hidden_, vocab_);
   }
+  if (dx) w.grad_accumulated();
   return total;
 }
 

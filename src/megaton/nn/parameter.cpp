@@ -2,11 +2,12 @@
 
 namespace megaton::nn {
 
-Parameter::Parameter(std::string n, Shape shape, bool decay)
+Parameter::Parameter(std::string n, Shape shape, bool decay, ShardSpec shard_spec)
     : name(std::move(n)),
       value(Tensor::zeros(shape, DType::F32, MemCategory::Params, name)),
       grad(Tensor::zeros(shape, DType::F32, MemCategory::Grads, name + ".grad")),
-      weight_decay(decay) {}
+      weight_decay(decay),
+      shard(shard_spec) {}
 
 void zero_grads(const ParameterList& params) {
   for (auto* p : params) p->grad.zero_();

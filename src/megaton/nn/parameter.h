@@ -1,5 +1,8 @@
-// A trainable parameter: fp32 value (the master weight) and its fp32 gradient accumulator.
+// A trainable parameter as Megatron keeps it: an fp32 main weight and an fp32 main gradient
+// accumulator (both views into the flat ParamAndGradBuffer once the model is wrapped in one), the
+// weight-decay flag, and how the parameter is sharded across a parallel group.
 #pragma once
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -7,14 +10,42 @@
 
 namespace megaton::nn {
 
+// Which process group a parameter is split over. Only Tensor (tensor-model-parallel) exists in
+// the model code today; every group has size 1 until distributed training lands.
+enum class ParallelGroup : uint8_t { None, Tensor };
+
+// How a parameter's global tensor is cut into the per-rank shards: along partition_dim over
+// `group`, or replicated (partition_dim -1). Megatron's ColumnParallelLinear splits its weight
+// and bias along dim 0 (output features), RowParallelLinear its weight along dim 1 (input
+// features) with a replicated bias; the vocab-parallel embedding and head along dim 0. Optimizers,
+// checkpoints and the planner read this instead of knowing each model.
+struct ShardSpec {
+  int partition_dim = -1;
+  ParallelGroup group = ParallelGroup::None;
+
+  bool replicated() const { return partition_dim < 0; }
+  static ShardSpec replicate() { return {}; }
+  static ShardSpec tensor_parallel(int dim) { return {dim, ParallelGroup::Tensor}; }
+};
+
 struct Parameter {
-  std::string name;           // HF-style name, e.g. "model.layers.0.self_attn.q_proj.weight"
-  Tensor value;               // MemCategory::Params
-  Tensor grad;                // MemCategory::Grads, same shape, accumulated by backward
+  std::string name;           // Megatron-style name, e.g. "decoder.layers.0.self_attention.linear_qkv.weight"
+  Tensor value;               // fp32 main weight, MemCategory::Params
+  Tensor grad;                // fp32 main grad, MemCategory::Grads, same shape, accumulated by backward-W
   bool weight_decay = true;   // false for norms, biases and embeddings by default
+  ShardSpec shard;
+  // Modules that accumulate into `grad` per micro-batch: 2 for a word embedding tied to the output
+  // head. The gradient buffer waits for all of them before it calls this gradient final.
+  int uses = 1;
+  // Set by the gradient buffer; called through grad_accumulated().
+  std::function<void(Parameter&)> grad_hook;
 
   Parameter() = default;
-  Parameter(std::string n, Shape shape, bool decay);
+  Parameter(std::string n, Shape shape, bool decay, ShardSpec shard_spec = {});
+  // Backward-W calls this right after it has added one micro-batch's gradient to `grad`.
+  void grad_accumulated() {
+    if (grad_hook) grad_hook(*this);
+  }
 };
 
 using ParameterList = std::vector<Parameter*>;

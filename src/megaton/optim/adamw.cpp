@@ -5,7 +5,7 @@
 
 namespace megaton::optim {
 
-AdamW::AdamW(nn::ParameterList params, AdamWConfig config) : params_(std::move(params)), config_(config) {
+void AdamW::check_config_and_names() const {
   MEGATON_CHECK(config_.beta1 >= 0 && config_.beta1 < 1, "AdamW beta1 must be in [0, 1), got ", config_.beta1);
   MEGATON_CHECK(config_.beta2 >= 0 && config_.beta2 < 1, "AdamW beta2 must be in [0, 1), got ", config_.beta2);
   MEGATON_CHECK(config_.eps >= 0, "AdamW eps must be >= 0, got ", config_.eps);
@@ -16,8 +16,40 @@ AdamW::AdamW(nn::ParameterList params, AdamWConfig config) : params_(std::move(p
     // State is saved under the parameter's name, so two parameters may not share one.
     MEGATON_CHECK(names.insert(p->name).second, "AdamW given parameter '", p->name, "' twice");
     p->grad.expect_shape(p->value.shape());
+  }
+}
+
+AdamW::AdamW(nn::ParameterList params, AdamWConfig config) : params_(std::move(params)), config_(config) {
+  check_config_and_names();
+  for (nn::Parameter* p : params_) {
     exp_avg_.push_back(Tensor::zeros(p->value.shape(), DType::F32, MemCategory::Optimizer, p->name + ".exp_avg"));
     exp_avg_sq_.push_back(Tensor::zeros(p->value.shape(), DType::F32, MemCategory::Optimizer, p->name + ".exp_avg_sq"));
+    segments_.push_back({p->value, p->grad, exp_avg_.back(), exp_avg_sq_.back(), p->weight_decay});
+  }
+}
+
+AdamW::AdamW(const nn::ParamAndGradBuffer& buffer, AdamWConfig config) : params_(buffer.params()), config_(config) {
+  check_config_and_names();
+  const int64_t total = buffer.weights().numel();
+  const Tensor m = Tensor::zeros({total}, DType::F32, MemCategory::Optimizer, "exp_avg_buffer");
+  const Tensor v = Tensor::zeros({total}, DType::F32, MemCategory::Optimizer, "exp_avg_sq_buffer");
+  for (nn::Parameter* p : params_) {
+    const int64_t off = buffer.offset_of(*p);
+    exp_avg_.push_back(m.window(off, p->value.shape(), p->name + ".exp_avg"));
+    exp_avg_sq_.push_back(v.window(off, p->value.shape(), p->name + ".exp_avg_sq"));
+  }
+  // Runs of neighbours with the same decay flag, each reaching to the next run's start: the
+  // alignment gaps in between hold zero weights and zero grads, which the update keeps at zero.
+  for (size_t i = 0; i < params_.size();) {
+    size_t j = i + 1;
+    while (j < params_.size() && params_[j]->weight_decay == params_[i]->weight_decay) ++j;
+    const int64_t begin = buffer.offset_of(*params_[i]);
+    const int64_t end = j < params_.size() ? buffer.offset_of(*params_[j]) : total;
+    const std::string what = "adamw run from " + params_[i]->name;
+    segments_.push_back({buffer.weights().window(begin, {end - begin}, what),
+                         buffer.grads().window(begin, {end - begin}, what), m.window(begin, {end - begin}, what),
+                         v.window(begin, {end - begin}, what), params_[i]->weight_decay});
+    i = j;
   }
 }
 
@@ -34,14 +66,13 @@ void AdamW::step(double lr, double grad_scale) {
   const bool scaled = grad_scale != 1.0;
   const float neg_step_size = static_cast<float>(-lr / (1.0 - std::pow(config_.beta1, static_cast<double>(t))));
   const float bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(config_.beta2, static_cast<double>(t))));
-  for (size_t i = 0; i < params_.size(); ++i) {
-    nn::Parameter& p = *params_[i];
-    const float decay = p.weight_decay ? static_cast<float>(1.0 - lr * config_.weight_decay) : 1.0f;
-    float* w = p.value.data<float>();
-    const float* g = p.grad.data<float>();
-    float* m = exp_avg_[i].data<float>();
-    float* v = exp_avg_sq_[i].data<float>();
-    const int64_t n = p.value.numel();
+  for (const Segment& s : segments_) {
+    const float decay = s.decay ? static_cast<float>(1.0 - lr * config_.weight_decay) : 1.0f;
+    float* w = s.w.data<float>();
+    const float* g = s.g.data<float>();
+    float* m = s.m.data<float>();
+    float* v = s.v.data<float>();
+    const int64_t n = s.w.numel();
     // Elementwise, so the result does not depend on how elements are split across threads.
 #pragma omp parallel for schedule(static) if (n >= 4096)
     for (int64_t j = 0; j < n; ++j) {

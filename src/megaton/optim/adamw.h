@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "megaton/core/tensor.h"
+#include "megaton/nn/param_and_grad_buffer.h"
 #include "megaton/nn/parameter.h"
 
 namespace megaton::optim {
@@ -35,6 +36,10 @@ class AdamW {
   // Allocates zeroed fp32 moments (MemCategory::Optimizer) for every parameter up front, so the
   // memory accounting sees the optimizer's footprint before the first step.
   AdamW(nn::ParameterList params, AdamWConfig config);
+  // Over a model's flat buffers: the moments are flat buffers of the same layout (per-parameter
+  // views keep the checkpoint names), and each step runs over a few long contiguous runs of
+  // parameters that share a weight-decay flag instead of one loop per parameter.
+  AdamW(const nn::ParamAndGradBuffer& buffer, AdamWConfig config);
 
   // grad_scale multiplies every gradient first (the clipping coefficient, see clip_coefficient):
   // rounding is identical to scaling the grads in place and then stepping.
@@ -43,6 +48,7 @@ class AdamW {
   const AdamWConfig& config() const { return config_; }
   const nn::ParameterList& params() const { return params_; }
 
+  // Moments of params()[i].
   const Tensor& exp_avg(size_t i) const { return exp_avg_.at(i); }
   const Tensor& exp_avg_sq(size_t i) const { return exp_avg_sq_.at(i); }
 
@@ -55,10 +61,19 @@ class AdamW {
   void load_state(const std::map<std::string, Tensor>& tensors, int64_t step);
 
  private:
+  // A contiguous run of elements updated with one weight-decay setting: views of the weights,
+  // grads and both moments over the same elements.
+  struct Segment {
+    Tensor w, g, m, v;
+    bool decay;
+  };
+  void check_config_and_names() const;
+
   nn::ParameterList params_;
   AdamWConfig config_;
-  std::vector<Tensor> exp_avg_;
+  std::vector<Tensor> exp_avg_;     // per parameter (views into the flat moments when over a buffer)
   std::vector<Tensor> exp_avg_sq_;
+  std::vector<Segment> segments_;
   int64_t steps_ = 0;
 };
 

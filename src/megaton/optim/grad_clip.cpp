@@ -19,10 +19,16 @@ struct Chunk {
 }  // namespace
 
 double global_grad_norm(const nn::ParameterList& params) {
+  std::vector<Tensor> grads;
+  for (const nn::Parameter* p : params) grads.push_back(p->grad);
+  return global_norm(grads);
+}
+
+double global_norm(const std::vector<Tensor>& grads) {
   std::vector<Chunk> chunks;
-  for (const nn::Parameter* p : params) {
-    const float* g = p->grad.data<float>();
-    const int64_t n = p->grad.numel();
+  for (const Tensor& grad : grads) {
+    const float* g = grad.data<float>();
+    const int64_t n = grad.numel();
     for (int64_t off = 0; off < n; off += kChunk) chunks.push_back({g + off, std::min(kChunk, n - off)});
   }
   std::vector<double> partial(chunks.size());

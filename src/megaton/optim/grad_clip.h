@@ -1,5 +1,7 @@
 // Global gradient-norm clipping with torch.nn.utils.clip_grad_norm_ semantics.
 #pragma once
+#include <vector>
+
 #include "megaton/nn/parameter.h"
 
 namespace megaton::optim {
@@ -9,6 +11,9 @@ namespace megaton::optim {
 // NaN when any grad is NaN and +inf when any is infinite, so one check of std::isfinite on the result
 // tells the trainer whether to skip the step.
 double global_grad_norm(const nn::ParameterList& params);
+// The same over any fp32 gradient tensors, e.g. one flat ParamAndGradBuffer::grads() (its alignment
+// gaps are zero and add nothing).
+double global_norm(const std::vector<Tensor>& grads);
 
 // Returns the pre-clip global norm. When max_norm > 0 and the norm is finite, multiplies every grad by
 // clamp(max_norm / (norm + 1e-6), max 1) as PyTorch does (so grads shrink only when the norm exceeds

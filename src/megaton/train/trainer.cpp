@@ -25,6 +25,10 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
+// Elements per gradient bucket: Megatron's default (--ddp-bucket-size, 40M). Buckets matter once
+// data-parallel reductions overlap backward; a single process just keeps the layout.
+constexpr int64_t kGradBucketSize = 40'000'000;
+
 std::string format_duration(double seconds) {
   const auto s = static_cast<int64_t>(seconds);
   char buf[32];
@@ -69,8 +73,9 @@ Trainer::Trainer(TrainConfig config, RunOptions options)
     model_ = std::make_unique<models::TransformerModel>(cfg_.model);
     model_->init_weights(static_cast<uint64_t>(cfg_.seed));
   }
+  grad_buffer_ = std::make_unique<nn::ParamAndGradBuffer>(model_->parameters(), kGradBucketSize);
   optimizer_ = std::make_unique<optim::AdamW>(
-      model_->parameters(),
+      *grad_buffer_,
       optim::AdamWConfig{cfg_.lr, cfg_.adam_beta1, cfg_.adam_beta2, cfg_.adam_eps, cfg_.weight_decay});
   schedule_ = {cfg_.lr, cfg_.min_lr, cfg_.lr_warmup_iters, cfg_.lr_decay_iters,
                optim::lr_decay_style_from_name(cfg_.lr_decay_style)};
@@ -111,7 +116,7 @@ void Trainer::resume(const std::string& from) {
 Trainer::StepResult Trainer::forward_backward(int64_t step, int64_t first_sample) {
   const auto t0 = Clock::now();
   const int64_t mbs = cfg_.micro_batch_size, T = cfg_.seq_length, accum = cfg_.grad_accum_steps();
-  nn::zero_grads(model_->parameters());
+  grad_buffer_->begin_step(accum);
   double loss = 0;
   if (!loader_ || loader_position_ != first_sample) {
     loader_.reset();  // stop the old workers before the new loader starts its own
@@ -132,19 +137,18 @@ Trainer::StepResult Trainer::forward_backward(int64_t step, int64_t first_sample
     loss += model_->forward(ctx, inputs, targets, true, 1.0f / static_cast<float>(accum)).loss / accum;
     model_->backward(ctx);
   }
+  grad_buffer_->end_step();
   if (faults_.fire(Fault::Nan, step)) {
     model_->parameters().front()->grad.data<float>()[0] = std::nanf("");
     loss = std::nan("");
   }
   if (faults_.fire(Fault::Spike, step)) {
     constexpr float kSpike = 10.0f;
-    for (nn::Parameter* p : model_->parameters()) {
-      float* g = p->grad.data<float>();
-      for (int64_t i = 0; i < p->grad.numel(); ++i) g[i] *= kSpike;
-    }
+    float* g = grad_buffer_->grads().data<float>();
+    for (int64_t i = 0; i < grad_buffer_->grads().numel(); ++i) g[i] *= kSpike;
     loss *= kSpike;
   }
-  const double grad_norm = optim::global_grad_norm(model_->parameters());
+  const double grad_norm = optim::global_norm({grad_buffer_->grads()});
   return {loss, grad_norm, std::chrono::duration<double>(Clock::now() - t0).count()};
 }
 

@@ -67,6 +67,9 @@ class Trainer {
   std::unique_ptr<data::DataLoader> loader_;
   int64_t loader_position_ = -1;
   std::unique_ptr<models::TransformerModel> model_;
+  // The model's weights and grads as flat buffers (declared after model_: it unhooks the model's
+  // parameters when destroyed, so it must go first).
+  std::unique_ptr<nn::ParamAndGradBuffer> grad_buffer_;
   std::unique_ptr<optim::AdamW> optimizer_;
   optim::LRSchedule schedule_;
   std::unique_ptr<MetricsLog> metrics_;

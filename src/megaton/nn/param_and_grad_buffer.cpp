@@ -1,0 +1,92 @@
+#include "megaton/nn/param_and_grad_buffer.h"
+
+#include <set>
+
+namespace megaton::nn {
+
+namespace {
+int64_t align_up(int64_t n, int64_t a) { return (n + a - 1) / a * a; }
+}  // namespace
+
+ParamAndGradBuffer::ParamAndGradBuffer(const ParameterList& params, int64_t bucket_size)
+    : params_(params.rbegin(), params.rend()) {
+  std::set<const Parameter*> seen;
+  int64_t total = 0;
+  GradBucket bucket;
+  for (Parameter* p : params_) {
+    MEGATON_CHECK(p != nullptr && p->value.defined(), "gradient buffer given an undefined parameter");
+    MEGATON_CHECK(seen.insert(p).second, "gradient buffer given parameter '", p->name, "' twice");
+    MEGATON_CHECK(p->value.dtype() == DType::F32, "parameter '", p->name, "' main weight must be f32");
+    const int64_t offset = align_up(total, kAlignElements);
+    if (!bucket.params.empty() && bucket_size > 0 && offset - bucket.offset >= bucket_size) {
+      bucket.numel = offset - bucket.offset;
+      buckets_.push_back(std::move(bucket));
+      bucket = GradBucket{offset, 0, {}};
+    }
+    offsets_.push_back(offset);
+    bucket_of_.push_back(buckets_.size());
+    bucket.params.push_back(p);
+    total = offset + p->value.numel();
+  }
+  total = align_up(total, kAlignElements);
+  bucket.numel = total - bucket.offset;
+  if (!bucket.params.empty()) buckets_.push_back(std::move(bucket));
+
+  weights_ = Tensor::zeros({total}, DType::F32, MemCategory::Params, "param_buffer");
+  grads_ = Tensor::zeros({total}, DType::F32, MemCategory::Grads, "grad_buffer");
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Parameter& p = *params_[i];
+    Tensor w = weights_.window(offsets_[i], p.value.shape(), p.name);
+    w.copy_from(p.value);
+    p.value = w;
+    p.grad = grads_.window(offsets_[i], p.value.shape(), p.name + ".grad");
+    p.grad_hook = [this, i](Parameter&) { report_index(i); };
+  }
+  fired_.assign(buckets_.size(), false);
+}
+
+ParamAndGradBuffer::~ParamAndGradBuffer() {
+  for (Parameter* p : params_) p->grad_hook = nullptr;
+}
+
+int64_t ParamAndGradBuffer::offset_of(const Parameter& p) const {
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (params_[i] == &p) return offsets_[i];
+  fail("parameter '", p.name, "' is not in this gradient buffer");
+}
+
+void ParamAndGradBuffer::begin_step(int64_t microbatches) {
+  MEGATON_CHECK(microbatches > 0, "a step needs at least one micro-batch, got ", microbatches);
+  grads_.zero_();
+  microbatches_ = microbatches;
+  reports_left_.resize(params_.size());
+  for (size_t i = 0; i < params_.size(); ++i) reports_left_[i] = params_[i]->uses * microbatches;
+  params_left_.assign(buckets_.size(), 0);
+  for (size_t b = 0; b < buckets_.size(); ++b) params_left_[b] = static_cast<int64_t>(buckets_[b].params.size());
+  fired_.assign(buckets_.size(), false);
+  armed_ = true;
+}
+
+void ParamAndGradBuffer::report_index(size_t i) {
+  if (!armed_) return;  // backward outside a training step (evaluation of gradients, tests)
+  if (reports_left_[i] == 0)
+    fail("gradient of '", params_[i]->name, "' accumulated again after it was final (uses ", params_[i]->uses,
+         " per micro-batch)");
+  if (--reports_left_[i] > 0) return;
+  const size_t b = bucket_of_[i];
+  if (--params_left_[b] > 0) return;
+  fired_[b] = true;
+  if (ready_callback_) ready_callback_(b);
+}
+
+void ParamAndGradBuffer::end_step() {
+  if (!armed_) return;
+  armed_ = false;
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (reports_left_[i] != 0)
+      fail("gradient of '", params_[i]->name, "' is missing ", reports_left_[i], " of its ",
+           params_[i]->uses * microbatches_, " accumulations at the end of the step (", params_[i]->uses,
+           " per micro-batch), so bucket ", bucket_of_[i], " never became ready");
+}
+
+}  // namespace megaton::nn

@@ -1,0 +1,74 @@
+// Megatron's DistributedDataParallel layout: every parameter's fp32 main weight and fp32 main
+// gradient live in two flat buffers, and each Parameter's `value` / `grad` is a view into them.
+//
+// Parameters are laid out in reverse order of registration (= reverse order of use in forward),
+// because backward finishes them in that order, and the buffer is cut into buckets of at least
+// `bucket_size` elements. During the last micro-batch of a step, a bucket is announced "ready"
+// (the callback fires with its index) as soon as every gradient in it is final, which is when a
+// data-parallel reduction of that bucket can start while backward goes on with earlier layers.
+// The optimizer and the grad norm run over the flat buffers.
+//
+// A gradient is final when each module that uses the parameter (Parameter::uses) has called
+// Parameter::grad_accumulated() once per micro-batch of the step. The buffer checks that every
+// bucket fires exactly once per step and that no gradient is reported more often than that.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "megaton/nn/parameter.h"
+
+namespace megaton::nn {
+
+struct GradBucket {
+  int64_t offset = 0;              // first element in the flat buffers
+  int64_t numel = 0;               // elements, padding included
+  std::vector<Parameter*> params;  // in buffer order
+};
+
+class ParamAndGradBuffer {
+ public:
+  // Each parameter's start is aligned to kAlignElements (64 bytes of fp32), so every view is
+  // aligned for vector loads; the gaps are zero in both buffers.
+  static constexpr int64_t kAlignElements = 16;
+
+  // Moves every parameter's value into the weight buffer (copying it), re-points value and grad at
+  // views, zeroes the gradients and hooks each parameter's grad_accumulated(). bucket_size <= 0:
+  // one bucket for everything. The parameters must outlive the buffer.
+  ParamAndGradBuffer(const ParameterList& params, int64_t bucket_size);
+  ~ParamAndGradBuffer();
+  ParamAndGradBuffer(const ParamAndGradBuffer&) = delete;
+  ParamAndGradBuffer& operator=(const ParamAndGradBuffer&) = delete;
+
+  const Tensor& weights() const { return weights_; }  // [numel], MemCategory::Params
+  const Tensor& grads() const { return grads_; }      // [numel], MemCategory::Grads
+  const std::vector<GradBucket>& buckets() const { return buckets_; }
+  const ParameterList& params() const { return params_; }  // in buffer order
+  int64_t offset_of(const Parameter& p) const;              // element offset of p's view
+
+  // Called with a bucket's index when its gradients are final (during the step's last micro-batch).
+  void on_bucket_ready(std::function<void(size_t bucket)> callback) { ready_callback_ = std::move(callback); }
+  // Zeroes the gradients and arms readiness tracking for a step of `microbatches` micro-batches.
+  void begin_step(int64_t microbatches);
+  // Throws naming the first parameter whose gradient was not reported the expected number of times
+  // (so its bucket never fired), then disarms tracking.
+  void end_step();
+  bool bucket_fired(size_t bucket) const { return fired_.at(bucket); }
+
+ private:
+  void report_index(size_t i);  // params_[i] finished one accumulation
+
+  ParameterList params_;
+  Tensor weights_, grads_;
+  std::vector<GradBucket> buckets_;
+  std::vector<int64_t> offsets_;        // per params_ entry
+  std::vector<size_t> bucket_of_;       // per params_ entry
+  std::vector<int64_t> reports_left_;   // per params_ entry, during a step
+  std::vector<int64_t> params_left_;    // per bucket, during a step
+  std::vector<bool> fired_;             // per bucket, during a step
+  std::function<void(size_t)> ready_callback_;
+  int64_t microbatches_ = 0;
+  bool armed_ = false;
+};
+
+}  // namespace megaton::nn
