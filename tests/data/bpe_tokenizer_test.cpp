@@ -121,6 +121,22 @@ TEST(BpeTokenizer, Gpt2MergesEveryOccurrenceOfTheBestPairFirst) {
   EXPECT_EQ(tok->encode("ababa"), (Ids{256, 257}));
 }
 
+// Among equal ranks the leftmost pair merges first: encoder.py merges the occurrences of its best pair left
+// to right, and tiktoken keeps the first of equal ranks. In "aaa" the pair ("a", "a") occurs twice,
+// overlapping, so only one of them can merge; which one decides the tokens.
+TEST(BpeTokenizer, EqualRanksMergeLeftmostFirst) {
+  TempDir dir;
+  write_gpt2(dir, {{"a", "a"}, {"aa", "b"}});  // 256 "aa", 257 "aab"
+  const std::string tiktoken = write_tiktoken(dir, {"aa", "aab"});
+  for (const std::string spec : {"gpt2:" + dir.file(""), "tiktoken:" + tiktoken}) {
+    auto tok = make_tokenizer(spec);
+    EXPECT_EQ(tok->encode("aaa"), (Ids{256, 'a'})) << spec;  // not "a" "aa"
+    EXPECT_EQ(tok->encode("aaaaa"), (Ids{256, 256, 'a'})) << spec;
+    // The left merge leaves "a" "b", no pair; the right one would leave "aa" "b" to make "aab".
+    EXPECT_EQ(tok->encode("aaab"), (Ids{256, 'a', 'b'})) << spec;
+  }
+}
+
 // GPT-2 ranks pairs by merges.txt; tiktoken ranks a pair by the token it makes and takes a whole piece
 // that is a token as is. The same token set therefore encodes "abc" differently.
 TEST(BpeTokenizer, PairRanksVersusTokenRanks) {
@@ -244,15 +260,34 @@ TEST(BpeTokenizer, TiktokenDefaultsForAnUnknownFile) {
   EXPECT_EQ(tok->encode("12345"), (Ids{257, '4', '5'}));  // cl100k: digits in groups of three
 }
 
-// A file with Llama 3's 128000 ranks gets its 256 special tokens and <|end_of_text|> as eod.
-TEST(BpeTokenizer, TiktokenKnownFileByRankCount) {
-  TempDir dir;
-  std::vector<std::string> tokens;
-  for (int i = 0; tokens.size() < 128000 - 256; ++i)
-    tokens.push_back(std::string(1, static_cast<char>('a' + i % 26)) + std::to_string(i));
-  auto tok = make_tokenizer("tiktoken:" + write_tiktoken(dir, tokens));
-  EXPECT_EQ(tok->vocab_size(), 128256);
-  EXPECT_EQ(tok->eod(), 128001);
-  EXPECT_EQ(tok->decode(Ids{128000, 128001, 128009, 128255}),
-            "<|begin_of_text|><|end_of_text|><|eot_id|><|reserved_special_token_250|>");
+// A rank file is recognized by its rank count and gets that file's special tokens, the end-of-document
+// token among them: r50k_base / gpt2, p50k_base, cl100k_base, o200k_base and Llama 3 (vocabulary sizes as
+// tiktoken reports them).
+TEST(BpeTokenizer, TiktokenKnownFilesByRankCount) {
+  struct Known {
+    size_t ranks;
+    int64_t vocab_size;
+    Ids specials;  // the eod first
+    std::string text;
+  };
+  const std::vector<Known> files{
+      {50256, 50257, {50256}, "<|endoftext|>"},
+      {50280, 50281, {50280}, "<|endoftext|>"},
+      {100256, 100277, {100257, 100258, 100276}, "<|endoftext|><|fim_prefix|><|endofprompt|>"},
+      {199998, 200019, {199999, 200018}, "<|endoftext|><|endofprompt|>"},
+      {128000,
+       128256,
+       {128001, 128000, 128009, 128255},
+       "<|end_of_text|><|begin_of_text|><|eot_id|><|reserved_special_token_250|>"}};
+  for (const Known& known : files) {
+    SCOPED_TRACE(::testing::Message() << known.ranks << " ranks");
+    TempDir dir;
+    std::vector<std::string> tokens;
+    for (int i = 0; tokens.size() < known.ranks - 256; ++i)
+      tokens.push_back(std::string(1, static_cast<char>('a' + i % 26)) + std::to_string(i));
+    auto tok = make_tokenizer("tiktoken:" + write_tiktoken(dir, tokens));
+    EXPECT_EQ(tok->vocab_size(), known.vocab_size);
+    EXPECT_EQ(tok->eod(), known.specials.front());
+    EXPECT_EQ(tok->decode(known.specials), known.text);
+  }
 }

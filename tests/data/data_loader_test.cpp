@@ -70,8 +70,8 @@ TEST(DataLoader, ResumingAtAConsumedCountContinuesTheSameStream) {
 }
 
 TEST(DataLoader, DataParallelRanksSplitEveryGlobalMicroStep) {
-  const int64_t B = 4, dp = 3;
-  auto src = std::make_shared<CountingSource>(200, 2);
+  const int64_t B = 4, dp = 3, T = 2;
+  auto src = std::make_shared<CountingSource>(200, T);
   std::vector<std::vector<Batch>> per_rank;
   for (int64_t r = 0; r < dp; ++r) {
     DataLoader loader(src, options(B, r, dp, 24));
@@ -83,8 +83,11 @@ TEST(DataLoader, DataParallelRanksSplitEveryGlobalMicroStep) {
     std::vector<int64_t> joined;
     for (int64_t r = 0; r < dp; ++r) {
       ASSERT_EQ(per_rank[static_cast<size_t>(r)].size(), steps);
-      const auto& ids = per_rank[static_cast<size_t>(r)][k].sample_ids;
-      joined.insert(joined.end(), ids.begin(), ids.end());
+      const Batch& batch = per_rank[static_cast<size_t>(r)][k];
+      joined.insert(joined.end(), batch.sample_ids.begin(), batch.sample_ids.end());
+      // The rows are the samples the ids name (CountingSource's sample i starts with i * 1000).
+      for (int64_t b = 0; b < B; ++b)
+        ASSERT_EQ(batch.inputs[static_cast<size_t>(b * T)], batch.sample_ids[static_cast<size_t>(b)] * 1000);
     }
     std::vector<int64_t> want(static_cast<size_t>(B * dp));
     std::iota(want.begin(), want.end(), 24 + static_cast<int64_t>(k) * B * dp);

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <numeric>
 #include <random>
+#include <set>
 
 #include "../support/temp_dir.h"
 
@@ -57,15 +58,34 @@ void expect_windows_follow_the_indices(const GptDataset& ds) {
   for (int64_t i = 0; i < ds.size(); ++i) {
     ds.read(i, got.data());
     const int64_t start = ds.shuffle_index()[static_cast<size_t>(i)] * T;
+    ASSERT_LE(start + T + 1, std::ssize(stream)) << "sample " << i << " starts past the documents";
     ASSERT_TRUE(std::equal(got.begin(), got.end(), stream.begin() + start)) << "sample " << i;
   }
 }
 
-bool is_permutation_of(std::span<const int64_t> v, int64_t begin, int64_t end) {
-  std::vector<int64_t> sorted(v.begin(), v.end()), want(static_cast<size_t>(end - begin));
+template <typename T>
+bool is_permutation_of(std::span<const T> v, int64_t begin, int64_t end) {
+  std::vector<T> sorted(v.begin(), v.end()), want(static_cast<size_t>(end - begin));
   std::sort(sorted.begin(), sorted.end());
-  std::iota(want.begin(), want.end(), begin);
+  std::iota(want.begin(), want.end(), static_cast<T>(begin));
   return sorted == want;
+}
+
+std::set<int32_t> documents(int32_t first, int32_t last) {
+  std::set<int32_t> out;
+  for (int32_t d = first; d < last; ++d) out.insert(d);
+  return out;
+}
+
+// Whether the last epoch of the document index holds each of documents [first, last) once, as it does
+// when it is shuffled on its own (shuffled with the other epochs, it holds some twice and others not).
+bool last_epoch_holds_each_document_once(const GptDataset& ds, int64_t first, int64_t last) {
+  return is_permutation_of(ds.document_index().last(static_cast<size_t>(last - first)), first, last);
+}
+
+// Whether the first n reads are samples [0, n), as when the samples after the first n are shuffled apart.
+bool first_reads_are_the_first_samples(const GptDataset& ds, int64_t n) {
+  return is_permutation_of(ds.shuffle_index().first(static_cast<size_t>(n)), 0, n);
 }
 
 }  // namespace
@@ -83,6 +103,23 @@ TEST(GptDataset, OneEpochWindowsCrossDocumentBoundaries) {
   expect_windows_follow_the_indices(ds);
 }
 
+// The exact indices Megatron builds, for a case small enough to print: megatron_indices() of
+// tests/python/test_gpt_dataset_reference.py (numpy's RandomState) for these 10 documents, T = 4, seed
+// 1234, and 23 samples: two epochs of 18 samples, the second shuffled apart (5 < int(0.8 * 18)).
+TEST(GptDataset, MatchesMegatronsIndicesOnASmallCase) {
+  TempDir dir;
+  auto data = write_dataset(dir.file("d"), {7, 3, 12, 5, 9, 4, 11, 6, 8, 10});
+  GptDataset ds(data, Split::kTrain, {0, 10}, 23, config(4));
+  ASSERT_TRUE(ds.separate_final_epoch());
+  EXPECT_TRUE(std::ranges::equal(ds.document_index(),
+                                 std::vector<int32_t>{7, 2, 9, 1, 0, 8, 4, 5, 6, 3, 7, 3, 5, 1, 4, 8, 0, 2, 6, 9}));
+  EXPECT_TRUE(std::ranges::equal(ds.shuffle_index(),
+                                 std::vector<int64_t>{4,  13, 14, 17, 8,  1,  0,  9,  7,  3,  10, 6,  2,
+                                                      5,  12, 11, 16, 15, 26, 20, 32, 27, 24, 18, 22, 23,
+                                                      31, 36, 25, 33, 35, 28, 34, 21, 29, 19, 30}));
+  expect_windows_follow_the_indices(ds);
+}
+
 TEST(GptDataset, ShortFinalEpochIsShuffledSeparately) {
   TempDir dir;
   const auto lengths = random_lengths(40, 2);
@@ -95,16 +132,10 @@ TEST(GptDataset, ShortFinalEpochIsShuffledSeparately) {
   EXPECT_EQ(ds.num_epochs(), 3);
   ASSERT_TRUE(ds.separate_final_epoch());
   EXPECT_GE(ds.size(), 2 * per_epoch + 3);
-  // The last epoch's documents are shuffled among themselves, after the others.
-  std::vector<int32_t> last(ds.document_index().end() - 30, ds.document_index().end());
-  std::sort(last.begin(), last.end());
-  std::vector<int32_t> docs(30);
-  std::iota(docs.begin(), docs.end(), 5);
-  EXPECT_EQ(last, docs);
-  const int64_t before_final = (2 * tokens - 1) / T;
-  EXPECT_TRUE(is_permutation_of(ds.shuffle_index().first(static_cast<size_t>(before_final)), 0, before_final));
-  EXPECT_TRUE(
-      is_permutation_of(ds.shuffle_index().subspan(static_cast<size_t>(before_final)), before_final, ds.size()));
+  // The last epoch's documents are shuffled among themselves, after the others, and so are its samples.
+  EXPECT_TRUE(last_epoch_holds_each_document_once(ds, 5, 35));
+  EXPECT_TRUE(first_reads_are_the_first_samples(ds, (2 * tokens - 1) / T));
+  EXPECT_TRUE(is_permutation_of(ds.shuffle_index(), 0, ds.size()));
   expect_windows_follow_the_indices(ds);
 
   // Nearly a whole last epoch: one shuffle over everything.
@@ -112,6 +143,32 @@ TEST(GptDataset, ShortFinalEpochIsShuffledSeparately) {
   EXPECT_EQ(full.num_epochs(), 2);
   EXPECT_FALSE(full.separate_final_epoch());
   expect_windows_follow_the_indices(full);
+}
+
+// Megatron's gpt_dataset.py: separate_final_epoch = num_samples_from_final_epoch < int(0.80 *
+// num_samples_per_epoch). 33 documents of 801 tokens in all and T = 8 make an epoch of exactly 100
+// samples, so the threshold is 80 and asking for 100 + k samples takes k from the second epoch: k = 79 is
+// one below, 80 on, 81 one above the threshold. (At 100 samples an epoch a threshold of 0.79 or 0.81
+// moves the cut by one sample; at 10, int(0.81 * 10) would still be 8.)
+TEST(GptDataset, FinalEpochIsShuffledApartBelowEightyPercentOfAnEpoch) {
+  TempDir dir;
+  std::vector<int32_t> lengths(32, 25);
+  lengths.push_back(1);
+  auto data = write_dataset(dir.file("d"), lengths);
+  const int64_t T = 8, per_epoch = 100;
+  for (const auto& [from_final, apart] : {std::pair{79, true}, {80, false}, {81, false}}) {
+    SCOPED_TRACE(::testing::Message() << from_final << " samples from the final epoch");
+    GptDataset ds(data, Split::kTrain, {0, 33}, per_epoch + from_final, config(T));
+    ASSERT_EQ(ds.num_epochs(), 2);
+    ASSERT_EQ(ds.size(), 2 * per_epoch);
+    EXPECT_EQ(ds.separate_final_epoch(), apart);
+    // What a separate final epoch changes: it spans every document, and the first epoch's samples are all
+    // read before any of its own. Shuffled together, the first 100 reads include second-epoch samples.
+    EXPECT_EQ(last_epoch_holds_each_document_once(ds, 0, 33), apart);
+    EXPECT_EQ(first_reads_are_the_first_samples(ds, per_epoch), apart);
+    EXPECT_TRUE(is_permutation_of(ds.shuffle_index(), 0, ds.size()));
+    expect_windows_follow_the_indices(ds);
+  }
 }
 
 TEST(GptDataset, IndicesAreCachedAndRebuiltWhenInputsChange) {
@@ -177,8 +234,9 @@ TEST(GptDataset, SplitsFollowTheRatios) {
   ASSERT_TRUE(splits[0] && splits[1]);
   EXPECT_FALSE(splits[2]);
   EXPECT_GE(splits[0]->size(), 1000);
-  for (int32_t doc : splits[0]->document_index()) EXPECT_LT(doc, 90);
-  for (int32_t doc : splits[1]->document_index()) EXPECT_GE(doc, 90);
+  // Each split's epochs hold exactly its documents: 90% of 100 is documents [0, 90).
+  EXPECT_EQ(std::set(splits[0]->document_index().begin(), splits[0]->document_index().end()), documents(0, 90));
+  EXPECT_EQ(std::set(splits[1]->document_index().begin(), splits[1]->document_index().end()), documents(90, 100));
 }
 
 TEST(GptDataset, ErrorsNameTheDatasetAndSplit) {

@@ -20,6 +20,19 @@ std::vector<double> normalize_weights(std::vector<double> weights) {
   return weights;
 }
 
+namespace {
+
+// How far a source with this weight is behind its share after `drawn` samples, `taken` of them its own.
+// The product is rounded before the subtraction, as in Megatron's helpers.cpp (built with -std=c++11,
+// which keeps the compiler from fusing them): a fused multiply-subtract, which -march=native lets the
+// compiler form here, breaks exact ties such as 0.7 * 10 - 7 == 0.3 * 10 - 3 the other way.
+double shortfall(double weight, double drawn, int64_t taken) {
+  const volatile double share = weight * drawn;
+  return share - static_cast<double>(taken);
+}
+
+}  // namespace
+
 BlendingIndices build_blending_indices(std::span<const double> weights, int64_t size) {
   if (weights.size() > static_cast<size_t>(std::numeric_limits<int16_t>::max()))
     fail("blend: ", weights.size(), " datasets, more than the ", std::numeric_limits<int16_t>::max(), " supported");
@@ -31,9 +44,9 @@ BlendingIndices build_blending_indices(std::span<const double> weights, int64_t 
     // As in Megatron, the first sample is chosen as if one had already been drawn.
     const double drawn = std::max(static_cast<double>(i), 1.0);
     size_t best = 0;
-    double best_error = weights[0] * drawn - static_cast<double>(taken[0]);
+    double best_error = shortfall(weights[0], drawn, taken[0]);
     for (size_t d = 1; d < weights.size(); ++d) {
-      const double error = weights[d] * drawn - static_cast<double>(taken[d]);
+      const double error = shortfall(weights[d], drawn, taken[d]);
       if (error > best_error) {
         best_error = error;
         best = d;
