@@ -95,6 +95,9 @@ LossResult TransformerModel::forward(ModelCtx& ctx, const Tensor& tokens, const 
 }
 
 void TransformerModel::backward(ModelCtx& ctx) {
+  // Each block's W right after its B, so its saved activations are freed as backward goes down
+  // (backward_input + backward_weight keep every block's until the end). Bitwise the same result.
+  MEGATON_CHECK(ctx.dhidden.defined(), "backward without a training forward on this context");
   Tensor d = final_norm_.backward_input(ctx.final_norm, ctx.dhidden);
   ctx.dhidden = {};
   final_norm_.backward_weight(ctx.final_norm);
@@ -103,6 +106,23 @@ void TransformerModel::backward(ModelCtx& ctx) {
     layers_[i]->backward_weight(ctx.blocks[i]);
   }
   embedding_.backward_weight(ctx.tokens, d);
+  ctx = {};
+}
+
+void TransformerModel::backward_input(ModelCtx& ctx) {
+  MEGATON_CHECK(ctx.dhidden.defined(), "backward_input without a training forward on this context");
+  Tensor d = final_norm_.backward_input(ctx.final_norm, ctx.dhidden);
+  ctx.dhidden = {};
+  for (size_t i = layers_.size(); i-- > 0;) d = layers_[i]->backward_input(ctx.blocks[i], d, ctx.B, ctx.T);
+  ctx.dembed = d;
+}
+
+void TransformerModel::backward_weight(ModelCtx& ctx) {
+  MEGATON_CHECK(ctx.dembed.defined(), "backward_weight before backward_input on this context");
+  // Reverse order of use, the order of the gradient buffer, so its buckets become ready in order.
+  final_norm_.backward_weight(ctx.final_norm);
+  for (size_t i = layers_.size(); i-- > 0;) layers_[i]->backward_weight(ctx.blocks[i]);
+  embedding_.backward_weight(ctx.tokens, ctx.dembed);
   ctx = {};
 }
 

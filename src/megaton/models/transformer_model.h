@@ -18,6 +18,7 @@ struct ModelCtx {
   std::vector<nn::BlockCtx> blocks;
   nn::NormCtx final_norm;
   Tensor dhidden;  // gradient at the final norm's output, produced by the fused loss head
+  Tensor dembed;   // gradient at the embedding output, from backward_input for backward_weight
 };
 
 struct LossResult {
@@ -43,8 +44,13 @@ class TransformerModel {
   // final hidden state (and the head's weight gradient); backward() then finishes the pass.
   LossResult forward(ModelCtx& ctx, const Tensor& tokens, const Tensor& targets, bool compute_grad,
                      float loss_scale = 1.0f);
-  // Accumulates every parameter gradient; runs each block's B then W back to back.
+  // Accumulates every parameter gradient, each block's W right after its B.
   void backward(ModelCtx& ctx);
+  // B: input gradients through every layer down to the embedding output; keeps what W needs.
+  void backward_input(ModelCtx& ctx);
+  // W: every weight gradient (layers in reverse order, then the embedding); frees the context. The
+  // output head's weight gradient is not here: the fused loss head adds it during forward.
+  void backward_weight(ModelCtx& ctx);
 
   // Incremental decoding: one KV cache per layer; returns the logits of each sequence's last
   // new token, [B, vocab].

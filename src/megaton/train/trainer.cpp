@@ -17,6 +17,7 @@
 #include "megaton/optim/grad_clip.h"
 #include "megaton/train/evaluate.h"
 #include "megaton/train/metrics_log.h"
+#include "megaton/train/training_stage.h"
 
 namespace megaton::train {
 
@@ -80,6 +81,8 @@ Trainer::Trainer(TrainConfig config, RunOptions options)
   schedule_ = {cfg_.lr, cfg_.min_lr, cfg_.lr_warmup_iters, cfg_.lr_decay_iters,
                optim::lr_decay_style_from_name(cfg_.lr_decay_style)};
   schedule_.lr_at(0);  // validates warmup vs decay steps now, before any file is written
+  pipeline_schedule_ = pipeline::no_pipelining(cfg_.grad_accum_steps());
+  pipeline::validate(pipeline_schedule_);
   resuming_ = !options.resume.empty();
   resume(options.resume);
   peak_gflops_ = cfg_.peak_tflops > 0 ? cfg_.peak_tflops * 1e3 : kernels::measure_sgemm_gflops();
@@ -115,28 +118,24 @@ void Trainer::resume(const std::string& from) {
 
 Trainer::StepResult Trainer::forward_backward(int64_t step, int64_t first_sample) {
   const auto t0 = Clock::now();
-  const int64_t mbs = cfg_.micro_batch_size, T = cfg_.seq_length, accum = cfg_.grad_accum_steps();
+  const int64_t mbs = cfg_.micro_batch_size, accum = cfg_.grad_accum_steps();
   grad_buffer_->begin_step(accum);
-  double loss = 0;
   if (!loader_ || loader_position_ != first_sample) {
     loader_.reset();  // stop the old workers before the new loader starts its own
     loader_ = std::make_unique<data::DataLoader>(
         data_.train, data::DataLoaderOptions{mbs, 0, 1, first_sample, static_cast<int>(cfg_.num_workers)});
     loader_position_ = first_sample;
   }
-  data::Batch batch;
-  for (int64_t m = 0; m < accum; ++m) {
-    if (!loader_->next(batch)) fail("training data exhausted at sample ", loader_position_);
-    loader_position_ += mbs;
-    Tensor inputs = Tensor::empty({mbs, T}, DType::I32, MemCategory::Activations, "inputs");
-    Tensor targets = Tensor::empty({mbs, T}, DType::I32, MemCategory::Activations, "targets");
-    std::copy(batch.inputs.begin(), batch.inputs.end(), inputs.data<int32_t>());
-    std::copy(batch.targets.begin(), batch.targets.end(), targets.data<int32_t>());
-    models::ModelCtx ctx;
-    // Megatron's convention: each micro-batch's mean loss, averaged over micro-batches.
-    loss += model_->forward(ctx, inputs, targets, true, 1.0f / static_cast<float>(accum)).loss / accum;
-    model_->backward(ctx);
-  }
+  TrainingStage stage(
+      *model_,
+      [&](data::Batch& batch) {
+        if (!loader_->next(batch)) fail("training data exhausted at sample ", loader_position_);
+        loader_position_ += mbs;
+        return true;
+      },
+      accum);
+  pipeline::execute(pipeline_schedule_.ops.at(0), stage);
+  double loss = stage.mean_loss();
   grad_buffer_->end_step();
   if (faults_.fire(Fault::Nan, step)) {
     model_->parameters().front()->grad.data<float>()[0] = std::nanf("");

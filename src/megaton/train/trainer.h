@@ -13,6 +13,7 @@
 #include "megaton/models/transformer_model.h"
 #include "megaton/optim/adamw.h"
 #include "megaton/optim/lr_schedule.h"
+#include "megaton/pipeline/schedule.h"
 #include "megaton/train/anomaly_detector.h"
 #include "megaton/train/fault_injection.h"
 #include "megaton/train/metrics_log.h"
@@ -72,6 +73,7 @@ class Trainer {
   std::unique_ptr<nn::ParamAndGradBuffer> grad_buffer_;
   std::unique_ptr<optim::AdamW> optimizer_;
   optim::LRSchedule schedule_;
+  pipeline::Schedule pipeline_schedule_;  // the ops of one step (no pipelining: F, B, W per micro-batch)
   std::unique_ptr<MetricsLog> metrics_;
   AnomalyDetector detector_;
   FaultInjector faults_;

@@ -1,0 +1,42 @@
+// The trainer's pipeline::StageRunner for one step: the forward of micro-batch m trains on the
+// m-th batch the source hands out this step, one activation context per micro-batch stays alive
+// from its F to its W, and the losses are summed in forward order. The schedule decides the order
+// of F, B and W; this class only does the work of each op.
+#pragma once
+#include <functional>
+#include <map>
+
+#include "megaton/data/data_loader.h"
+#include "megaton/models/transformer_model.h"
+#include "megaton/pipeline/executor.h"
+
+namespace megaton::train {
+
+class TrainingStage : public pipeline::StageRunner {
+ public:
+  // next_batch fills a batch of micro_batch_size x seq_length tokens, or returns false when the
+  // data is exhausted. Each micro-batch's loss is scaled by 1 / microbatches, so the gradients
+  // accumulate to the mean over the global batch (Megatron's convention).
+  TrainingStage(models::TransformerModel& model, std::function<bool(data::Batch&)> next_batch, int64_t microbatches);
+
+  void forward(int64_t microbatch, int chunk) override;
+  void backward_input(int64_t microbatch, int chunk) override;
+  void backward_weight(int64_t microbatch, int chunk) override;
+  void backward(int64_t microbatch, int chunk) override;
+
+  // Mean over micro-batches of each micro-batch's mean loss; throws unless every micro-batch ran
+  // its forward and its W (a schedule that left work undone).
+  double mean_loss() const;
+
+ private:
+  models::ModelCtx& context(int64_t microbatch, const char* op);
+
+  models::TransformerModel& model_;
+  std::function<bool(data::Batch&)> next_batch_;
+  int64_t microbatches_;
+  int64_t forwards_ = 0, weight_grads_ = 0;
+  double loss_sum_ = 0;
+  std::map<int64_t, models::ModelCtx> in_flight_;  // micro-batch -> context, from F until W
+};
+
+}  // namespace megaton::train

@@ -1,0 +1,148 @@
+// The executor running the trainer's stage: the no-pipelining schedule gives bitwise the gradients
+// and loss of the plain forward/backward loop the trainer ran before schedules existed; with every
+// W deferred too, except for a tied embedding, whose head and embedding contributions then add up
+// in another order (all head parts first).
+#include "megaton/pipeline/executor.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "../support/tiny_model.h"
+#include "megaton/nn/param_and_grad_buffer.h"
+#include "megaton/train/training_stage.h"
+
+using namespace megaton;
+
+namespace {
+
+constexpr int64_t kMicroBatch = 2, kSeq = 16;
+
+// The m-th micro-batch of a step: deterministic tokens.
+data::Batch make_batch(int64_t m) {
+  data::Batch b{kMicroBatch, kSeq, {}, {}, {}};
+  for (int64_t i = 0; i < kMicroBatch * kSeq; ++i) {
+    b.inputs.push_back(static_cast<int32_t>((i * 11 + m * 29) % 257));
+    b.targets.push_back(static_cast<int32_t>((i * 5 + m * 3 + 1) % 257));
+  }
+  return b;
+}
+
+struct StepResult {
+  double loss;
+  std::vector<float> grads;
+};
+
+// Today's trainer loop, written out: per micro-batch forward (loss scaled by 1/M) then backward.
+StepResult plain_loop(const std::string& preset, int64_t M) {
+  models::TransformerModel m(megaton::testing::tiny_config(preset));
+  m.init_weights(11);
+  nn::ParamAndGradBuffer buf(m.parameters(), 0);
+  double loss = 0;
+  for (int64_t i = 0; i < M; ++i) {
+    const data::Batch b = make_batch(i);
+    Tensor in = Tensor::empty({kMicroBatch, kSeq}, DType::I32), tg = Tensor::empty({kMicroBatch, kSeq}, DType::I32);
+    std::copy(b.inputs.begin(), b.inputs.end(), in.data<int32_t>());
+    std::copy(b.targets.begin(), b.targets.end(), tg.data<int32_t>());
+    models::ModelCtx ctx;
+    loss += m.forward(ctx, in, tg, true, 1.0f / static_cast<float>(M)).loss / static_cast<double>(M);
+    m.backward(ctx);
+  }
+  const float* g = buf.grads().data<float>();
+  return {loss, std::vector<float>(g, g + buf.grads().numel())};
+}
+
+StepResult through_executor(const std::string& preset, const pipeline::Schedule& schedule) {
+  models::TransformerModel m(megaton::testing::tiny_config(preset));
+  m.init_weights(11);
+  nn::ParamAndGradBuffer buf(m.parameters(), 0);
+  int64_t next = 0;
+  train::TrainingStage stage(
+      m,
+      [&](data::Batch& b) {
+        b = make_batch(next++);
+        return true;
+      },
+      schedule.microbatches);
+  buf.begin_step(schedule.microbatches);
+  pipeline::execute(schedule.ops[0], stage);
+  buf.end_step();
+  const float* g = buf.grads().data<float>();
+  return {stage.mean_loss(), std::vector<float>(g, g + buf.grads().numel())};
+}
+
+// Records which StageRunner calls the executor makes.
+struct RecordingRunner : pipeline::StageRunner {
+  std::vector<std::string> calls;
+  void forward(int64_t m, int c) override { calls.push_back("F" + std::to_string(m) + "." + std::to_string(c)); }
+  void backward_input(int64_t m, int c) override { calls.push_back("B" + std::to_string(m) + "." + std::to_string(c)); }
+  void backward_weight(int64_t m, int c) override { calls.push_back("W" + std::to_string(m) + "." + std::to_string(c)); }
+  void backward(int64_t m, int c) override { calls.push_back("BW" + std::to_string(m) + "." + std::to_string(c)); }
+};
+
+}  // namespace
+
+TEST(Executor, NoPipeliningEagerAndDeferredAreBitwiseThePlainLoop) {
+  for (const std::string preset : {"gpt-tiny", "llama-tiny"}) {
+    SCOPED_TRACE(preset);
+    const StepResult want = plain_loop(preset, 3);
+    ASSERT_TRUE(std::isfinite(want.loss));
+    for (bool defer : {false, true}) {
+      SCOPED_TRACE(defer ? "deferred W" : "eager W");
+      const StepResult got = through_executor(preset, pipeline::no_pipelining(3, defer));
+      EXPECT_EQ(got.loss, want.loss);
+      ASSERT_EQ(got.grads.size(), want.grads.size());
+      if (defer && megaton::testing::tiny_config(preset).tie_embeddings) {
+        for (size_t i = 0; i < got.grads.size(); ++i)
+          ASSERT_NEAR(got.grads[i], want.grads[i], 1e-6f * (std::abs(want.grads[i]) + 1e-3f)) << "element " << i;
+      } else {
+        EXPECT_EQ(std::memcmp(got.grads.data(), want.grads.data(), got.grads.size() * sizeof(float)), 0);
+      }
+    }
+  }
+}
+
+TEST(Executor, FusesABackwardInputWithItsOwnWeightGradientOnly) {
+  RecordingRunner r;
+  pipeline::execute({{pipeline::OpKind::Forward, 0},
+                     {pipeline::OpKind::Forward, 1},
+                     {pipeline::OpKind::BackwardInput, 0},
+                     {pipeline::OpKind::BackwardWeight, 0},
+                     {pipeline::OpKind::BackwardInput, 1},
+                     {pipeline::OpKind::BackwardWeight, 0, 1},  // another chunk's W: not fused
+                     {pipeline::OpKind::BackwardWeight, 1}},
+                    r);
+  EXPECT_EQ(r.calls, (std::vector<std::string>{"F0.0", "F1.0", "BW0.0", "B1.0", "W0.1", "W1.0"}));
+}
+
+TEST(Executor, CommunicationInASingleProcessIsAnErrorNamingTheOp) {
+  RecordingRunner r;
+  try {
+    pipeline::execute({{pipeline::OpKind::SendForward, 4}}, r);
+    FAIL() << "a send ran without a neighbour";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("sendF4"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Executor, TrainingStageRejectsOutOfOrderAndUnfinishedSchedules) {
+  models::TransformerModel m(megaton::testing::tiny_config("gpt-tiny"));
+  m.init_weights(1);
+  int64_t next = 0;
+  auto source = [&](data::Batch& b) {
+    b = make_batch(next++);
+    return true;
+  };
+  {
+    train::TrainingStage stage(m, source, 2);
+    EXPECT_THROW(stage.forward(1, 0), Error);         // micro-batch 0 must come first
+    EXPECT_THROW(stage.backward_input(0, 0), Error);  // B before F
+  }
+  {
+    train::TrainingStage stage(m, source, 2);
+    stage.forward(0, 0);
+    stage.backward(0, 0);
+    EXPECT_THROW(stage.mean_loss(), Error);  // micro-batch 1 never ran
+  }
+}
