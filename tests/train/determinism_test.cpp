@@ -7,12 +7,11 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "../support/byte_dataset.h"
-#include "../support/temp_dir.h"
-#include "megaton/ckpt/safetensors.h"
 #include "megaton/train/trainer.h"
+#include "tiny_run.h"
 
 using namespace megaton;
+using megaton::testing::expect_bitwise_equal;
 using megaton::testing::TempDir;
 
 namespace {
@@ -38,14 +37,6 @@ std::map<std::string, Tensor> train_run(const std::string& data, const std::stri
   train::Trainer(cfg).run();
   losses = losses_of(run_dir + "/metrics.jsonl");
   return ckpt::load_safetensors(run_dir + "/final/model.safetensors");
-}
-
-void expect_bitwise_equal(const std::map<std::string, Tensor>& a, const std::map<std::string, Tensor>& b) {
-  ASSERT_EQ(a.size(), b.size());
-  for (const auto& [name, t] : a) {
-    ASSERT_TRUE(b.count(name)) << name;
-    EXPECT_EQ(std::memcmp(t.raw(), b.at(name).raw(), t.nbytes()), 0) << name;
-  }
 }
 
 }  // namespace
