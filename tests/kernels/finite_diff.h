@@ -1,6 +1,7 @@
-// Helpers for the embedding/norm/activation/rope kernel tests: reproducible random inputs,
-// central-difference gradients and running code under a given OpenMP thread count.
+// Helpers for the kernel tests: reproducible random inputs, central-difference gradients, a
+// NaN-proof comparison against a reference and running code under a given OpenMP thread count.
 #pragma once
+#include <gtest/gtest.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -47,15 +48,33 @@ inline std::vector<double> numeric_gradient(std::vector<double>& p, const std::f
   return grad;
 }
 
-// max |analytic - numeric| / max |numeric|: relative to the gradient's scale, so entries that
-// are (nearly) zero cannot blow the ratio up.
-inline double relative_error(const std::vector<double>& analytic, const std::vector<double>& numeric) {
-  double diff = 0.0, scale = 0.0;
-  for (size_t i = 0; i < analytic.size(); ++i) {
-    diff = std::max(diff, std::abs(analytic[i] - numeric[i]));
-    scale = std::max(scale, std::abs(numeric[i]));
+// Succeeds when max |got - want| / max |want| < tol: relative to the result's scale, so entries
+// that are (nearly) zero cannot blow the ratio up. Every element is checked for finiteness first,
+// because a max-fold drops NaN (std::max(x, NaN) is x): a kernel that leaves its output NaN, or
+// never writes it, must fail here. A size mismatch or an all-zero reference fails too. The message
+// names the offending index (the first non-finite one, else the largest error) and both values.
+//   EXPECT_TRUE(fd::close(analytic, numeric, 1e-8));
+inline ::testing::AssertionResult close(const std::vector<double>& got, const std::vector<double>& want, double tol) {
+  if (got.size() != want.size())
+    return ::testing::AssertionFailure() << "size " << got.size() << ", the reference has " << want.size();
+  double scale = 0.0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (!std::isfinite(want[i]))
+      return ::testing::AssertionFailure() << "reference[" << i << "] = " << want[i] << " is not finite";
+    if (!std::isfinite(got[i]))
+      return ::testing::AssertionFailure()
+             << "got[" << i << "] = " << got[i] << " is not finite (reference " << want[i] << ")";
+    scale = std::max(scale, std::abs(want[i]));
   }
-  return diff / scale;
+  if (scale == 0.0) return ::testing::AssertionFailure() << "the reference is all zero: no scale to compare at";
+  size_t worst = 0;
+  for (size_t i = 0; i < want.size(); ++i)
+    if (std::abs(got[i] - want[i]) > std::abs(got[worst] - want[worst])) worst = i;
+  const double err = std::abs(got[worst] - want[worst]) / scale;
+  if (err < tol) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "relative error " << err << " >= " << tol << " at [" << worst << "]: got "
+                                       << got[worst] << ", reference " << want[worst] << " (scale " << scale << ", "
+                                       << want.size() << " elements)";
 }
 
 // Bitwise equality (== would treat -0 and +0 as equal).

@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "../support/byte_dataset.h"
+#include "../support/config_fields.h"
 #include "../support/temp_dir.h"
 #include "../support/tiny_model.h"
 #include "megaton/ckpt/safetensors.h"
@@ -13,9 +14,29 @@
 #include "megaton/train/evaluate.h"
 
 using namespace megaton;
+using megaton::testing::same_config;
 using megaton::testing::TempDir;
 
 namespace {
+
+// What a config.json carries of a config: neither the preset name nor the init std (training
+// only); Llama's head dim explicitly (head_dim) and its RoPE in HF's rotate_half layout only (an
+// interleaved model's q/k rows are permuted on export); GPT-2's head dim implied by n_embd / n_head
+// and no rotary settings at all.
+models::TransformerConfig as_exported(models::TransformerConfig c) {
+  const models::TransformerConfig defaults;
+  c.name = "custom";
+  c.init_method_std = defaults.init_method_std;
+  c.rope_layout = kernels::RopeLayout::Half;
+  if (c.position_embedding == models::PositionEmbedding::Rope) {
+    c.kv_channels = c.head_dim();
+  } else {
+    c.kv_channels = defaults.kv_channels;
+    c.rotary_base = defaults.rotary_base;
+    c.rope_scaling = defaults.rope_scaling;
+  }
+  return c;
+}
 
 void expect_same_parameters(models::TransformerModel& a, models::TransformerModel& b) {
   ASSERT_EQ(a.parameters().size(), b.parameters().size());
@@ -37,7 +58,7 @@ TEST_P(HfRoundTrip, ExportThenImportIsBitExact) {
   m.init_weights(11);
   models::save_hf_model(m, dir.file("model"));
   auto back = models::load_hf_model(dir.file("model"));
-  EXPECT_EQ(back->config().num_parameters(), m.config().num_parameters());
+  EXPECT_TRUE(same_config(back->config(), as_exported(m.config())));
   expect_same_parameters(m, *back);
   // A second export of the re-imported model is byte-identical too.
   models::save_hf_model(*back, dir.file("again"));
@@ -110,12 +131,33 @@ TEST(HfFormat, MissingOrMisshapenTensorsAreNamed) {
   EXPECT_THROW(models::load_hf_tensors(m, extra, "f.safetensors"), Error);
 }
 
-TEST(HfFormat, ConfigJsonRoundTripsAndRejectsUnknownTypes) {
-  for (const char* p : {"gpt2-124m", "llama3-8b", "llama3-1b"}) {
-    auto c = models::preset(p);
-    auto back = models::config_from_hf(models::config_to_hf(c), "x");
-    EXPECT_EQ(back.num_parameters(), c.num_parameters()) << p;
-    EXPECT_EQ(back.rope_scaling.factor, c.rope_scaling.factor) << p;
+// Every field survives config_to_hf -> config_from_hf. Besides the presets, variants set each
+// carried field away from both the preset and the importer's default for a missing key, so that a
+// key the exporter drops or the importer ignores changes the result.
+TEST(HfFormat, ConfigJsonRoundTripsEveryFieldAndRejectsUnknownTypes) {
+  std::vector<models::TransformerConfig> configs;
+  for (const auto& name : models::preset_names()) configs.push_back(models::preset(name));
+  auto gpt2 = models::preset("gpt2-124m");
+  gpt2.vocab_size = 50000;
+  gpt2.max_position_embeddings = 2048;
+  gpt2.ffn_hidden_size = 3000;
+  gpt2.norm_epsilon = 3e-6;
+  gpt2.tie_embeddings = false;
+  configs.push_back(gpt2);
+  auto llama = models::preset("llama3-1b");
+  llama.kv_channels = 96;  // not hidden / heads = 64
+  llama.num_query_groups = 4;
+  llama.max_position_embeddings = 4096;
+  llama.rotary_base = 123456.0;
+  llama.rope_scaling = {16.0, 2.0, 8.0, 4096.0};
+  llama.norm_epsilon = 2e-6;
+  llama.tie_embeddings = false;
+  llama.rope_layout = kernels::RopeLayout::Interleaved;  // exported as half
+  configs.push_back(llama);
+
+  for (const auto& c : configs) {
+    const auto back = models::config_from_hf(models::config_to_hf(c), "x");
+    EXPECT_TRUE(same_config(back, as_exported(c))) << c.name;
   }
   EXPECT_THROW(models::config_from_hf({{"model_type", "bert"}}, "x"), Error);
   EXPECT_THROW(models::config_from_hf({{"model_type", "gpt2"}, {"n_embd", 10}}, "x"), Error);

@@ -11,12 +11,11 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "../support/byte_dataset.h"
-#include "../support/temp_dir.h"
-#include "megaton/ckpt/safetensors.h"
 #include "megaton/train/trainer.h"
+#include "tiny_run.h"
 
 using namespace megaton;
+using megaton::testing::expect_bitwise_equal;
 using megaton::testing::TempDir;
 
 namespace {
@@ -57,14 +56,6 @@ void expect_close(const std::map<std::string, Tensor>& a, const std::map<std::st
       if (!(d <= diff)) diff = d;  // a NaN difference sticks
     }
     EXPECT_TRUE(diff <= tol) << name << ": max difference " << diff << ", allowed " << tol;
-  }
-}
-
-void expect_bitwise_equal(const std::map<std::string, Tensor>& a, const std::map<std::string, Tensor>& b) {
-  ASSERT_EQ(a.size(), b.size());
-  for (const auto& [name, t] : a) {
-    ASSERT_TRUE(b.count(name)) << name;
-    EXPECT_EQ(std::memcmp(t.raw(), b.at(name).raw(), t.nbytes()), 0) << name;
   }
 }
 

@@ -43,8 +43,9 @@ inline Metrics read_metrics(const std::string& run_dir) {
     } else if (j.contains("loss")) {
       // A step repeated after a restart or a rewind must reproduce its loss exactly.
       const auto step = j["step"].get<int64_t>();
-      if (m.losses.count(step) && !j.contains("skipped"))
+      if (m.losses.count(step) && !j.contains("skipped")) {
         EXPECT_EQ(m.losses[step], j["loss"].get<double>()) << "step " << step << " repeated with another loss";
+      }
       m.losses[step] = j["loss"].get<double>();
       m.steps.push_back(j);
       m.last[step] = j;

@@ -6,6 +6,7 @@
 
 #include "megaton/core/error.h"
 
+#include "../support/config_fields.h"
 #include "../support/temp_dir.h"
 
 using namespace megaton;
@@ -27,15 +28,39 @@ TEST(TrainConfig, OverridesWinAndModelKeysApplyOnTopOfThePreset) {
   EXPECT_EQ(c.sample_prompt, "Hello");
 }
 
+// Every model key set away from the preset, so that a key to_toml drops or the loader ignores
+// shows up in the field-by-field comparison (comparing the two TOML texts alone cannot see a key
+// that is missing from both).
 TEST(TrainConfig, ResolvedTomlLoadsBackToTheSameConfig) {
   megaton::testing::TempDir dir;
-  auto c = train::load_train_config("", {"model.preset=llama-tiny", "model.hidden_size=96", "training.seed=9",
-                                         "optimizer.min_lr=1e-5", "logging.run_dir=\"x y\""});
+  auto c = train::load_train_config("", {"model.preset=llama-tiny",
+                                         "model.num_layers=3",
+                                         "model.hidden_size=96",
+                                         "model.num_attention_heads=4",
+                                         "model.num_query_groups=1",
+                                         "model.kv_channels=32",
+                                         "model.ffn_hidden_size=200",
+                                         "model.vocab_size=300",
+                                         "model.max_position_embeddings=200",
+                                         "model.normalization=\"LayerNorm\"",
+                                         "model.activation=\"gelu\"",
+                                         "model.position_embedding_type=\"learned_absolute\"",
+                                         "model.rope_layout=\"interleaved\"",
+                                         "model.rotary_base=12345.5",
+                                         "model.add_bias_linear=true",
+                                         "model.tie_embeddings=true",
+                                         "model.norm_epsilon=3e-7",
+                                         "model.init_method_std=0.0123",
+                                         "training.seed=9",
+                                         "optimizer.min_lr=1e-5",
+                                         "logging.run_dir=\"x y\""});
   const std::string path = dir.file("resolved.toml");
   std::ofstream(path) << train::to_toml(c);
   auto back = train::load_train_config(path, {});
   EXPECT_EQ(train::to_toml(back), train::to_toml(c));
+  EXPECT_TRUE(megaton::testing::same_config(back.model, c.model));
   EXPECT_EQ(back.model.hidden_size, 96);
+  EXPECT_EQ(back.model.rotary_base, 12345.5);
   EXPECT_EQ(back.min_lr, 1e-5);
   EXPECT_EQ(back.run_dir, "x y");
 }

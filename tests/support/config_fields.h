@@ -1,0 +1,63 @@
+// Field-by-field comparison of two TransformerConfigs that names every field that differs. The
+// structured bindings must name each data member, so adding a field to TransformerConfig (or
+// RopeScaling) breaks this build until the field is listed here, and so compared everywhere.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "megaton/models/transformer_config.h"
+
+namespace megaton::testing {
+
+// (field name, value printed exactly: doubles with 17 significant digits).
+inline std::vector<std::pair<std::string, std::string>> config_fields(const models::TransformerConfig& c) {
+  const auto& [name, num_layers, hidden_size, num_attention_heads, num_query_groups, kv_channels, ffn_hidden_size,
+               vocab_size, max_position_embeddings, normalization, activation, position_embedding, rope_layout,
+               rotary_base, rope_scaling, add_bias_linear, tie_embeddings, norm_epsilon, init_method_std] = c;
+  const auto& [factor, low_freq_factor, high_freq_factor, original_max_position] = rope_scaling;
+  auto str = [](auto v) {
+    std::ostringstream out;
+    out.precision(17);
+    out << std::boolalpha << v;
+    return out.str();
+  };
+  return {{"name", name},
+          {"num_layers", str(num_layers)},
+          {"hidden_size", str(hidden_size)},
+          {"num_attention_heads", str(num_attention_heads)},
+          {"num_query_groups", str(num_query_groups)},
+          {"kv_channels", str(kv_channels)},
+          {"ffn_hidden_size", str(ffn_hidden_size)},
+          {"vocab_size", str(vocab_size)},
+          {"max_position_embeddings", str(max_position_embeddings)},
+          {"normalization", models::normalization_name(normalization)},
+          {"activation", models::activation_name(activation)},
+          {"position_embedding", models::position_embedding_name(position_embedding)},
+          {"rope_layout", rope_layout == kernels::RopeLayout::Half ? "half" : "interleaved"},
+          {"rotary_base", str(rotary_base)},
+          {"rope_scaling.factor", str(factor)},
+          {"rope_scaling.low_freq_factor", str(low_freq_factor)},
+          {"rope_scaling.high_freq_factor", str(high_freq_factor)},
+          {"rope_scaling.original_max_position", str(original_max_position)},
+          {"add_bias_linear", str(add_bias_linear)},
+          {"tie_embeddings", str(tie_embeddings)},
+          {"norm_epsilon", str(norm_epsilon)},
+          {"init_method_std", str(init_method_std)}};
+}
+
+//   EXPECT_TRUE(same_config(loaded, expected));
+inline ::testing::AssertionResult same_config(const models::TransformerConfig& got,
+                                              const models::TransformerConfig& want) {
+  const auto a = config_fields(got), b = config_fields(want);
+  std::string diff;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i].second != b[i].second) diff += "\n  " + a[i].first + ": " + a[i].second + ", expected " + b[i].second;
+  if (diff.empty()) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "configs differ in" << diff;
+}
+
+}  // namespace megaton::testing
