@@ -6,8 +6,10 @@
 //   otherwise, ratio = (step - warmup_steps) / (decay_steps - warmup_steps):
 //     linear: min_lr + (max_lr - min_lr) * (1 - ratio)
 //     cosine: min_lr + (max_lr - min_lr) * 0.5 * (cos(pi * ratio) + 1)
-// `step` counts completed optimizer steps: Megatron sets the lr for an update from the count before
-// it, so with warmup the first update runs at lr_at(0) = 0.
+// The trainer calls lr_at(n) for the n-th update (1-based) and logs that value, so a warmup's
+// first update already moves the weights. Megatron's scheduler instead advances after each
+// update, so its n-th update runs at lr_at(n - 1) (its first warmup update at lr 0) while its log
+// shows lr_at(n). The end-to-end checks pin Megaton's choice against an independent schedule.
 #pragma once
 #include <cstdint>
 #include <string_view>
