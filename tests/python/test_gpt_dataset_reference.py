@@ -1,113 +1,19 @@
 """Megaton's GPTDataset sampling indices checked against a Python restatement of Megatron-LM's algorithm
 (megatron/core/datasets/gpt_dataset.py, helpers.cpp build_sample_idx, blended_megatron_dataset_config.py
-split parsing) using numpy's own RandomState: the document, sample and shuffle indices megaton caches as
-.npy files must equal the reference exactly, for one epoch, several epochs with the short last epoch
-shuffled separately, and several epochs without; the samples megaton reads must be the reference's token
-windows; and the cache must be reused when nothing changed and rebuilt when the data changed.
+split parsing; in data_reference.py, shared with the end-to-end checks) using numpy's own RandomState:
+the document, sample and shuffle indices megaton caches as .npy files must equal the reference exactly,
+for one epoch, several epochs with the short last epoch shuffled separately, and several epochs
+without; the samples megaton reads must be the reference's token windows; and the cache must be reused
+when nothing changed and rebuilt when the data changed.
 
 Usage: /usr/bin/python3 tests/python/test_gpt_dataset_reference.py --megaton PATH_TO_MEGATON
 """
 import argparse
-import re
 import sys
 
 import numpy as np
 
-from data_reference import megaton_json, run_tests, write_dataset
-
-
-# --- Megatron's algorithm ---------------------------------------------------------------------------
-
-def split_ranges(split, num_documents):
-    """parse_and_normalize_split + convert_split_vector_to_split_matrix + the builder's round()."""
-    ratios = [float(x) for x in re.findall(r"[.0-9]+", split)]
-    ratios += [0.0] * (3 - len(ratios))
-    ratios = (np.array(ratios, dtype=np.float64) / np.sum(ratios)).tolist()
-    bounds = [0.0]
-    for r in ratios:
-        bounds.append(bounds[-1] + r)
-    out = []
-    for begin, end in zip(bounds[:-1], bounds[1:]):
-        out.append(None if end <= begin else (int(round(begin * num_documents)), int(round(end * num_documents))))
-    return out
-
-
-def document_index(documents, num_epochs, rng, separate_final_epoch):
-    if not separate_final_epoch or num_epochs == 1:
-        index = np.mgrid[0:num_epochs, 0:len(documents)][1]
-        index[:] = documents
-        index = index.reshape(-1).astype(np.int32)
-        rng.shuffle(index)
-        return index
-    first = document_index(documents, num_epochs - 1, rng, False)
-    last = document_index(documents, 1, rng, False)
-    return np.concatenate((first, last))
-
-
-def sample_index(sizes, doc_index, seq_length, num_epochs, tokens_per_epoch):
-    """build_sample_idx with drop_last_partial_sequence=True, add_extra_token_to_sequence=1."""
-    num_samples = (num_epochs * tokens_per_epoch - 1) // seq_length
-    out = np.zeros((num_samples + 1, 2), dtype=np.int64)
-    d, offset = 0, 0
-    for s in range(1, num_samples + 1):
-        remaining = seq_length + 1
-        while remaining != 0:
-            length = sizes[doc_index[d]] - offset
-            remaining -= length
-            if remaining <= 0:
-                offset += remaining + length - 1
-                remaining = 0
-            else:
-                assert d != len(doc_index) - 1
-                d += 1
-                offset = 0
-        out[s] = (d, offset)
-    return out
-
-
-def shuffle_index(num_samples, total_size, rng):
-    first = np.arange(0, num_samples, dtype=np.uint32)
-    rng.shuffle(first)
-    if num_samples == total_size:
-        return first
-    last = np.arange(num_samples, total_size, dtype=np.uint32)
-    rng.shuffle(last)
-    return np.concatenate((first, last))
-
-
-def megatron_indices(sizes, documents, num_samples, seq_length, seed):
-    """GPTDataset._build_document_sample_shuffle_indices; returns (doc, sample, shuffle, separate)."""
-    tokens_per_epoch = int(np.sum(sizes[documents]))
-    num_epochs = 1
-    if num_samples is not None:
-        tokens = tokens_per_epoch
-        while tokens < num_samples * seq_length + 1:
-            num_epochs += 1
-            tokens += tokens_per_epoch
-    separate = False
-    if num_epochs > 1:
-        sans_final = ((num_epochs - 1) * tokens_per_epoch - 1) // seq_length
-        from_final = num_samples - sans_final
-        per_epoch = (tokens_per_epoch - 1) // seq_length
-        assert 0 <= from_final <= per_epoch + 1
-        separate = from_final < int(0.80 * per_epoch)
-    rng = np.random.RandomState(seed)
-    doc = document_index(documents, num_epochs, rng, separate)
-    sample = sample_index(sizes, doc, seq_length, num_epochs, tokens_per_epoch)
-    total = sample.shape[0] - 1
-    shuffle = shuffle_index(sans_final if separate else total, total, rng)
-    return doc, sample, shuffle, separate
-
-
-def megatron_sample(sequences, doc, sample, shuffle, i):
-    """_query_document_sample_shuffle_indices: the tokens of sample i."""
-    s = shuffle[i]
-    (d0, o0), (d1, o1) = sample[s], sample[s + 1]
-    if d0 == d1:
-        return sequences[doc[d0]][o0:o1 + 1].tolist()
-    parts = [sequences[doc[d0]][o0:]] + [sequences[doc[d]] for d in range(d0 + 1, d1)] + \
-        [sequences[doc[d1]][:o1 + 1]]
-    return np.concatenate(parts).tolist()
+from data_reference import megaton_json, megatron_indices, megatron_sample, run_tests, split_ranges, write_dataset
 
 
 # --- checks -----------------------------------------------------------------------------------------
