@@ -21,9 +21,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "python"))
-from torch_reference import GPT2, GPT2Config, last_json_with, lm_loss, random_init, torch_adamw  # noqa: E402
+from end_to_end import last_json_with  # noqa: E402
+from torch_reference import GPT2, GPT2Config, lm_loss, random_init, torch_adamw  # noqa: E402
 
 MODELS = {
+    "gpt-tiny": GPT2Config(vocab_size=257, n_positions=256, n_embd=192, n_layer=4, n_head=6),
     "gpt2-124m": GPT2Config(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12),
 }
 

@@ -48,23 +48,22 @@ double median_seconds(int repeats, F&& f) {
 void print_gemm_shapes(const models::TransformerConfig& cfg, int64_t tokens, int repeats, bool json) {
   const double ceiling = kernels::measure_sgemm_gflops();
   for (const LinearShape& s : linear_shapes(cfg, tokens)) {
-    std::vector<float> x(static_cast<size_t>(s.rows * s.in_f), 0.5f), w(static_cast<size_t>(s.out_f * s.in_f), 0.25f);
-    std::vector<float> y(static_cast<size_t>(s.rows * s.out_f), 0.125f), dx(x.size()), dw(w.size());
-    const float* no_bias = nullptr;
-    float* no_dbias = nullptr;
+    const auto filled = [](Shape shape, float v, const char* name) {
+      Tensor t = Tensor::empty(std::move(shape), DType::F32, MemCategory::Workspace, name);
+      std::fill_n(t.data<float>(), t.numel(), v);
+      return t;
+    };
+    const Tensor x = filled({s.rows, s.in_f}, 0.5f, "x"), w = filled({s.out_f, s.in_f}, 0.25f, "w");
+    const Tensor y = filled({s.rows, s.out_f}, 0.125f, "y"), dx = filled({s.rows, s.in_f}, 0, "dx");
+    const Tensor dw = filled({s.out_f, s.in_f}, 0, "dw");
+    const kernels::ExecContext cpu;
     const struct {
       const char* pass;
       double seconds;
     } passes[] = {
-        {"forward", median_seconds(repeats, [&] {
-           kernels::linear_forward(y.data(), x.data(), w.data(), no_bias, s.rows, s.in_f, s.out_f);
-         })},
-        {"dgrad", median_seconds(repeats, [&] {
-           kernels::linear_backward_input(dx.data(), y.data(), w.data(), s.rows, s.in_f, s.out_f);
-         })},
-        {"wgrad", median_seconds(repeats, [&] {
-           kernels::linear_backward_weight(dw.data(), no_dbias, y.data(), x.data(), s.rows, s.in_f, s.out_f);
-         })},
+        {"forward", median_seconds(repeats, [&] { kernels::linear_forward(cpu, y, x, w, Tensor()); })},
+        {"dgrad", median_seconds(repeats, [&] { kernels::linear_backward_input(cpu, dx, y, w); })},
+        {"wgrad", median_seconds(repeats, [&] { kernels::linear_backward_weight(cpu, dw, Tensor(), y, x); })},
     };
     for (const auto& p : passes) {
       const double gflops = 2.0 * static_cast<double>(s.rows) * s.in_f * s.out_f / p.seconds / 1e9;

@@ -128,7 +128,7 @@ TEST(BpeTokenizer, EqualRanksMergeLeftmostFirst) {
   TempDir dir;
   write_gpt2(dir, {{"a", "a"}, {"aa", "b"}});  // 256 "aa", 257 "aab"
   const std::string tiktoken = write_tiktoken(dir, {"aa", "aab"});
-  for (const std::string spec : {"gpt2:" + dir.file(""), "tiktoken:" + tiktoken}) {
+  for (const std::string& spec : {"gpt2:" + dir.file(""), "tiktoken:" + tiktoken}) {
     auto tok = make_tokenizer(spec);
     EXPECT_EQ(tok->encode("aaa"), (Ids{256, 'a'})) << spec;  // not "a" "aa"
     EXPECT_EQ(tok->encode("aaaaa"), (Ids{256, 256, 'a'})) << spec;
@@ -172,7 +172,7 @@ TEST(BpeTokenizer, RoundTripsArbitraryBytes) {
   TempDir dir;
   write_gpt2(dir, {{"e", " "}, {" ", "t"}, {"\xc3", "\xa9"}, {"\xe2", "\x82"}, {"\x80", "\x80"}});
   std::string tiktoken = write_tiktoken(dir, {"e ", " t", "\xc3\xa9", "\xe2\x82", "\x80\x80"});
-  for (const std::string spec : {"gpt2:" + dir.file(""), "tiktoken:" + tiktoken}) {
+  for (const std::string& spec : {"gpt2:" + dir.file(""), "tiktoken:" + tiktoken}) {
     auto tok = make_tokenizer(spec);
     for (uint32_t seed = 0; seed < 5; ++seed) {
       std::string text = random_bytes(5000, seed);
@@ -283,8 +283,11 @@ TEST(BpeTokenizer, TiktokenKnownFilesByRankCount) {
     SCOPED_TRACE(::testing::Message() << known.ranks << " ranks");
     TempDir dir;
     std::vector<std::string> tokens;
-    for (int i = 0; tokens.size() < known.ranks - 256; ++i)
-      tokens.push_back(std::string(1, static_cast<char>('a' + i % 26)) + std::to_string(i));
+    for (int i = 0; tokens.size() < known.ranks - 256; ++i) {
+      std::string token(1, static_cast<char>('a' + i % 26));
+      token += std::to_string(i);
+      tokens.push_back(std::move(token));
+    }
     auto tok = make_tokenizer("tiktoken:" + write_tiktoken(dir, tokens));
     EXPECT_EQ(tok->vocab_size(), known.vocab_size);
     EXPECT_EQ(tok->eod(), known.specials.front());

@@ -1,4 +1,4 @@
-#include "megaton/kernels/activation.h"
+#include "megaton/kernels/cpu/activation.h"
 
 #include <gtest/gtest.h>
 
@@ -9,7 +9,7 @@
 #include "finite_diff.h"
 
 using namespace megaton;
-using namespace megaton::kernels;
+using namespace megaton::kernels::cpu;
 
 namespace {
 

@@ -1,4 +1,4 @@
-#include "megaton/kernels/linear.h"
+#include "megaton/kernels/cpu/linear.h"
 
 #include <gtest/gtest.h>
 
@@ -7,7 +7,7 @@
 #include "finite_diff.h"
 
 using namespace megaton;
-using namespace megaton::kernels;
+using namespace megaton::kernels::cpu;
 
 namespace {
 

@@ -1,4 +1,4 @@
-#include "megaton/kernels/norm.h"
+#include "megaton/kernels/cpu/norm.h"
 
 #include <gtest/gtest.h>
 
@@ -8,7 +8,7 @@
 #include "finite_diff.h"
 
 using namespace megaton;
-using namespace megaton::kernels;
+using namespace megaton::kernels::cpu;
 
 namespace {
 

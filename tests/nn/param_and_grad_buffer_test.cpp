@@ -103,7 +103,9 @@ TEST(ParamAndGradBuffer, CutsBucketsOfAtLeastBucketSizeWithoutSplittingAParamete
   size_t seen = 0;
   for (size_t b = 0; b < buckets.size(); ++b) {
     EXPECT_EQ(buckets[b].offset, next) << "buckets tile the buffer";
-    if (b + 1 < buckets.size()) EXPECT_GE(buckets[b].numel, bucket_size) << "bucket " << b;
+    if (b + 1 < buckets.size()) {
+      EXPECT_GE(buckets[b].numel, bucket_size) << "bucket " << b;
+    }
     for (const nn::Parameter* p : buckets[b].params) {
       EXPECT_EQ(p, buf.params()[seen++]) << "buckets keep buffer order";
       EXPECT_GE(buf.offset_of(*p), buckets[b].offset);

@@ -3,8 +3,12 @@
 #include <malloc.h>
 
 #include <cstdlib>
+#include <mutex>
 
 #include "megaton/core/error.h"
+#ifdef MEGATON_WITH_CUDA
+#include "megaton/core/cuda/cuda_memory.h"
+#endif
 
 namespace megaton {
 
@@ -21,9 +25,24 @@ Allocator& Allocator::host() {
     // kernel zero) all activation memory again; keeping freed memory in the heap avoids that.
     mallopt(M_MMAP_THRESHOLD, 1 << 30);
     mallopt(M_TRIM_THRESHOLD, 1 << 30);
-    return Allocator{};
+    return Allocator(Device::cpu());
   }();
   return a;
+}
+
+Allocator& Allocator::of(Device device) {
+  if (device.is_cpu()) return host();
+  if (device.index < 0 || device.index >= kMaxCudaDevices)
+    fail("device ", device.str(), " is out of range: at most ", kMaxCudaDevices, " CUDA devices");
+#ifdef MEGATON_WITH_CUDA
+  static Allocator* cuda[kMaxCudaDevices] = {};
+  static std::once_flag once[kMaxCudaDevices];
+  std::call_once(once[device.index], [&] { cuda[device.index] = new Allocator(device); });  // lives for the process
+  return *cuda[device.index];
+#else
+  fail("tensor on ", device.str(), " requested, but this Megaton was built without CUDA (nvcc was not found when "
+       "CMake configured the build)");
+#endif
 }
 
 namespace {
@@ -35,10 +54,17 @@ void raise_peak(std::atomic<size_t>& peak, size_t value) {
 }  // namespace
 
 void* Allocator::allocate(size_t bytes, MemCategory cat, std::string_view what) {
-  size_t rounded = (bytes + 63) / 64 * 64;
-  void* p = rounded ? std::aligned_alloc(64, rounded) : nullptr;
-  if (rounded && !p)
-    fail("out of host memory allocating ", bytes, " bytes for '", what, "' (", mem_category_name(cat), ")");
+  void* p = nullptr;
+  if (device_.is_cpu()) {
+    const size_t rounded = (bytes + 63) / 64 * 64;
+    p = rounded ? std::aligned_alloc(64, rounded) : nullptr;
+    if (rounded && !p)
+      fail("out of host memory allocating ", bytes, " bytes for '", what, "' (", mem_category_name(cat), ")");
+  } else {
+#ifdef MEGATON_WITH_CUDA
+    p = cuda::device_malloc(device_.index, bytes, what);
+#endif
+  }
   auto i = static_cast<size_t>(cat);
   raise_peak(peak_[i], live_[i].fetch_add(bytes, std::memory_order_relaxed) + bytes);
   raise_peak(total_peak_, total_live_.fetch_add(bytes, std::memory_order_relaxed) + bytes);
@@ -46,7 +72,13 @@ void* Allocator::allocate(size_t bytes, MemCategory cat, std::string_view what) 
 }
 
 void Allocator::deallocate(void* p, size_t bytes, MemCategory cat) {
-  std::free(p);
+  if (device_.is_cpu()) {
+    std::free(p);
+  } else {
+#ifdef MEGATON_WITH_CUDA
+    cuda::device_free(device_.index, p);
+#endif
+  }
   live_[static_cast<size_t>(cat)].fetch_sub(bytes, std::memory_order_relaxed);
   total_live_.fetch_sub(bytes, std::memory_order_relaxed);
 }

@@ -1,10 +1,13 @@
-// Host allocator that counts live and peak bytes per category. The planner's memory model is
-// checked against these counters, so every Tensor allocation goes through here.
+// One allocator per device (the host, each CUDA device), each counting live and peak bytes per
+// category. The planner's memory model is checked against these counters, so every Tensor
+// allocation goes through here.
 #pragma once
 #include <array>
 #include <atomic>
 #include <cstddef>
 #include <string_view>
+
+#include "megaton/core/device.h"
 
 namespace megaton {
 
@@ -22,13 +25,20 @@ struct MemStats {
 class Allocator {
  public:
   static Allocator& host();
-  // 64-byte aligned, uninitialised. Throws megaton::Error (naming `what`) when out of memory.
+  // The allocator of `device`; throws naming the device when this build has no backend for it
+  // (cuda without CUDA) or the ordinal is out of range.
+  static Allocator& of(Device device);
+  Device device() const { return device_; }
+  // 64-byte aligned (256 on CUDA), uninitialised. Throws megaton::Error (naming `what` and the
+  // device) when out of memory.
   void* allocate(size_t bytes, MemCategory cat, std::string_view what);
   void deallocate(void* p, size_t bytes, MemCategory cat);
   MemStats stats() const;
   void reset_peaks();
 
  private:
+  explicit Allocator(Device device) : device_(device) {}
+  Device device_;
   std::array<std::atomic<size_t>, kNumMemCategories> live_{};
   std::array<std::atomic<size_t>, kNumMemCategories> peak_{};
   std::atomic<size_t> total_live_{0};

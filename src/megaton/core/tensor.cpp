@@ -3,6 +3,10 @@
 #include <cstring>
 #include <sstream>
 
+#ifdef MEGATON_WITH_CUDA
+#include "megaton/core/cuda/cuda_memory.h"
+#endif
+
 namespace megaton {
 
 std::string shape_str(const Shape& s) {
@@ -22,22 +26,22 @@ int64_t shape_numel(const Shape& s) {
   return n;
 }
 
-Storage::Storage(size_t bytes, MemCategory cat, std::string_view what)
-    : data_(Allocator::host().allocate(bytes, cat, what)), bytes_(bytes), cat_(cat) {}
-Storage::~Storage() { Allocator::host().deallocate(data_, bytes_, cat_); }
+Storage::Storage(size_t bytes, MemCategory cat, std::string_view what, Device device)
+    : device_(device), data_(Allocator::of(device).allocate(bytes, cat, what)), bytes_(bytes), cat_(cat) {}
+Storage::~Storage() { Allocator::of(device_).deallocate(data_, bytes_, cat_); }
 
-Tensor Tensor::empty(Shape shape, DType dtype, MemCategory cat, std::string name) {
+Tensor Tensor::empty(Shape shape, DType dtype, MemCategory cat, std::string name, Device device) {
   Tensor t;
   t.numel_ = shape_numel(shape);
   t.shape_ = std::move(shape);
   t.dtype_ = dtype;
   t.name_ = std::move(name);
-  t.storage_ = std::make_shared<Storage>(t.nbytes(), cat, t.name_);
+  t.storage_ = std::make_shared<Storage>(t.nbytes(), cat, t.name_, device);
   return t;
 }
 
-Tensor Tensor::zeros(Shape shape, DType dtype, MemCategory cat, std::string name) {
-  Tensor t = empty(std::move(shape), dtype, cat, std::move(name));
+Tensor Tensor::zeros(Shape shape, DType dtype, MemCategory cat, std::string name, Device device) {
+  Tensor t = empty(std::move(shape), dtype, cat, std::move(name), device);
   t.zero_();
   return t;
 }
@@ -83,13 +87,20 @@ Tensor Tensor::slice_rows(int64_t begin, int64_t end) const {
 }
 
 Tensor Tensor::clone(MemCategory cat) const {
-  Tensor t = empty(shape_, dtype_, cat, name_);
-  if (nbytes()) std::memcpy(t.raw(), raw(), nbytes());
+  Tensor t = empty(shape_, dtype_, cat, name_, device());
+  t.copy_from(*this);
   return t;
 }
 
 void Tensor::zero_() {
-  if (nbytes()) std::memset(raw(), 0, nbytes());
+  if (!nbytes()) return;
+  if (device().is_cpu()) {
+    std::memset(raw(), 0, nbytes());
+    return;
+  }
+#ifdef MEGATON_WITH_CUDA
+  cuda::zero_bytes(raw(), device().index, nbytes());
+#endif
 }
 
 namespace {
@@ -132,6 +143,15 @@ void Tensor::copy_from(const Tensor& src) {
   if (src.numel_ != numel_)
     fail("copy into tensor '", name_, "' of shape ", shape_str(shape_), " from '", src.name_, "' of shape ",
          shape_str(src.shape_));
+  if (!device().is_cpu() || !src.device().is_cpu()) {
+    if (src.dtype_ != dtype_)
+      fail("copy into tensor '", name_, "' (", dtype_name(dtype_), ", ", device().str(), ") from '", src.name_, "' (",
+           dtype_name(src.dtype_), ", ", src.device().str(), "): converting copies run on the host");
+#ifdef MEGATON_WITH_CUDA
+    cuda::copy_bytes(raw(), device(), src.raw(), src.device(), nbytes());
+#endif
+    return;
+  }
   if (src.dtype_ == dtype_) {
     if (nbytes()) std::memmove(raw(), src.raw(), nbytes());
     return;
@@ -142,7 +162,13 @@ void Tensor::copy_from(const Tensor& src) {
 }
 
 Tensor Tensor::to(DType dtype, MemCategory cat) const {
-  Tensor t = empty(shape_, dtype, cat, name_);
+  Tensor t = empty(shape_, dtype, cat, name_, device());
+  t.copy_from(*this);
+  return t;
+}
+
+Tensor Tensor::to(Device device, MemCategory cat) const {
+  Tensor t = empty(shape_, dtype_, cat, name_, device);
   t.copy_from(*this);
   return t;
 }

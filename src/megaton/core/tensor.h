@@ -1,5 +1,5 @@
-// One Tensor type: shape + dtype tag over contiguous host storage obtained from the accounting
-// allocator. Copies share storage (like torch); clone() copies the bytes. A tensor may be a
+// One Tensor type: shape + dtype tag + device over contiguous storage obtained from that device's
+// accounting allocator. Copies share storage (like torch); clone() copies the bytes. A tensor may be a
 // contiguous window of its storage (an element offset plus its own shape): row slices and the
 // per-parameter views into flat gradient / weight buffers.
 #pragma once
@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "megaton/core/allocator.h"
+#include "megaton/core/device.h"
 #include "megaton/core/dtype.h"
 #include "megaton/core/error.h"
 
@@ -20,15 +21,17 @@ int64_t shape_numel(const Shape& s);
 
 class Storage {
  public:
-  Storage(size_t bytes, MemCategory cat, std::string_view what);
+  Storage(size_t bytes, MemCategory cat, std::string_view what, Device device = Device::cpu());
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
   void* data() const { return data_; }
   size_t bytes() const { return bytes_; }
   MemCategory category() const { return cat_; }
+  Device device() const { return device_; }
 
  private:
+  Device device_;
   void* data_;
   size_t bytes_;
   MemCategory cat_;
@@ -37,8 +40,10 @@ class Storage {
 class Tensor {
  public:
   Tensor() = default;
-  static Tensor empty(Shape shape, DType dtype, MemCategory cat = MemCategory::Other, std::string name = {});
-  static Tensor zeros(Shape shape, DType dtype, MemCategory cat = MemCategory::Other, std::string name = {});
+  static Tensor empty(Shape shape, DType dtype, MemCategory cat = MemCategory::Other, std::string name = {},
+                      Device device = Device::cpu());
+  static Tensor zeros(Shape shape, DType dtype, MemCategory cat = MemCategory::Other, std::string name = {},
+                      Device device = Device::cpu());
 
   bool defined() const { return storage_ != nullptr; }
   const Shape& shape() const { return shape_; }
@@ -50,6 +55,7 @@ class Tensor {
   const std::string& name() const { return name_; }
   void set_name(std::string n) { name_ = std::move(n); }
   MemCategory category() const;
+  Device device() const { return storage_ ? storage_->device() : Device::cpu(); }
 
   void* raw() const {
     return storage_ ? static_cast<char*>(storage_->data()) + offset_ * static_cast<int64_t>(dtype_size(dtype_))
@@ -57,7 +63,8 @@ class Tensor {
   }
   int64_t storage_offset() const { return offset_; }  // in elements
   bool shares_storage_with(const Tensor& other) const { return storage_ && storage_ == other.storage_; }
-  // Typed access; throws naming the tensor if T does not match the dtype tag.
+  // Typed access; throws naming the tensor if T does not match the dtype tag. On a CUDA tensor the
+  // pointer is a device pointer, for kernels only.
   template <typename T>
   T* data() const {
     if (dtype_of<T>() != dtype_)
@@ -74,9 +81,11 @@ class Tensor {
   Tensor slice_rows(int64_t begin, int64_t end) const;
   Tensor clone(MemCategory cat) const;
   void zero_();
-  // Converting copy of every element (f32/f64/bf16/f16 and integer types); shapes must agree.
+  // Copy of every element; shapes must agree. Between dtypes (f32/f64/bf16/f16 and integer types)
+  // on the host; between devices with the same dtype.
   void copy_from(const Tensor& src);
   Tensor to(DType dtype, MemCategory cat = MemCategory::Other) const;
+  Tensor to(Device device, MemCategory cat = MemCategory::Other) const;
 
   // Throw an error naming this tensor unless its shape is `expected`.
   void expect_shape(const Shape& expected) const;

@@ -1,24 +1,21 @@
-// Pointwise activations and the residual add.
+// Pointwise activations and the residual add on tensors. Shapes: GeLU and the residual add work
+// on any shape (out, x, dout, dx alike); SwiGLU takes the fused [gate | up] input gu [..., 2H]
+// (Megatron's linear_fc1 layout) and gives out [..., H]. Dispatches to kernels::cpu (f32 / f64)
+// or kernels::cuda (GeLU: f32 / bf16, computed in fp32).
 #pragma once
-#include <cstdint>
+#include "megaton/kernels/exec_context.h"
 
 namespace megaton::kernels {
 
 // GeLU, tanh approximation (GPT-2's "gelu_new"): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
-template <typename T>
-void gelu_forward(T* out, const T* x, int64_t n);
-template <typename T>
-void gelu_backward(T* dx, const T* dout, const T* x, int64_t n);
+void gelu_forward(const ExecContext& ctx, const Tensor& out, const Tensor& x);
+void gelu_backward(const ExecContext& ctx, const Tensor& dx, const Tensor& dout, const Tensor& x);
 
-// SwiGLU on a fused [gate | up] input (Megatron's linear_fc1 layout): gu is [N, 2H] with the
-// gate in columns [0, H) and up in [H, 2H); out[N, H] = silu(gate) * up.
-template <typename T>
-void swiglu_forward(T* out, const T* gu, int64_t N, int64_t H);
-template <typename T>
-void swiglu_backward(T* dgu, const T* dout, const T* gu, int64_t N, int64_t H);
+// out = silu(gate) * up.
+void swiglu_forward(const ExecContext& ctx, const Tensor& out, const Tensor& gu);
+void swiglu_backward(const ExecContext& ctx, const Tensor& dgu, const Tensor& dout, const Tensor& gu);
 
-// out = a + b (out may alias a or b). Its backward needs no kernel: both inputs receive dy.
-template <typename T>
-void residual_forward(T* out, const T* a, const T* b, int64_t n);
+// out = a + b (out may be a or b). Its backward needs no kernel: both inputs receive dy.
+void residual_forward(const ExecContext& ctx, const Tensor& out, const Tensor& a, const Tensor& b);
 
 }  // namespace megaton::kernels

@@ -1,17 +1,18 @@
-// Linear layer on OpenBLAS GEMM. Weights are [out, in] (PyTorch / HF layout).
+// Linear layer y = x W^T (+ b) on tensors, forward and the two halves of backward. Weights are
+// [out, in] (PyTorch / HF layout); activations [..., features] with rows = numel / features.
+// Dispatches on the device: kernels::cpu (OpenBLAS, f32 / f64) or kernels::cuda (cuBLASLt, f32 /
+// bf16 with fp32 accumulation).
 #pragma once
-#include <cstdint>
+#include "megaton/kernels/exec_context.h"
 
 namespace megaton::kernels {
 
-// out[N, out_f] = x[N, in_f] w^T (+ bias).
-template <typename T>
-void linear_forward(T* out, const T* x, const T* w, const T* bias, int64_t N, int64_t in_f, int64_t out_f);
-// dx[N, in_f] = dout w
-template <typename T>
-void linear_backward_input(T* dx, const T* dout, const T* w, int64_t N, int64_t in_f, int64_t out_f);
-// dw += dout^T x; dbias += sum_n dout (dbias may be null)
-template <typename T>
-void linear_backward_weight(T* dw, T* dbias, const T* dout, const T* x, int64_t N, int64_t in_f, int64_t out_f);
+// out[N, out] = x[N, in] w^T + bias (bias may be undefined).
+void linear_forward(const ExecContext& ctx, const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias);
+// dx[N, in] = dout[N, out] w (written).
+void linear_backward_input(const ExecContext& ctx, const Tensor& dx, const Tensor& dout, const Tensor& w);
+// dw[out, in] += dout^T x; dbias[out] += sum over rows of dout (dbias may be undefined).
+void linear_backward_weight(const ExecContext& ctx, const Tensor& dw, const Tensor& dbias, const Tensor& dout,
+                            const Tensor& x);
 
 }  // namespace megaton::kernels

@@ -1,27 +1,28 @@
-// LayerNorm and RMSNorm over the last dimension. Backward split into input (B) and weight (W).
+// LayerNorm and RMSNorm over the last dimension on tensors; backward split into input (B) and
+// weight (W). x, out, dout, dx: [..., C] with N = numel / C rows; weight, bias: [C]; mean, rstd:
+// [N] statistics saved by forward for backward. Dispatches to kernels::cpu (f32 / f64) or
+// kernels::cuda (RMSNorm: f32 / bf16 with fp32 statistics).
 #pragma once
-#include <cstdint>
+#include "megaton/kernels/exec_context.h"
 
 namespace megaton::kernels {
 
-// out = (x - mean) * rstd * weight + bias (bias may be null). mean/rstd: [N], saved for backward.
-template <typename T>
-void layernorm_forward(T* out, T* mean, T* rstd, const T* x, const T* weight, const T* bias, int64_t N, int64_t C,
-                       double eps);
-template <typename T>
-void layernorm_backward_input(T* dx, const T* dout, const T* x, const T* weight, const T* mean, const T* rstd,
-                              int64_t N, int64_t C);
-// dweight += sum_n dout * xhat; dbias += sum_n dout (dbias may be null).
-template <typename T>
-void layernorm_backward_weight(T* dweight, T* dbias, const T* dout, const T* x, const T* mean, const T* rstd,
-                               int64_t N, int64_t C);
+// out = (x - mean) * rstd * weight + bias (bias may be undefined).
+void layernorm_forward(const ExecContext& ctx, const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                       const Tensor& x, const Tensor& weight, const Tensor& bias, double eps);
+void layernorm_backward_input(const ExecContext& ctx, const Tensor& dx, const Tensor& dout, const Tensor& x,
+                              const Tensor& weight, const Tensor& mean, const Tensor& rstd);
+// dweight += sum_n dout * xhat; dbias += sum_n dout (dbias may be undefined).
+void layernorm_backward_weight(const ExecContext& ctx, const Tensor& dweight, const Tensor& dbias, const Tensor& dout,
+                               const Tensor& x, const Tensor& mean, const Tensor& rstd);
 
-// out = x * rstd * weight, rstd = 1/sqrt(mean(x^2) + eps). rstd: [N].
-template <typename T>
-void rmsnorm_forward(T* out, T* rstd, const T* x, const T* weight, int64_t N, int64_t C, double eps);
-template <typename T>
-void rmsnorm_backward_input(T* dx, const T* dout, const T* x, const T* weight, const T* rstd, int64_t N, int64_t C);
-template <typename T>
-void rmsnorm_backward_weight(T* dweight, const T* dout, const T* x, const T* rstd, int64_t N, int64_t C);
+// out = x * rstd * weight, rstd = 1 / sqrt(mean(x^2) + eps).
+void rmsnorm_forward(const ExecContext& ctx, const Tensor& out, const Tensor& rstd, const Tensor& x,
+                     const Tensor& weight, double eps);
+void rmsnorm_backward_input(const ExecContext& ctx, const Tensor& dx, const Tensor& dout, const Tensor& x,
+                            const Tensor& weight, const Tensor& rstd);
+// dweight += sum_n dout * x * rstd.
+void rmsnorm_backward_weight(const ExecContext& ctx, const Tensor& dweight, const Tensor& dout, const Tensor& x,
+                             const Tensor& rstd);
 
 }  // namespace megaton::kernels

@@ -26,8 +26,7 @@ Tensor Linear::forward(LinearCtx& ctx, const Tensor& x) {
     fail("linear '", weight.name, "': input '", x.name(), "' has ", x.size(-1), " features, expected ", in_);
   const int64_t N = rows_of(x);
   Tensor y = new_activation({N, out_}, weight.name + ".out");
-  kernels::linear_forward(y.data<float>(), x.data<float>(), weight.value.data<float>(),
-                          bias.value.defined() ? bias.value.data<float>() : nullptr, N, in_, out_);
+  kernels::linear_forward(kernels::ExecContext::on(x), y, x, weight.value, bias.value);
   ctx.x = x;
   return y;
 }
@@ -35,15 +34,13 @@ Tensor Linear::forward(LinearCtx& ctx, const Tensor& x) {
 Tensor Linear::backward_input(LinearCtx& ctx, const Tensor& dy) {
   const int64_t N = rows_of(dy);
   Tensor dx = new_activation({N, in_}, weight.name + ".dx");
-  kernels::linear_backward_input(dx.data<float>(), dy.data<float>(), weight.value.data<float>(), N, in_, out_);
+  kernels::linear_backward_input(kernels::ExecContext::on(dy), dx, dy, weight.value);
   ctx.dy = dy;
   return dx;
 }
 
 void Linear::backward_weight(LinearCtx& ctx) {
-  const int64_t N = rows_of(ctx.dy);
-  kernels::linear_backward_weight(weight.grad.data<float>(), bias.grad.defined() ? bias.grad.data<float>() : nullptr,
-                                  ctx.dy.data<float>(), ctx.x.data<float>(), N, in_, out_);
+  kernels::linear_backward_weight(kernels::ExecContext::on(ctx.dy), weight.grad, bias.grad, ctx.dy, ctx.x);
   // Reverse order of registration (the gradient buffer's order): bias, then weight.
   if (bias.grad.defined()) bias.grad_accumulated();
   weight.grad_accumulated();

@@ -15,20 +15,19 @@ Tensor Mlp::forward(MlpCtx& ctx, const Tensor& x) {
   const int64_t N = rows_of(x);
   Tensor a = new_activation({N, ffn_}, fc1.weight.name + ".act");
   if (swiglu_)
-    kernels::swiglu_forward(a.data<float>(), ctx.h.data<float>(), N, ffn_);
+    kernels::swiglu_forward(kernels::ExecContext::on(x), a, ctx.h);
   else
-    kernels::gelu_forward(a.data<float>(), ctx.h.data<float>(), N * ffn_);
+    kernels::gelu_forward(kernels::ExecContext::on(x), a, ctx.h);
   return fc2.forward(ctx.fc2_ctx, a);
 }
 
 Tensor Mlp::backward_input(MlpCtx& ctx, const Tensor& dy) {
   Tensor da = fc2.backward_input(ctx.fc2_ctx, dy);
-  const int64_t N = rows_of(dy);
   Tensor dh = new_activation(ctx.h.shape(), fc1.weight.name + ".dact");
   if (swiglu_)
-    kernels::swiglu_backward(dh.data<float>(), da.data<float>(), ctx.h.data<float>(), N, ffn_);
+    kernels::swiglu_backward(kernels::ExecContext::on(dy), dh, da, ctx.h);
   else
-    kernels::gelu_backward(dh.data<float>(), da.data<float>(), ctx.h.data<float>(), N * ffn_);
+    kernels::gelu_backward(kernels::ExecContext::on(dy), dh, da, ctx.h);
   ctx.h = {};
   return fc1.backward_input(ctx.fc1_ctx, dh);
 }

@@ -15,13 +15,12 @@ Tensor Norm::forward(NormCtx& ctx, const Tensor& x) {
   Tensor y = new_activation({N, hidden_}, weight.name + ".out");
   ctx.x = x;
   ctx.rstd = new_activation({N}, weight.name + ".rstd");
+  const auto on = kernels::ExecContext::on(x);
   if (rms_) {
-    kernels::rmsnorm_forward(y.data<float>(), ctx.rstd.data<float>(), x.data<float>(), weight.value.data<float>(), N,
-                             hidden_, eps_);
+    kernels::rmsnorm_forward(on, y, ctx.rstd, x, weight.value, eps_);
   } else {
     ctx.mean = new_activation({N}, weight.name + ".mean");
-    kernels::layernorm_forward(y.data<float>(), ctx.mean.data<float>(), ctx.rstd.data<float>(), x.data<float>(),
-                               weight.value.data<float>(), bias.value.data<float>(), N, hidden_, eps_);
+    kernels::layernorm_forward(on, y, ctx.mean, ctx.rstd, x, weight.value, bias.value, eps_);
   }
   return y;
 }
@@ -29,26 +28,21 @@ Tensor Norm::forward(NormCtx& ctx, const Tensor& x) {
 Tensor Norm::backward_input(NormCtx& ctx, const Tensor& dy) {
   const int64_t N = rows_of(dy);
   Tensor dx = new_activation({N, hidden_}, weight.name + ".dx");
+  const auto on = kernels::ExecContext::on(dy);
   if (rms_)
-    kernels::rmsnorm_backward_input(dx.data<float>(), dy.data<float>(), ctx.x.data<float>(), weight.value.data<float>(),
-                                    ctx.rstd.data<float>(), N, hidden_);
+    kernels::rmsnorm_backward_input(on, dx, dy, ctx.x, weight.value, ctx.rstd);
   else
-    kernels::layernorm_backward_input(dx.data<float>(), dy.data<float>(), ctx.x.data<float>(),
-                                      weight.value.data<float>(), ctx.mean.data<float>(), ctx.rstd.data<float>(), N,
-                                      hidden_);
+    kernels::layernorm_backward_input(on, dx, dy, ctx.x, weight.value, ctx.mean, ctx.rstd);
   ctx.dy = dy;
   return dx;
 }
 
 void Norm::backward_weight(NormCtx& ctx) {
-  const int64_t N = rows_of(ctx.dy);
+  const auto on = kernels::ExecContext::on(ctx.dy);
   if (rms_)
-    kernels::rmsnorm_backward_weight(weight.grad.data<float>(), ctx.dy.data<float>(), ctx.x.data<float>(),
-                                     ctx.rstd.data<float>(), N, hidden_);
+    kernels::rmsnorm_backward_weight(on, weight.grad, ctx.dy, ctx.x, ctx.rstd);
   else
-    kernels::layernorm_backward_weight(weight.grad.data<float>(), bias.grad.data<float>(), ctx.dy.data<float>(),
-                                       ctx.x.data<float>(), ctx.mean.data<float>(), ctx.rstd.data<float>(), N,
-                                       hidden_);
+    kernels::layernorm_backward_weight(on, weight.grad, bias.grad, ctx.dy, ctx.x, ctx.mean, ctx.rstd);
   // Reverse order of registration (the gradient buffer's order): bias, then weight.
   if (bias.grad.defined()) bias.grad_accumulated();
   weight.grad_accumulated();

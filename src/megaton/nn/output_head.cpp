@@ -31,6 +31,7 @@ LossSum OutputHead::run(const Tensor& x, const int32_t* targets, float grad_scal
     if (targets[i] != kernels::kIgnoreIndex && (targets[i] < 0 || targets[i] >= vocab_))
       fail("target id ", targets[i], " at row ", i, " is outside the model's vocabulary of ", vocab_);
   Parameter& w = weight();
+  const auto on = kernels::ExecContext::on(x);
   const int64_t chunk = std::min(N, kChunkRows);
   Tensor logits = Tensor::empty({chunk, vocab_}, DType::F32, MemCategory::Workspace, "output_layer.logits");
   Tensor losses = Tensor::empty({chunk}, DType::F32, MemCategory::Workspace, "output_layer.losses");
@@ -38,16 +39,17 @@ LossSum OutputHead::run(const Tensor& x, const int32_t* targets, float grad_scal
   LossSum total;
   for (int64_t r0 = 0; r0 < N; r0 += chunk) {
     const int64_t n = std::min(chunk, N - r0);
-    const float* xr = x.data<float>() + r0 * hidden_;
-    float* lg = logits.data<float>();
-    kernels::linear_forward(lg, xr, w.value.data<float>(), static_cast<const float*>(nullptr), n, hidden_, vocab_);
+    const Tensor xr = x.view({N, hidden_}).slice_rows(r0, r0 + n);
+    const Tensor lgt = logits.slice_rows(0, n);
+    float* lg = lgt.data<float>();
+    kernels::linear_forward(on, lgt, xr, w.value, Tensor());
     kernels::cross_entropy_forward(losses.data<float>(), lse.data<float>(), lg, targets + r0, n, vocab_);
     for (int64_t i = 0; i < n; ++i) total.sum += losses.data<float>()[i];
     total.count += count_targets(targets + r0, n);
     if (!dx) continue;
     kernels::cross_entropy_backward(lg, lg, lse.data<float>(), targets + r0, grad_scale, n, vocab_);
-    kernels::linear_backward_input(dx->data<float>() + r0 * hidden_, lg, w.value.data<float>(), n, hidden_, vocab_);
-    kernels::linear_backward_weight(w.grad.data<float>(), static_cast<float*>(nullptr), lg, xr, n, hidden_, vocab_);
+    kernels::linear_backward_input(on, dx->view({N, hidden_}).slice_rows(r0, r0 + n), lgt, w.value);
+    kernels::linear_backward_weight(on, w.grad, Tensor(), lgt, xr);
   }
   if (dx) w.grad_accumulated();
   return total;
@@ -63,8 +65,7 @@ LossSum OutputHead::loss_and_grad(const Tensor& x, const int32_t* targets, float
 Tensor OutputHead::logits(const Tensor& x) {
   const int64_t N = rows_of(x);
   Tensor out = new_activation({N, vocab_}, "output_layer.logits");
-  kernels::linear_forward(out.data<float>(), x.data<float>(), weight().value.data<float>(),
-                          static_cast<const float*>(nullptr), N, hidden_, vocab_);
+  kernels::linear_forward(kernels::ExecContext::on(x), out, x, weight().value, Tensor());
   return out;
 }
 

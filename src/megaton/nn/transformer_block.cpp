@@ -14,7 +14,7 @@ namespace {
 // a += b, returning a. `a` is always a fresh branch output (or input gradient) that no context
 // keeps, so the residual sum reuses its storage instead of allocating another tensor.
 Tensor add_into(Tensor a, const Tensor& b) {
-  kernels::residual_forward(a.data<float>(), a.data<float>(), b.data<float>(), a.numel());
+  kernels::residual_forward(kernels::ExecContext::on(a), a, a, b);
   return a;
 }
 }  // namespace

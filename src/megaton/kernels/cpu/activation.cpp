@@ -1,4 +1,4 @@
-#include "megaton/kernels/activation.h"
+#include "megaton/kernels/cpu/activation.h"
 
 #include "megaton/kernels/cpu/fast_exp.h"
 
@@ -9,7 +9,7 @@
 #include <numbers>
 #include <type_traits>
 
-namespace megaton::kernels {
+namespace megaton::kernels::cpu {
 
 namespace {
 
@@ -101,4 +101,4 @@ MEGATON_INSTANTIATE(float)
 MEGATON_INSTANTIATE(double)
 #undef MEGATON_INSTANTIATE
 
-}  // namespace megaton::kernels
+}  // namespace megaton::kernels::cpu

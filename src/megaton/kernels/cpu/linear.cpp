@@ -1,4 +1,4 @@
-#include "megaton/kernels/linear.h"
+#include "megaton/kernels/cpu/linear.h"
 
 #include <cblas.h>
 #include <omp.h>
@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <vector>
 
-namespace megaton::kernels {
+namespace megaton::kernels::cpu {
 namespace {
 
 // Row-major GEMM, C = alpha op(A) op(B) + beta C, dispatched on the element type.
@@ -74,4 +74,4 @@ template void linear_backward_input<double>(double*, const double*, const double
 template void linear_backward_weight<float>(float*, float*, const float*, const float*, int64_t, int64_t, int64_t);
 template void linear_backward_weight<double>(double*, double*, const double*, const double*, int64_t, int64_t, int64_t);
 
-}  // namespace megaton::kernels
+}  // namespace megaton::kernels::cpu

@@ -1,11 +1,11 @@
-#include "megaton/kernels/norm.h"
+#include "megaton/kernels/cpu/norm.h"
 
 #include <algorithm>
 #include <cmath>
 #include <memory>
 #include <vector>
 
-namespace megaton::kernels {
+namespace megaton::kernels::cpu {
 
 namespace {
 
@@ -184,4 +184,4 @@ MEGATON_INSTANTIATE(float)
 MEGATON_INSTANTIATE(double)
 #undef MEGATON_INSTANTIATE
 
-}  // namespace megaton::kernels
+}  // namespace megaton::kernels::cpu

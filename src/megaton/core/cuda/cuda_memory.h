@@ -1,0 +1,19 @@
+// Raw CUDA device memory for the core allocator and tensor copies (built only with CUDA). Every
+// CUDA runtime call is checked; a failure throws megaton::Error naming the call, file and line.
+#pragma once
+#include <cstddef>
+#include <string_view>
+
+#include "megaton/core/device.h"
+
+namespace megaton::cuda {
+
+void* device_malloc(int device, size_t bytes, std::string_view what);
+void device_free(int device, void* p);
+// Copies bytes between any two of host and CUDA memory (synchronously on the default stream).
+void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
+void zero_bytes(void* p, int device, size_t bytes);
+// CUDA devices visible to this process (0 when the driver reports none or no driver is loaded).
+int device_count();
+
+}  // namespace megaton::cuda

@@ -1,0 +1,26 @@
+#include "megaton/core/device.h"
+
+#include <charconv>
+
+#include "megaton/core/error.h"
+
+namespace megaton {
+
+std::string Device::str() const { return is_cpu() ? "cpu" : "cuda:" + std::to_string(index); }
+
+Device Device::parse(std::string_view text) {
+  if (text == "cpu") return cpu();
+  if (text == "cuda") return cuda(0);
+  constexpr std::string_view prefix = "cuda:";
+  if (text.substr(0, prefix.size()) == prefix) {
+    const std::string_view digits = text.substr(prefix.size());
+    int index = -1;
+    const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), index);
+    if (ec == std::errc() && end == digits.data() + digits.size() && !digits.empty() && index >= 0 &&
+        index < kMaxCudaDevices)
+      return cuda(index);
+  }
+  fail("unknown device '", text, "': expected cpu, cuda or cuda:N with 0 <= N < ", kMaxCudaDevices);
+}
+
+}  // namespace megaton

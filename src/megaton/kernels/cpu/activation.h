@@ -1,0 +1,24 @@
+// Pointwise activations and the residual add.
+#pragma once
+#include <cstdint>
+
+namespace megaton::kernels::cpu {
+
+// GeLU, tanh approximation (GPT-2's "gelu_new"): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+template <typename T>
+void gelu_forward(T* out, const T* x, int64_t n);
+template <typename T>
+void gelu_backward(T* dx, const T* dout, const T* x, int64_t n);
+
+// SwiGLU on a fused [gate | up] input (Megatron's linear_fc1 layout): gu is [N, 2H] with the
+// gate in columns [0, H) and up in [H, 2H); out[N, H] = silu(gate) * up.
+template <typename T>
+void swiglu_forward(T* out, const T* gu, int64_t N, int64_t H);
+template <typename T>
+void swiglu_backward(T* dgu, const T* dout, const T* gu, int64_t N, int64_t H);
+
+// out = a + b (out may alias a or b). Its backward needs no kernel: both inputs receive dy.
+template <typename T>
+void residual_forward(T* out, const T* a, const T* b, int64_t n);
+
+}  // namespace megaton::kernels::cpu

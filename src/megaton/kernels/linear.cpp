@@ -1,0 +1,85 @@
+#include "megaton/kernels/linear.h"
+
+#include "megaton/kernels/cpu/linear.h"
+#ifdef MEGATON_WITH_CUDA
+#include "megaton/kernels/cuda/linear.h"
+#endif
+
+namespace megaton::kernels {
+
+namespace {
+
+struct LinearShape {
+  int64_t rows, in, out;
+};
+
+// Checks w [out, in], x [rows, in], y [rows, out] (and the bias [out]) and returns the sizes.
+LinearShape check_linear(std::string_view op, const Tensor& w, const Tensor& x, const Tensor& y, const Tensor* bias) {
+  if (w.dim() != 2) fail("kernel ", op, ": weight '", w.name(), "' has shape ", shape_str(w.shape()), ", expected 2-D");
+  const int64_t out = w.size(0), in = w.size(1);
+  if (x.dim() == 0 || x.size(-1) != in)
+    fail("kernel ", op, ": input '", x.name(), "' has shape ", shape_str(x.shape()), ", expected [..., ", in, "]");
+  const int64_t rows = x.numel() / in;
+  expect_matrix(op, y, rows, out);
+  if (bias && bias->defined()) expect_matrix(op, *bias, 1, out);
+  return {rows, in, out};
+}
+
+}  // namespace
+
+void linear_forward(const ExecContext& ctx, const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias) {
+  constexpr std::string_view op = "linear_forward";
+  expect_on_device(ctx, op, {&out, &x, &w});
+  if (bias.defined()) expect_on_device(ctx, op, {&bias});
+  const LinearShape s = check_linear(op, w, x, out, &bias);
+  if (ctx.device.is_cuda()) {
+#ifdef MEGATON_WITH_CUDA
+    return cuda::linear_forward(ctx, out, x, w, bias, s.rows, s.in, s.out);
+#endif
+    fail_no_backend(ctx, op);
+  }
+  expect_dtype(w.dtype(), op, {&out, &x});
+  if (bias.defined()) expect_dtype(w.dtype(), op, {&bias});
+  dispatch_cpu_float(w.dtype(), op, [&]<typename T>(T) {
+    cpu::linear_forward(out.data<T>(), x.data<T>(), w.data<T>(), bias.defined() ? bias.data<T>() : nullptr, s.rows,
+                        s.in, s.out);
+  });
+}
+
+void linear_backward_input(const ExecContext& ctx, const Tensor& dx, const Tensor& dout, const Tensor& w) {
+  constexpr std::string_view op = "linear_backward_input";
+  expect_on_device(ctx, op, {&dx, &dout, &w});
+  const LinearShape s = check_linear(op, w, dx, dout, nullptr);
+  if (ctx.device.is_cuda()) {
+#ifdef MEGATON_WITH_CUDA
+    return cuda::linear_backward_input(ctx, dx, dout, w, s.rows, s.in, s.out);
+#endif
+    fail_no_backend(ctx, op);
+  }
+  expect_dtype(w.dtype(), op, {&dx, &dout});
+  dispatch_cpu_float(w.dtype(), op, [&]<typename T>(T) {
+    cpu::linear_backward_input(dx.data<T>(), dout.data<T>(), w.data<T>(), s.rows, s.in, s.out);
+  });
+}
+
+void linear_backward_weight(const ExecContext& ctx, const Tensor& dw, const Tensor& dbias, const Tensor& dout,
+                            const Tensor& x) {
+  constexpr std::string_view op = "linear_backward_weight";
+  expect_on_device(ctx, op, {&dw, &dout, &x});
+  if (dbias.defined()) expect_on_device(ctx, op, {&dbias});
+  const LinearShape s = check_linear(op, dw, x, dout, &dbias);
+  if (ctx.device.is_cuda()) {
+#ifdef MEGATON_WITH_CUDA
+    return cuda::linear_backward_weight(ctx, dw, dbias, dout, x, s.rows, s.in, s.out);
+#endif
+    fail_no_backend(ctx, op);
+  }
+  expect_dtype(dw.dtype(), op, {&dout, &x});
+  if (dbias.defined()) expect_dtype(dw.dtype(), op, {&dbias});
+  dispatch_cpu_float(dw.dtype(), op, [&]<typename T>(T) {
+    cpu::linear_backward_weight(dw.data<T>(), dbias.defined() ? dbias.data<T>() : nullptr, dout.data<T>(),
+                                x.data<T>(), s.rows, s.in, s.out);
+  });
+}
+
+}  // namespace megaton::kernels
