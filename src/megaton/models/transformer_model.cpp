@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "megaton/core/rng.h"
+#include "megaton/kernels/copy.h"
 
 namespace megaton::models {
 
@@ -82,13 +83,12 @@ LossResult TransformerModel::forward(ModelCtx& ctx, const Tensor& tokens, const 
   Tensor h = embedding_.forward(tokens);
   for (size_t i = 0; i < layers_.size(); ++i) h = layers_[i]->forward(ctx.blocks[i], h, ctx.B, ctx.T);
   Tensor y = final_norm_.forward(ctx.final_norm, h);
-  const int32_t* tg = targets.data<int32_t>();
   nn::LossSum s;
   if (compute_grad) {
-    const int64_t count = nn::count_targets(tg, targets.numel());
-    s = head_.loss_and_grad(y, tg, count ? loss_scale / static_cast<float>(count) : 0.0f, ctx.dhidden);
+    const int64_t count = nn::count_targets(targets);
+    s = head_.loss_and_grad(y, targets, count ? loss_scale / static_cast<float>(count) : 0.0f, ctx.dhidden);
   } else {
-    s = head_.loss(y, tg);
+    s = head_.loss(y, targets);
     ctx = {};
   }
   return {s.count ? s.sum / static_cast<double>(s.count) : 0.0, s.count};
@@ -138,8 +138,7 @@ Tensor TransformerModel::forward_cached(std::vector<nn::KVCache>& caches, const 
   for (size_t i = 0; i < layers_.size(); ++i) h = layers_[i]->forward_cached(caches[i], h, B, T);
   // Only the last position of each sequence needs logits.
   Tensor last = nn::new_activation({B, C}, "last_hidden");
-  for (int64_t b = 0; b < B; ++b)
-    std::copy_n(h.data<float>() + ((b + 1) * T - 1) * C, C, last.data<float>() + b * C);
+  kernels::copy_rows(kernels::ExecContext::on(h), {last.view({B, 1, C}), 0, 0}, {h.view({B, T, C}), T - 1, 0}, 1, C);
   nn::NormCtx scratch;
   return head_.logits(final_norm_.forward(scratch, last));
 }

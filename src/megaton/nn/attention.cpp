@@ -1,9 +1,9 @@
 #include "megaton/nn/attention.h"
 
 #include <cmath>
-#include <cstring>
 
 #include "megaton/kernels/attention.h"
+#include "megaton/kernels/copy.h"
 
 namespace megaton::nn {
 
@@ -75,16 +75,13 @@ Tensor SelfAttention::forward_cached(KVCache& cache, const Tensor& x, int64_t B,
   LinearCtx scratch;
   Tensor qkv_buf = qkv.forward(scratch, x);
   rotate(qkv_buf, B, T, cache.len, false);
+  const auto on = kernels::ExecContext::on(qkv_buf);
+  const Tensor rows = qkv_buf.view({B, T, stride});
+  kernels::copy_rows(on, {cache.k, cache.len, 0}, {rows, 0, qs}, T, ks);
+  kernels::copy_rows(on, {cache.v, cache.len, 0}, {rows, 0, qs + ks}, T, ks);
   const float* src = qkv_buf.data<float>();
-  float* kc = cache.k.data<float>();
-  float* vc = cache.v.data<float>();
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t < T; ++t) {
-      const float* row = src + (b * T + t) * stride;
-      const int64_t dst = (b * max_len + cache.len + t) * ks;
-      std::memcpy(kc + dst, row + qs, ks * sizeof(float));
-      std::memcpy(vc + dst, row + qs + ks, ks * sizeof(float));
-    }
+  const float* kc = cache.k.data<float>();
+  const float* vc = cache.v.data<float>();
   Tensor out = new_activation({B * T, qs}, qkv.weight.name + ".attn_out");
   Tensor lse = new_activation({B, shape_.heads, T}, qkv.weight.name + ".lse");
   kernels::attention_forward(out.data<float>(), lse.data<float>(), src, kc, vc, B, T, shape_.heads, shape_.groups,

@@ -1,6 +1,7 @@
 #include "megaton/nn/embedding.h"
 
 #include "megaton/kernels/embedding.h"
+#include "megaton/kernels/reduce.h"
 #include "megaton/nn/linear.h"
 
 namespace megaton::nn {
@@ -15,10 +16,10 @@ Embedding::Embedding(int64_t vocab, int64_t hidden, int64_t max_positions, bool 
 Tensor Embedding::forward(const Tensor& tokens, int64_t pos_offset) {
   const int64_t B = tokens.size(0), T = tokens.size(1);
   const int32_t* ids = tokens.data<int32_t>();
-  for (int64_t i = 0; i < B * T; ++i)
-    if (ids[i] < 0 || ids[i] >= vocab_)
-      fail("token id ", ids[i], " at position ", i, " of '", tokens.name(), "' is outside the model's vocabulary of ",
-           vocab_, " (vocab mismatch between data and model?)");
+  const int64_t bad = kernels::first_out_of_range(kernels::ExecContext::on(tokens), tokens, vocab_);
+  if (bad >= 0)
+    fail("token id ", ids[bad], " at position ", bad, " of '", tokens.name(), "' is outside the model's vocabulary of ",
+         vocab_, " (vocab mismatch between data and model?)");
   if (position.value.defined() && pos_offset + T > position.value.size(0))
     fail("sequence of ", pos_offset + T, " tokens exceeds max_position_embeddings ", position.value.size(0));
   Tensor out = new_activation({B * T, hidden_}, "embedding.out");

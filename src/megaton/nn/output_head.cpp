@@ -4,6 +4,7 @@
 
 #include "megaton/kernels/cross_entropy.h"
 #include "megaton/kernels/linear.h"
+#include "megaton/kernels/reduce.h"
 #include "megaton/nn/linear.h"
 
 namespace megaton::nn {
@@ -21,17 +22,19 @@ OutputHead::OutputHead(int64_t hidden, int64_t vocab, Parameter* tied) : hidden_
     own_ = Parameter("output_layer.weight", {vocab, hidden}, true, ShardSpec::tensor_parallel(0));
 }
 
-int64_t count_targets(const int32_t* targets, int64_t n) {
-  return std::count_if(targets, targets + n, [](int32_t t) { return t != kernels::kIgnoreIndex; });
+int64_t count_targets(const Tensor& targets) {
+  return kernels::count_not_equal(kernels::ExecContext::on(targets), targets, kernels::kIgnoreIndex);
 }
 
-LossSum OutputHead::run(const Tensor& x, const int32_t* targets, float grad_scale, Tensor* dx) {
+LossSum OutputHead::run(const Tensor& x, const Tensor& targets, float grad_scale, Tensor* dx) {
   const int64_t N = rows_of(x);
-  for (int64_t i = 0; i < N; ++i)
-    if (targets[i] != kernels::kIgnoreIndex && (targets[i] < 0 || targets[i] >= vocab_))
-      fail("target id ", targets[i], " at row ", i, " is outside the model's vocabulary of ", vocab_);
-  Parameter& w = weight();
   const auto on = kernels::ExecContext::on(x);
+  if (targets.numel() != N) fail("loss: ", targets.numel(), " targets for ", N, " rows of '", x.name(), "'");
+  const int64_t bad = kernels::first_out_of_range(on, targets, vocab_, kernels::kIgnoreIndex);
+  if (bad >= 0)
+    fail("target id ", targets.data<int32_t>()[bad], " at row ", bad, " is outside the model's vocabulary of ", vocab_);
+  const Tensor flat_targets = targets.view({N});
+  Parameter& w = weight();
   const int64_t chunk = std::min(N, kChunkRows);
   Tensor logits = Tensor::empty({chunk, vocab_}, DType::F32, MemCategory::Workspace, "output_layer.logits");
   Tensor losses = Tensor::empty({chunk}, DType::F32, MemCategory::Workspace, "output_layer.losses");
@@ -41,13 +44,15 @@ LossSum OutputHead::run(const Tensor& x, const int32_t* targets, float grad_scal
     const int64_t n = std::min(chunk, N - r0);
     const Tensor xr = x.view({N, hidden_}).slice_rows(r0, r0 + n);
     const Tensor lgt = logits.slice_rows(0, n);
+    const Tensor tg = flat_targets.slice_rows(r0, r0 + n);
+    const int32_t* tgp = tg.data<int32_t>();
     float* lg = lgt.data<float>();
     kernels::linear_forward(on, lgt, xr, w.value, Tensor());
-    kernels::cross_entropy_forward(losses.data<float>(), lse.data<float>(), lg, targets + r0, n, vocab_);
-    for (int64_t i = 0; i < n; ++i) total.sum += losses.data<float>()[i];
-    total.count += count_targets(targets + r0, n);
+    kernels::cross_entropy_forward(losses.data<float>(), lse.data<float>(), lg, tgp, n, vocab_);
+    total.sum += kernels::sum(on, losses.slice_rows(0, n));
+    total.count += count_targets(tg);
     if (!dx) continue;
-    kernels::cross_entropy_backward(lg, lg, lse.data<float>(), targets + r0, grad_scale, n, vocab_);
+    kernels::cross_entropy_backward(lg, lg, lse.data<float>(), tgp, grad_scale, n, vocab_);
     kernels::linear_backward_input(on, dx->view({N, hidden_}).slice_rows(r0, r0 + n), lgt, w.value);
     kernels::linear_backward_weight(on, w.grad, Tensor(), lgt, xr);
   }
@@ -55,9 +60,9 @@ LossSum OutputHead::run(const Tensor& x, const int32_t* targets, float grad_scal
   return total;
 }
 
-LossSum OutputHead::loss(const Tensor& x, const int32_t* targets) { return run(x, targets, 0.0f, nullptr); }
+LossSum OutputHead::loss(const Tensor& x, const Tensor& targets) { return run(x, targets, 0.0f, nullptr); }
 
-LossSum OutputHead::loss_and_grad(const Tensor& x, const int32_t* targets, float grad_scale, Tensor& dx) {
+LossSum OutputHead::loss_and_grad(const Tensor& x, const Tensor& targets, float grad_scale, Tensor& dx) {
   dx = new_activation(x.shape(), "output_layer.dx");
   return run(x, targets, grad_scale, &dx);
 }

@@ -17,23 +17,24 @@ class OutputHead {
  public:
   // tied: the word embedding whose value/grad this head shares; null for an own weight.
   OutputHead(int64_t hidden, int64_t vocab, Parameter* tied);
-  // Loss only (evaluation).
-  LossSum loss(const Tensor& x, const int32_t* targets);
+  // Loss only (evaluation). targets: i32, one per row of x (kIgnoreIndex for none).
+  LossSum loss(const Tensor& x, const Tensor& targets);
   // Loss and gradients: dx (written) and the weight gradient (accumulated) of
   // grad_scale * sum(losses).
-  LossSum loss_and_grad(const Tensor& x, const int32_t* targets, float grad_scale, Tensor& dx);
+  LossSum loss_and_grad(const Tensor& x, const Tensor& targets, float grad_scale, Tensor& dx);
   // Logits [N, vocab] of the given rows (generation).
   Tensor logits(const Tensor& x);
   void parameters(ParameterList& out);
   Parameter& weight() { return tied_ ? *tied_ : own_; }
 
  private:
-  LossSum run(const Tensor& x, const int32_t* targets, float grad_scale, Tensor* dx);
+  LossSum run(const Tensor& x, const Tensor& targets, float grad_scale, Tensor* dx);
   int64_t hidden_, vocab_;
   Parameter* tied_;
   Parameter own_;
 };
 
-int64_t count_targets(const int32_t* targets, int64_t n);
+// Rows with a target (not kIgnoreIndex).
+int64_t count_targets(const Tensor& targets);
 
 }  // namespace megaton::nn

@@ -1,0 +1,33 @@
+#include "megaton/kernels/copy.h"
+
+#include "megaton/kernels/cpu/copy.h"
+
+namespace megaton::kernels {
+
+namespace {
+void check_block(std::string_view op, const BlockAt& at, int64_t rows, int64_t cols) {
+  const Tensor& t = at.t;
+  if (t.dim() != 3) fail("kernel ", op, ": tensor '", t.name(), "' has shape ", shape_str(t.shape()), ", expected [B, R, C]");
+  if (at.row < 0 || at.col < 0 || rows < 0 || cols < 0 || at.row > t.size(1) - rows || at.col > t.size(2) - cols)
+    fail("kernel ", op, ": a block of ", rows, " x ", cols, " at row ", at.row, ", column ", at.col,
+         " does not fit tensor '", t.name(), "' of shape ", shape_str(t.shape()));
+}
+}  // namespace
+
+void copy_rows(const ExecContext& ctx, BlockAt dst, BlockAt src, int64_t rows, int64_t cols) {
+  constexpr std::string_view op = "copy_rows";
+  expect_on_device(ctx, op, {&dst.t, &src.t});
+  check_block(op, dst, rows, cols);
+  check_block(op, src, rows, cols);
+  if (dst.t.size(0) != src.t.size(0))
+    fail("kernel ", op, ": '", dst.t.name(), "' has ", dst.t.size(0), " batch rows, '", src.t.name(), "' ",
+         src.t.size(0));
+  if (!ctx.device.is_cpu()) fail_no_backend(ctx, op);
+  expect_dtype(src.t.dtype(), op, {&dst.t});
+  dispatch_cpu_float(src.t.dtype(), op, [&]<typename T>(T) {
+    cpu::copy_rows(dst.t.data<T>(), dst.t.size(1), dst.t.size(2), dst.row, dst.col, src.t.data<T>(), src.t.size(1),
+                   src.t.size(2), src.row, src.col, src.t.size(0), rows, cols);
+  });
+}
+
+}  // namespace megaton::kernels

@@ -1,0 +1,19 @@
+// Strided block copies on tensors: a rectangle of rows x cols per batch row from one [B, R, C]
+// layout into another. What the KV cache append (k / v columns of the fused QKV rows into the
+// cache at its current length) and the last-position gather of generation are made of.
+#pragma once
+#include "megaton/kernels/exec_context.h"
+
+namespace megaton::kernels {
+
+// A corner of a [B, R, C] tensor: the row and column where a block starts in every batch row.
+struct BlockAt {
+  const Tensor& t;  // 3-D [B, R, C]
+  int64_t row = 0, col = 0;
+};
+
+// dst[b, dst.row + r, dst.col + c] = src[b, src.row + r, src.col + c] for r < rows, c < cols.
+// Throws naming the op and tensor when a block does not fit or B / dtypes differ.
+void copy_rows(const ExecContext& ctx, BlockAt dst, BlockAt src, int64_t rows, int64_t cols);
+
+}  // namespace megaton::kernels

@@ -1,0 +1,13 @@
+// Strided block copy between [B, R, C] row layouts (CPU reference).
+#pragma once
+#include <cstdint>
+
+namespace megaton::kernels::cpu {
+
+// For b < B, r < rows: dst[b, dst_row + r, dst_col : dst_col + cols] = src[b, src_row + r, src_col : ...],
+// with dst [B, dst_R, dst_C] and src [B, src_R, src_C] row-major.
+template <typename T>
+void copy_rows(T* dst, int64_t dst_R, int64_t dst_C, int64_t dst_row, int64_t dst_col, const T* src, int64_t src_R,
+               int64_t src_C, int64_t src_row, int64_t src_col, int64_t B, int64_t rows, int64_t cols);
+
+}  // namespace megaton::kernels::cpu

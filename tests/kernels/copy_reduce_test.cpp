@@ -1,0 +1,94 @@
+// Strided block copies and whole-tensor reductions against loops written out here.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <numeric>
+
+#include "finite_diff.h"
+#include "megaton/kernels/copy.h"
+#include "megaton/kernels/reduce.h"
+
+using namespace megaton;
+
+namespace {
+const kernels::ExecContext cpu;
+
+Tensor iota(Shape shape, DType dtype, double start, const std::string& name) {
+  Tensor t = Tensor::empty(std::move(shape), DType::F64, MemCategory::Other, name);
+  std::iota(t.data<double>(), t.data<double>() + t.numel(), start);
+  Tensor out = t.to(dtype);
+  out.set_name(name);
+  return out;
+}
+
+Tensor ids(std::vector<int32_t> v) {
+  Tensor t = Tensor::empty({static_cast<int64_t>(v.size())}, DType::I32, MemCategory::Other, "ids");
+  std::copy(v.begin(), v.end(), t.data<int32_t>());
+  return t;
+}
+}  // namespace
+
+// The KV-cache append: columns [3, 5) of rows 0..1 of every batch row land at rows 4..5 of the cache.
+TEST(CopyRows, CopiesABlockPerBatchRowAndNothingElse) {
+  const int64_t B = 3;
+  Tensor src = iota({B, 2, 7}, DType::F32, 1, "qkv");
+  Tensor dst = Tensor::zeros({B, 6, 2}, DType::F32, MemCategory::Other, "cache");
+  kernels::copy_rows(cpu, {dst, 4, 0}, {src, 0, 3}, 2, 2);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t r = 0; r < 6; ++r)
+      for (int64_t c = 0; c < 2; ++c) {
+        const float want = r >= 4 ? src.data<float>()[(b * 2 + r - 4) * 7 + 3 + c] : 0.0f;
+        ASSERT_EQ(dst.data<float>()[(b * 6 + r) * 2 + c], want) << "b " << b << " r " << r << " c " << c;
+      }
+}
+
+TEST(CopyRows, BlocksThatDoNotFitAreErrorsNamingTheTensor) {
+  Tensor src = iota({2, 3, 4}, DType::F32, 0, "src");
+  Tensor dst = Tensor::zeros({2, 3, 4}, DType::F32, MemCategory::Other, "dst");
+  Tensor other_b = Tensor::zeros({3, 3, 4}, DType::F32, MemCategory::Other, "other_b");
+  Tensor f64 = Tensor::zeros({2, 3, 4}, DType::F64, MemCategory::Other, "f64");
+  EXPECT_NO_THROW(kernels::copy_rows(cpu, {dst, 0, 0}, {src, 0, 0}, 3, 4));
+  EXPECT_THROW(kernels::copy_rows(cpu, {dst, 1, 0}, {src, 0, 0}, 3, 4), Error);   // past dst's rows
+  EXPECT_THROW(kernels::copy_rows(cpu, {dst, 0, 0}, {src, 0, 1}, 3, 4), Error);   // past src's columns
+  EXPECT_THROW(kernels::copy_rows(cpu, {dst, -1, 0}, {src, 0, 0}, 1, 1), Error);  // negative corner
+  EXPECT_THROW(kernels::copy_rows(cpu, {other_b, 0, 0}, {src, 0, 0}, 1, 1), Error);
+  EXPECT_THROW(kernels::copy_rows(cpu, {f64, 0, 0}, {src, 0, 0}, 1, 1), Error);
+  try {
+    kernels::copy_rows(cpu, {dst, 2, 0}, {src, 0, 0}, 2, 4);
+    FAIL() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'dst'"), std::string::npos) << e.what();
+  }
+}
+
+// Large enough for several chunks and threads; same bits with 1 and 2 threads.
+TEST(Reduce, SumMatchesALongDoubleLoopAndIgnoresTheThreadCount) {
+  const auto v = fd::random_vector<float>(100003, 3, -1.0, 1.0);
+  Tensor x = Tensor::empty({static_cast<int64_t>(v.size())}, DType::F32, MemCategory::Other, "x");
+  std::copy(v.begin(), v.end(), x.data<float>());
+  long double want = 0;
+  for (float f : v) want += f;
+  double one = 0, two = 0;
+  fd::with_threads(1, [&] { one = kernels::sum(cpu, x); });
+  fd::with_threads(2, [&] { two = kernels::sum(cpu, x); });
+  EXPECT_NEAR(one, static_cast<double>(want), 1e-9);
+  EXPECT_EQ(std::memcmp(&one, &two, sizeof one), 0);
+  EXPECT_EQ(kernels::sum(cpu, x.slice_rows(5, 5)), 0.0);
+  Tensor i32 = ids({1, 2});
+  EXPECT_THROW(kernels::sum(cpu, i32), Error);
+}
+
+TEST(Reduce, CountsAndFindsTheFirstIdOutOfRange) {
+  Tensor t = ids({3, -100, 7, 0, -100, 9, 2});
+  EXPECT_EQ(kernels::count_not_equal(cpu, t, -100), 5);
+  EXPECT_EQ(kernels::first_out_of_range(cpu, t, 10, -100), -1);
+  EXPECT_EQ(kernels::first_out_of_range(cpu, t, 10), 1);     // -100 is out of range without `ignore`
+  EXPECT_EQ(kernels::first_out_of_range(cpu, t, 9, -100), 5);  // 9 >= limit
+  EXPECT_EQ(kernels::first_out_of_range(cpu, t, 3, -100), 0);
+  // The first offending index, also when it sits in a later chunk of a long tensor.
+  std::vector<int32_t> many(200000, 1);
+  many[150001] = 5;
+  many[170000] = -2;
+  EXPECT_EQ(kernels::first_out_of_range(cpu, ids(many), 5), 150001);
+  EXPECT_EQ(kernels::count_not_equal(cpu, ids(many), 1), 2);
+}
