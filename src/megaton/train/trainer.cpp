@@ -14,10 +14,8 @@
 #include "megaton/infer/generate.h"
 #include "megaton/kernels/sgemm_ceiling.h"
 #include "megaton/models/hf_format.h"
-#include "megaton/optim/grad_clip.h"
 #include "megaton/train/evaluate.h"
 #include "megaton/train/metrics_log.h"
-#include "megaton/train/training_stage.h"
 
 namespace megaton::train {
 
@@ -25,10 +23,6 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-// Elements per gradient bucket: Megatron's default (--ddp-bucket-size, 40M). Buckets matter once
-// data-parallel reductions overlap backward; a single process just keeps the layout.
-constexpr int64_t kGradBucketSize = 40'000'000;
 
 std::string format_duration(double seconds) {
   const auto s = static_cast<int64_t>(seconds);
@@ -74,15 +68,14 @@ Trainer::Trainer(TrainConfig config, RunOptions options)
     model_ = std::make_unique<models::TransformerModel>(cfg_.model);
     model_->init_weights(static_cast<uint64_t>(cfg_.seed));
   }
-  grad_buffer_ = std::make_unique<nn::ParamAndGradBuffer>(model_->parameters(), kGradBucketSize);
+  step_ = std::make_unique<TrainingStep>(*model_, cfg_, data_.train);
+  step_->on_gradients([this](int64_t step, const Tensor& grads, double& loss) { inject_gradient_faults(step, grads, loss); });
   optimizer_ = std::make_unique<optim::AdamW>(
-      *grad_buffer_,
+      step_->buffer(),
       optim::AdamWConfig{cfg_.lr, cfg_.adam_beta1, cfg_.adam_beta2, cfg_.adam_eps, cfg_.weight_decay});
   schedule_ = {cfg_.lr, cfg_.min_lr, cfg_.lr_warmup_iters, cfg_.lr_decay_iters,
                optim::lr_decay_style_from_name(cfg_.lr_decay_style)};
   schedule_.lr_at(0);  // validates warmup vs decay steps now, before any file is written
-  pipeline_schedule_ = pipeline::no_pipelining(cfg_.grad_accum_steps());
-  pipeline::validate(pipeline_schedule_);
   resuming_ = !options.resume.empty();
   resume(options.resume);
   peak_gflops_ = cfg_.peak_tflops > 0 ? cfg_.peak_tflops * 1e3 : kernels::measure_sgemm_gflops();
@@ -116,42 +109,20 @@ void Trainer::resume(const std::string& from) {
   last_saved_step_ = progress_.step;
 }
 
-Trainer::StepResult Trainer::forward_backward(int64_t step, int64_t first_sample) {
-  const auto t0 = Clock::now();
-  const int64_t mbs = cfg_.micro_batch_size, accum = cfg_.grad_accum_steps();
-  grad_buffer_->begin_step(accum);
-  if (!loader_ || loader_position_ != first_sample) {
-    loader_.reset();  // stop the old workers before the new loader starts its own
-    loader_ = std::make_unique<data::DataLoader>(
-        data_.train, data::DataLoaderOptions{mbs, 0, 1, first_sample, static_cast<int>(cfg_.num_workers)});
-    loader_position_ = first_sample;
-  }
-  TrainingStage stage(
-      *model_,
-      [&](data::Batch& batch) {
-        if (!loader_->next(batch)) fail("training data exhausted at sample ", loader_position_);
-        loader_position_ += mbs;
-        return true;
-      },
-      accum);
-  pipeline::execute(pipeline_schedule_.ops.at(0), stage);
-  double loss = stage.mean_loss();
-  grad_buffer_->end_step();
+void Trainer::inject_gradient_faults(int64_t step, const Tensor& grads, double& loss) {
   if (faults_.fire(Fault::Nan, step)) {
-    model_->parameters().front()->grad.data<float>()[0] = std::nanf("");
+    grads.data<float>()[0] = std::nanf("");
     loss = std::nan("");
   }
   if (faults_.fire(Fault::Spike, step)) {
     constexpr float kSpike = 10.0f;
-    float* g = grad_buffer_->grads().data<float>();
-    for (int64_t i = 0; i < grad_buffer_->grads().numel(); ++i) g[i] *= kSpike;
+    float* g = grads.data<float>();
+    for (int64_t i = 0; i < grads.numel(); ++i) g[i] *= kSpike;
     loss *= kSpike;
   }
-  const double grad_norm = optim::global_norm({grad_buffer_->grads()});
-  return {loss, grad_norm, std::chrono::duration<double>(Clock::now() - t0).count()};
 }
 
-void Trainer::log_step(int64_t step, const StepResult& r, double lr, std::vector<double>& rates) {
+void Trainer::log_step(int64_t step, const TrainingStep::Result& r, double lr, std::vector<double>& rates) {
   const int64_t T = cfg_.seq_length;
   const double tokens = static_cast<double>(cfg_.global_batch_size * T);
   const double tok_s = tokens / r.seconds;
@@ -317,7 +288,7 @@ TrainSummary Trainer::run() {
       good_state_->capture(*model_, *optimizer_, progress_, cfg_);
     }
     const int64_t first_sample = progress_.next_batch(cfg_.global_batch_size);
-    const StepResult r = forward_backward(step, first_sample);
+    const TrainingStep::Result r = step_->forward_backward(step, first_sample);
     if (cfg_.rewind) {
       const std::string why = detector_.check(progress_.recent, r.loss, r.grad_norm);
       if (!why.empty()) {
@@ -329,7 +300,7 @@ TrainSummary Trainer::run() {
     // The schedule is indexed by the 1-based number of the update being made, so the first
     // update of a warmup already moves the weights.
     const double lr = schedule_.lr_at(step) * progress_.lr_multiplier(step);
-    if (std::isfinite(r.grad_norm)) optimizer_->step(lr, optim::clip_coefficient(r.grad_norm, cfg_.clip_grad));
+    step_->update(*optimizer_, lr, r.grad_norm);
     progress_.step = step;
     progress_.consumed_samples = first_sample + cfg_.global_batch_size;
     log_step(step, r, lr, rates);

@@ -13,13 +13,13 @@
 #include "megaton/models/transformer_model.h"
 #include "megaton/optim/adamw.h"
 #include "megaton/optim/lr_schedule.h"
-#include "megaton/pipeline/schedule.h"
 #include "megaton/train/anomaly_detector.h"
 #include "megaton/train/fault_injection.h"
 #include "megaton/train/metrics_log.h"
 #include "megaton/train/state_snapshot.h"
 #include "megaton/train/train_config.h"
 #include "megaton/train/training_data.h"
+#include "megaton/train/training_step.h"
 #include "megaton/train/train_state.h"
 
 namespace megaton::train {
@@ -48,11 +48,9 @@ class Trainer {
   TrainSummary run();
 
  private:
-  struct StepResult {
-    double loss, grad_norm, seconds;
-  };
-  StepResult forward_backward(int64_t step, int64_t first_sample);
-  void log_step(int64_t step, const StepResult& r, double lr, std::vector<double>& rates);
+  // The gradient hook of the step: the NaN and spike faults of --inject.
+  void inject_gradient_faults(int64_t step, const Tensor& grads, double& loss);
+  void log_step(int64_t step, const TrainingStep::Result& r, double lr, std::vector<double>& rates);
   void rewind(int64_t step, const std::string& reason, int64_t first_sample);
   void resume(const std::string& from);
   void save_checkpoint();
@@ -63,17 +61,12 @@ class Trainer {
   TrainConfig cfg_;
   TrainingData data_;
   bool resuming_ = false;  // --resume given: metrics.jsonl continues rather than starts afresh
-  // Reads ahead from data_.train; recreated when the next batch is not where it stands (resume,
-  // or a batch a rewind skipped).
-  std::unique_ptr<data::DataLoader> loader_;
-  int64_t loader_position_ = -1;
   std::unique_ptr<models::TransformerModel> model_;
-  // The model's weights and grads as flat buffers (declared after model_: it unhooks the model's
-  // parameters when destroyed, so it must go first).
-  std::unique_ptr<nn::ParamAndGradBuffer> grad_buffer_;
+  // Forward, backward and update over the model's flat buffers (declared after model_: its buffer
+  // unhooks the model's parameters when destroyed, so it must go first).
+  std::unique_ptr<TrainingStep> step_;
   std::unique_ptr<optim::AdamW> optimizer_;
   optim::LRSchedule schedule_;
-  pipeline::Schedule pipeline_schedule_;  // the ops of one step (no pipelining: F, B, W per micro-batch)
   std::unique_ptr<MetricsLog> metrics_;
   AnomalyDetector detector_;
   FaultInjector faults_;
