@@ -1,8 +1,14 @@
 #include "megaton/train/metrics_log.h"
 
+#include <chrono>
+
 #include "megaton/core/error.h"
 
 namespace megaton::train {
+
+double unix_time() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
 
 MetricsLog::MetricsLog(const std::string& path, bool append)
     : path_(path), out_(path, append ? std::ios::app : std::ios::trunc) {

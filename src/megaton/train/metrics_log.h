@@ -6,6 +6,10 @@
 
 namespace megaton::train {
 
+// Wall-clock seconds since the epoch for the "time" of records: comparable with the checkpoint
+// writer's timestamps and across restarted processes.
+double unix_time();
+
 class MetricsLog {
  public:
   // append: continue an existing file (a resumed or restarted run); otherwise start it afresh so

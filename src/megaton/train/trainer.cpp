@@ -6,9 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <thread>
 
-#include "megaton/ckpt/checkpoint_dir.h"
 #include "megaton/core/threads.h"
 #include "megaton/data/tokenizer.h"
 #include "megaton/infer/generate.h"
@@ -34,12 +32,6 @@ std::string format_duration(double seconds) {
   return buf;
 }
 
-// Wall-clock time for metrics records, comparable with the checkpoint writer's timestamps and
-// across restarted processes.
-double unix_time() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::nth_element(v.begin(), v.begin() + static_cast<int64_t>(v.size() / 2), v.end());
@@ -52,7 +44,7 @@ Trainer::Trainer(TrainConfig config, RunOptions options)
     : cfg_(std::move(config)),
       detector_(cfg_.rewind_window, cfg_.rewind_zscore),
       faults_(options.inject, cfg_.run_dir),
-      writer_(cfg_.async_save, static_cast<int>(cfg_.write_attempts)) {
+      checkpoints_(cfg_, faults_) {
   set_num_threads(static_cast<int>(cfg_.threads));
   if (cfg_.rewind && cfg_.snapshot_interval == 0 && cfg_.save_interval == 0)
     fail("config key 'rewind.snapshot_interval' is 0 (rewind to the last checkpoint) but logging.save_interval is 0, "
@@ -77,36 +69,8 @@ Trainer::Trainer(TrainConfig config, RunOptions options)
                optim::lr_decay_style_from_name(cfg_.lr_decay_style)};
   schedule_.lr_at(0);  // validates warmup vs decay steps now, before any file is written
   resuming_ = !options.resume.empty();
-  resume(options.resume);
+  if (auto resumed = checkpoints_.resume(options.resume, *model_, *optimizer_)) progress_ = *resumed;
   peak_gflops_ = cfg_.peak_tflops > 0 ? cfg_.peak_tflops * 1e3 : kernels::measure_sgemm_gflops();
-}
-
-std::string Trainer::checkpoints_dir() const { return (fs::path(cfg_.run_dir) / "checkpoints").string(); }
-
-void Trainer::resume(const std::string& from) {
-  const std::string root = checkpoints_dir();
-  if (from.empty()) {
-    // Starting over next to an older run's checkpoints would interleave two runs' steps under
-    // one `latest`; refuse instead of guessing which one the user meant.
-    const auto existing = ckpt::list_checkpoints(root);
-    if (!existing.empty())
-      fail("config key 'logging.run_dir': '", cfg_.run_dir, "' already holds checkpoints (", existing.front(),
-           "): pass --resume auto to continue that run, or choose another run directory");
-    return;
-  }
-  if (from == "auto" && !fs::is_directory(root)) return;  // nothing saved yet: a fresh start
-  auto dir = ckpt::find_valid_checkpoint(from == "auto" ? root : from, [&](const std::string& why) {
-    std::fprintf(stderr, "warning: checkpoint rejected: %s; falling back to an older one\n", why.c_str());
-    rejected_checkpoints_.push_back(why);
-  });
-  if (!dir) {
-    if (from != "auto") fail("--resume ", from, ": no valid checkpoint there");
-    std::fprintf(stderr, "warning: no valid checkpoint in %s; starting from step 0\n", root.c_str());
-    return;
-  }
-  progress_ = load_checkpoint(*dir, *model_, *optimizer_, cfg_);
-  resumed_from_ = *dir;
-  last_saved_step_ = progress_.step;
 }
 
 void Trainer::inject_gradient_faults(int64_t step, const Tensor& grads, double& loss) {
@@ -156,20 +120,9 @@ void Trainer::rewind(int64_t step, const std::string& reason, int64_t first_samp
     fail("step ", step, ": ", reason, "; not rewinding again after ", progress_.rewinds,
          " rewinds (config key 'rewind.max_rewinds')");
   const TrainProgress before = progress_;
-  std::string restored_from = "memory";
-  if (good_state_) {
-    good_state_->restore(*model_, *optimizer_);
-    progress_ = good_state_->progress();
-  } else {
-    writer_.wait();  // the newest checkpoint may still be in flight
-    log_finished_writes();
-    auto dir = ckpt::find_valid_checkpoint(checkpoints_dir(), [](const std::string& why) {
-      std::fprintf(stderr, "warning: checkpoint rejected: %s; falling back to an older one\n", why.c_str());
-    });
-    if (!dir) fail("step ", step, ": ", reason, "; no valid checkpoint in ", checkpoints_dir(), " to rewind to");
-    progress_ = load_checkpoint(*dir, *model_, *optimizer_, cfg_);
-    restored_from = *dir;
-  }
+  std::string restored_from;
+  std::tie(progress_, restored_from) =
+      checkpoints_.restore_rewind_point("step " + std::to_string(step) + ": " + reason, *model_, *optimizer_);
   // What the rewinds learned outlives the state they restore.
   progress_.skipped_batches = before.skipped_batches;
   progress_.skipped_batches.push_back(first_sample);
@@ -195,49 +148,6 @@ void Trainer::rewind(int64_t step, const std::string& reason, int64_t first_samp
   std::fflush(stdout);
 }
 
-void Trainer::save_checkpoint() {
-  const auto t0 = Clock::now();
-  writer_.wait();  // at most one save in flight: its buffers are free again once it is written
-  log_finished_writes();
-  save_buffers_->capture(*model_, *optimizer_, progress_, cfg_);
-  const int64_t step = progress_.step;
-  const std::string name = ckpt::checkpoint_name(step);
-  pending_saves_[name] = {{"event", "checkpoint"},
-                          {"step", step},
-                          {"path", (fs::path(checkpoints_dir()) / name).string()},
-                          {"async", cfg_.async_save}};
-  writer_.submit(name, [this, step] {
-    if (faults_.save_delay_s() > 0) std::this_thread::sleep_for(std::chrono::duration<double>(faults_.save_delay_s()));
-    ckpt::commit_checkpoint(
-        checkpoints_dir(), step,
-        [&](const std::string& dir) {
-          if (faults_.fire(Fault::FailSave, step)) fail("injected fault fail@save: cannot write ", dir);
-          save_buffers_->write_model(dir);
-          if (faults_.fire(Fault::CrashInSave, step)) FaultInjector::crash("crash@save while writing " + dir);
-          save_buffers_->write_optimizer_and_state(dir);
-        },
-        cfg_.keep_last);
-  });
-  // What the step paid: the copy, plus the whole write when saving synchronously.
-  pending_saves_[name]["stall_s"] = std::chrono::duration<double>(Clock::now() - t0).count();
-  last_saved_step_ = step;
-  log_finished_writes();
-}
-
-void Trainer::log_finished_writes() {
-  for (const ckpt::WriteReport& r : writer_.take_finished()) {
-    nlohmann::json rec = std::move(pending_saves_.at(r.what));
-    pending_saves_.erase(r.what);
-    rec["write_start"] = r.start_time;
-    rec["write_end"] = r.end_time;
-    rec["attempts"] = r.attempts;
-    metrics_->write(rec);
-    std::printf("checkpoint %s saved (write %.2f s%s, step stalled %.3f s)\n", rec["path"].get<std::string>().c_str(),
-                r.end_time - r.start_time, cfg_.async_save ? " in the background" : "", rec["stall_s"].get<double>());
-    std::fflush(stdout);
-  }
-}
-
 double Trainer::validation_loss() {
   return evaluate(*model_, *data_.valid, cfg_.micro_batch_size,
                   cfg_.eval_iters > 0 ? cfg_.eval_iters * cfg_.micro_batch_size : 0)
@@ -251,42 +161,20 @@ TrainSummary Trainer::run() {
     resolved << to_toml(cfg_);
   }
   metrics_ = std::make_unique<MetricsLog>((fs::path(cfg_.run_dir) / "metrics.jsonl").string(), resuming_);
-  for (const std::string& path : ckpt::remove_torn_checkpoints(checkpoints_dir())) {
-    std::printf("removed %s (a checkpoint whose writing was interrupted)\n", path.c_str());
-    metrics_->write({{"event", "torn_checkpoint_removed"}, {"path", path}, {"time", unix_time()}});
-  }
-  for (const std::string& why : rejected_checkpoints_)
-    metrics_->write({{"event", "checkpoint_rejected"}, {"reason", why}, {"time", unix_time()}});
-  if (!resumed_from_.empty()) {
-    std::printf("resumed from %s at step %ld (%ld samples consumed)\n", resumed_from_.c_str(), progress_.step,
-                progress_.consumed_samples);
-    metrics_->write({{"event", "resume"},
-                     {"step", progress_.step},
-                     {"checkpoint", resumed_from_},
-                     {"consumed_samples", progress_.consumed_samples},
-                     {"time", unix_time()}});
-  }
+  checkpoints_.start(*metrics_, *model_, *optimizer_);
   const auto& mc = model_->config();
   std::printf("model %s: %ld layers, hidden %ld, %ld heads (%ld kv), %.2fM parameters | %ld steps of %ld x %ld tokens"
               " | %d threads | sgemm ceiling %.1f GFLOP/s\n",
               mc.name.c_str(), mc.num_layers, mc.hidden_size, mc.num_attention_heads, mc.num_query_groups,
               static_cast<double>(nn::count_parameters(model_->parameters())) / 1e6, cfg_.train_iters,
               cfg_.global_batch_size, cfg_.seq_length, num_threads(), peak_gflops_);
-  // Checkpoint buffers up front: the first save then stalls no longer than the others, and a
-  // machine short of memory for them fails now rather than at the first save.
-  if (cfg_.save_interval > 0 || cfg_.exit_interval > 0)
-    save_buffers_ = std::make_unique<StateSnapshot>(model_->config(), *optimizer_);
   TrainSummary summary;
   std::vector<double> rates;
   bool exiting = false;
   while (progress_.step < cfg_.train_iters && !exiting) {
     const int64_t step = progress_.step + 1;
     if (faults_.fire(Fault::CrashAtStep, step)) FaultInjector::crash("crash@step=" + std::to_string(step));
-    if (cfg_.rewind && cfg_.snapshot_interval > 0 &&
-        (!good_state_ || (progress_.step % cfg_.snapshot_interval == 0 && good_state_->progress().step != progress_.step))) {
-      if (!good_state_) good_state_ = std::make_unique<StateSnapshot>(model_->config(), *optimizer_);
-      good_state_->capture(*model_, *optimizer_, progress_, cfg_);
-    }
+    checkpoints_.keep_rewind_point(*model_, *optimizer_, progress_);
     const int64_t first_sample = progress_.next_batch(cfg_.global_batch_size);
     const TrainingStep::Result r = step_->forward_backward(step, first_sample);
     if (cfg_.rewind) {
@@ -304,20 +192,20 @@ TrainSummary Trainer::run() {
     progress_.step = step;
     progress_.consumed_samples = first_sample + cfg_.global_batch_size;
     log_step(step, r, lr, rates);
-    log_finished_writes();
+    checkpoints_.log_finished_writes();
     if (data_.valid && cfg_.eval_interval > 0 && step % cfg_.eval_interval == 0 && step != cfg_.train_iters) {
       const double v = validation_loss();
       metrics_->write({{"step", step}, {"val_loss", v}});
       std::printf("step %5ld | validation loss %.4f\n", step, v);
     }
-    if (cfg_.save_interval > 0 && step % cfg_.save_interval == 0) save_checkpoint();
+    if (cfg_.save_interval > 0 && step % cfg_.save_interval == 0) checkpoints_.save(*model_, *optimizer_, progress_);
     exiting = cfg_.exit_interval > 0 && step % cfg_.exit_interval == 0 && step < cfg_.train_iters;
   }
   // The last state is always on disk when checkpointing is on, so a finished run can be extended
   // (--resume auto with more train_iters) and an early exit resumed.
-  if ((cfg_.save_interval > 0 || exiting) && last_saved_step_ != progress_.step) save_checkpoint();
-  writer_.wait();  // the last save must be complete before the process may end
-  log_finished_writes();
+  if ((cfg_.save_interval > 0 || exiting) && checkpoints_.last_saved_step() != progress_.step)
+    checkpoints_.save(*model_, *optimizer_, progress_);
+  checkpoints_.finish();  // the last save must be complete before the process may end
   summary.steps = progress_.step;
   summary.final_loss = last_loss_;
   summary.tokens_per_s = median(rates);

@@ -8,12 +8,12 @@
 #include <string>
 #include <vector>
 
-#include "megaton/ckpt/async_writer.h"
 #include "megaton/data/data_loader.h"
 #include "megaton/models/transformer_model.h"
 #include "megaton/optim/adamw.h"
 #include "megaton/optim/lr_schedule.h"
 #include "megaton/train/anomaly_detector.h"
+#include "megaton/train/checkpoint_manager.h"
 #include "megaton/train/fault_injection.h"
 #include "megaton/train/metrics_log.h"
 #include "megaton/train/state_snapshot.h"
@@ -52,10 +52,6 @@ class Trainer {
   void inject_gradient_faults(int64_t step, const Tensor& grads, double& loss);
   void log_step(int64_t step, const TrainingStep::Result& r, double lr, std::vector<double>& rates);
   void rewind(int64_t step, const std::string& reason, int64_t first_sample);
-  void resume(const std::string& from);
-  void save_checkpoint();
-  void log_finished_writes();
-  std::string checkpoints_dir() const;
   double validation_loss();
 
   TrainConfig cfg_;
@@ -71,13 +67,7 @@ class Trainer {
   AnomalyDetector detector_;
   FaultInjector faults_;
   TrainProgress progress_;
-  std::unique_ptr<StateSnapshot> good_state_;    // rewind point (rewind.snapshot_interval)
-  std::unique_ptr<StateSnapshot> save_buffers_;  // what the checkpoint writer writes from
-  ckpt::AsyncWriter writer_;
-  std::map<std::string, nlohmann::json> pending_saves_;  // checkpoint name -> its metrics record so far
-  std::string resumed_from_;
-  std::vector<std::string> rejected_checkpoints_;  // reasons, logged once the metrics file is open
-  int64_t last_saved_step_ = -1;
+  CheckpointManager checkpoints_;
   double peak_gflops_ = 0;
   double last_loss_ = 0;
 };

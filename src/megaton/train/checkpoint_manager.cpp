@@ -1,0 +1,148 @@
+#include "megaton/train/checkpoint_manager.h"
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <thread>
+
+#include "megaton/ckpt/checkpoint_dir.h"
+
+namespace megaton::train {
+
+namespace fs = std::filesystem;
+
+CheckpointManager::CheckpointManager(const TrainConfig& cfg, FaultInjector& faults)
+    : cfg_(cfg), faults_(faults), writer_(cfg.async_save, static_cast<int>(cfg.write_attempts)) {}
+
+std::string CheckpointManager::checkpoints_dir() const { return (fs::path(cfg_.run_dir) / "checkpoints").string(); }
+
+std::optional<TrainProgress> CheckpointManager::resume(const std::string& from, models::TransformerModel& model,
+                                                       optim::AdamW& optimizer) {
+  const std::string root = checkpoints_dir();
+  if (from.empty()) {
+    // Starting over next to an older run's checkpoints would interleave two runs' steps under
+    // one `latest`; refuse instead of guessing which one the user meant.
+    const auto existing = ckpt::list_checkpoints(root);
+    if (!existing.empty())
+      fail("config key 'logging.run_dir': '", cfg_.run_dir, "' already holds checkpoints (", existing.front(),
+           "): pass --resume auto to continue that run, or choose another run directory");
+    return std::nullopt;
+  }
+  if (from == "auto" && !fs::is_directory(root)) return std::nullopt;  // nothing saved yet: a fresh start
+  auto dir = ckpt::find_valid_checkpoint(from == "auto" ? root : from, [&](const std::string& why) {
+    std::fprintf(stderr, "warning: checkpoint rejected: %s; falling back to an older one\n", why.c_str());
+    rejected_.push_back(why);
+  });
+  if (!dir) {
+    if (from != "auto") fail("--resume ", from, ": no valid checkpoint there");
+    std::fprintf(stderr, "warning: no valid checkpoint in %s; starting from step 0\n", root.c_str());
+    return std::nullopt;
+  }
+  TrainProgress progress = load_checkpoint(*dir, model, optimizer, cfg_);
+  resumed_from_ = *dir;
+  resumed_step_ = progress.step;
+  resumed_samples_ = progress.consumed_samples;
+  last_saved_step_ = progress.step;
+  return progress;
+}
+
+void CheckpointManager::start(MetricsLog& metrics, const models::TransformerModel& model,
+                              const optim::AdamW& optimizer) {
+  metrics_ = &metrics;
+  for (const std::string& path : ckpt::remove_torn_checkpoints(checkpoints_dir())) {
+    std::printf("removed %s (a checkpoint whose writing was interrupted)\n", path.c_str());
+    metrics.write({{"event", "torn_checkpoint_removed"}, {"path", path}, {"time", unix_time()}});
+  }
+  for (const std::string& why : rejected_)
+    metrics.write({{"event", "checkpoint_rejected"}, {"reason", why}, {"time", unix_time()}});
+  if (!resumed_from_.empty()) {
+    std::printf("resumed from %s at step %ld (%ld samples consumed)\n", resumed_from_.c_str(), resumed_step_,
+                resumed_samples_);
+    metrics.write({{"event", "resume"},
+                   {"step", resumed_step_},
+                   {"checkpoint", resumed_from_},
+                   {"consumed_samples", resumed_samples_},
+                   {"time", unix_time()}});
+  }
+  // Checkpoint buffers up front: the first save then stalls no longer than the others, and a
+  // machine short of memory for them fails now rather than at the first save.
+  if (cfg_.save_interval > 0 || cfg_.exit_interval > 0)
+    save_buffers_ = std::make_unique<StateSnapshot>(model.config(), optimizer);
+}
+
+void CheckpointManager::save(const models::TransformerModel& model, const optim::AdamW& optimizer,
+                             const TrainProgress& progress) {
+  const auto t0 = std::chrono::steady_clock::now();
+  writer_.wait();  // at most one save in flight: its buffers are free again once it is written
+  log_finished_writes();
+  if (!save_buffers_) save_buffers_ = std::make_unique<StateSnapshot>(model.config(), optimizer);
+  save_buffers_->capture(model, optimizer, progress, cfg_);
+  const int64_t step = progress.step;
+  const std::string name = ckpt::checkpoint_name(step);
+  pending_saves_[name] = {{"event", "checkpoint"},
+                          {"step", step},
+                          {"path", (fs::path(checkpoints_dir()) / name).string()},
+                          {"async", cfg_.async_save}};
+  writer_.submit(name, [this, step] {
+    if (faults_.save_delay_s() > 0) std::this_thread::sleep_for(std::chrono::duration<double>(faults_.save_delay_s()));
+    ckpt::commit_checkpoint(
+        checkpoints_dir(), step,
+        [&](const std::string& dir) {
+          if (faults_.fire(Fault::FailSave, step)) fail("injected fault fail@save: cannot write ", dir);
+          save_buffers_->write_model(dir);
+          if (faults_.fire(Fault::CrashInSave, step)) FaultInjector::crash("crash@save while writing " + dir);
+          save_buffers_->write_optimizer_and_state(dir);
+        },
+        cfg_.keep_last);
+  });
+  // What the step paid: the copy, plus the whole write when saving synchronously.
+  pending_saves_[name]["stall_s"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  last_saved_step_ = step;
+  log_finished_writes();
+}
+
+void CheckpointManager::log_finished_writes() {
+  for (const ckpt::WriteReport& r : writer_.take_finished()) {
+    nlohmann::json rec = std::move(pending_saves_.at(r.what));
+    pending_saves_.erase(r.what);
+    rec["write_start"] = r.start_time;
+    rec["write_end"] = r.end_time;
+    rec["attempts"] = r.attempts;
+    if (metrics_) metrics_->write(rec);
+    std::printf("checkpoint %s saved (write %.2f s%s, step stalled %.3f s)\n", rec["path"].get<std::string>().c_str(),
+                r.end_time - r.start_time, cfg_.async_save ? " in the background" : "", rec["stall_s"].get<double>());
+    std::fflush(stdout);
+  }
+}
+
+void CheckpointManager::finish() {
+  writer_.wait();
+  log_finished_writes();
+}
+
+void CheckpointManager::keep_rewind_point(const models::TransformerModel& model, const optim::AdamW& optimizer,
+                                          const TrainProgress& progress) {
+  if (!cfg_.rewind || cfg_.snapshot_interval <= 0) return;
+  if (rewind_point_ &&
+      (progress.step % cfg_.snapshot_interval != 0 || rewind_point_->progress().step == progress.step))
+    return;
+  if (!rewind_point_) rewind_point_ = std::make_unique<StateSnapshot>(model.config(), optimizer);
+  rewind_point_->capture(model, optimizer, progress, cfg_);
+}
+
+std::pair<TrainProgress, std::string> CheckpointManager::restore_rewind_point(const std::string& why,
+                                                                              models::TransformerModel& model,
+                                                                              optim::AdamW& optimizer) {
+  if (rewind_point_) {
+    rewind_point_->restore(model, optimizer);
+    return {rewind_point_->progress(), "memory"};
+  }
+  finish();  // the newest checkpoint may still be in flight
+  auto dir = ckpt::find_valid_checkpoint(checkpoints_dir(), [](const std::string& reason) {
+    std::fprintf(stderr, "warning: checkpoint rejected: %s; falling back to an older one\n", reason.c_str());
+  });
+  if (!dir) fail(why, "; no valid checkpoint in ", checkpoints_dir(), " to rewind to");
+  return {load_checkpoint(*dir, model, optimizer, cfg_), *dir};
+}
+
+}  // namespace megaton::train
