@@ -1,5 +1,6 @@
 #include "megaton/train/fault_injection.h"
 
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -53,6 +54,19 @@ FaultInjector::FaultInjector(const std::vector<std::string>& specs, const std::s
   }
   std::ifstream in(record_path_);
   for (std::string line; std::getline(in, line);) fired_.insert(line);
+}
+
+void FaultInjector::corrupt_gradients(int64_t step, const Tensor& grads, double& loss) {
+  if (fire(Fault::Nan, step)) {
+    grads.data<float>()[0] = std::nanf("");
+    loss = std::nan("");
+  }
+  if (fire(Fault::Spike, step)) {
+    constexpr float kSpike = 10.0f;
+    float* g = grads.data<float>();
+    for (int64_t i = 0; i < grads.numel(); ++i) g[i] *= kSpike;
+    loss *= kSpike;
+  }
 }
 
 bool FaultInjector::fire(Fault kind, int64_t step) {

@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "megaton/core/tensor.h"
+
 namespace megaton::train {
 
 enum class Fault { Nan, Spike, CrashAtStep, CrashInSave, FailSave };
@@ -29,6 +31,9 @@ class FaultInjector {
   // directory). Thread-safe: the checkpoint writer thread asks too.
   bool fire(Fault kind, int64_t step);
   double save_delay_s() const { return save_delay_s_; }
+  // The training step's gradient hook: when due at `step`, nan@ poisons one gradient element and the
+  // loss, spike@ multiplies every gradient and the loss by 10.
+  void corrupt_gradients(int64_t step, const Tensor& grads, double& loss);
   // Kills the process the way a crashed node would die: SIGKILL, no cleanup, no flush.
   [[noreturn]] static void crash(const std::string& why);
 

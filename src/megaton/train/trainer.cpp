@@ -1,7 +1,6 @@
 #include "megaton/train/trainer.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -13,32 +12,10 @@
 #include "megaton/kernels/sgemm_ceiling.h"
 #include "megaton/models/hf_format.h"
 #include "megaton/train/evaluate.h"
-#include "megaton/train/metrics_log.h"
 
 namespace megaton::train {
 
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
-
-namespace {
-
-std::string format_duration(double seconds) {
-  const auto s = static_cast<int64_t>(seconds);
-  char buf[32];
-  if (s >= 3600)
-    std::snprintf(buf, sizeof buf, "%ldh%02ldm", s / 3600, s / 60 % 60);
-  else
-    std::snprintf(buf, sizeof buf, "%ldm%02lds", s / 60, s % 60);
-  return buf;
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::nth_element(v.begin(), v.begin() + static_cast<int64_t>(v.size() / 2), v.end());
-  return v[v.size() / 2];
-}
-
-}  // namespace
 
 Trainer::Trainer(TrainConfig config, RunOptions options)
     : cfg_(std::move(config)),
@@ -61,7 +38,7 @@ Trainer::Trainer(TrainConfig config, RunOptions options)
     model_->init_weights(static_cast<uint64_t>(cfg_.seed));
   }
   step_ = std::make_unique<TrainingStep>(*model_, cfg_, data_.train);
-  step_->on_gradients([this](int64_t step, const Tensor& grads, double& loss) { inject_gradient_faults(step, grads, loss); });
+  step_->on_gradients([this](int64_t step, const Tensor& grads, double& loss) { faults_.corrupt_gradients(step, grads, loss); });
   optimizer_ = std::make_unique<optim::AdamW>(
       step_->buffer(),
       optim::AdamWConfig{cfg_.lr, cfg_.adam_beta1, cfg_.adam_beta2, cfg_.adam_eps, cfg_.weight_decay});
@@ -71,48 +48,7 @@ Trainer::Trainer(TrainConfig config, RunOptions options)
   resuming_ = !options.resume.empty();
   if (auto resumed = checkpoints_.resume(options.resume, *model_, *optimizer_)) progress_ = *resumed;
   peak_gflops_ = cfg_.peak_tflops > 0 ? cfg_.peak_tflops * 1e3 : kernels::measure_sgemm_gflops();
-}
-
-void Trainer::inject_gradient_faults(int64_t step, const Tensor& grads, double& loss) {
-  if (faults_.fire(Fault::Nan, step)) {
-    grads.data<float>()[0] = std::nanf("");
-    loss = std::nan("");
-  }
-  if (faults_.fire(Fault::Spike, step)) {
-    constexpr float kSpike = 10.0f;
-    float* g = grads.data<float>();
-    for (int64_t i = 0; i < grads.numel(); ++i) g[i] *= kSpike;
-    loss *= kSpike;
-  }
-}
-
-void Trainer::log_step(int64_t step, const TrainingStep::Result& r, double lr, std::vector<double>& rates) {
-  const int64_t T = cfg_.seq_length;
-  const double tokens = static_cast<double>(cfg_.global_batch_size * T);
-  const double tok_s = tokens / r.seconds;
-  const double gflops = tok_s * model_->config().flops_per_token(T) / 1e9;
-  rates.push_back(tok_s);
-  last_loss_ = r.loss;
-  nlohmann::json rec = {{"step", step},
-                        {"loss", r.loss},
-                        {"lr", lr},
-                        {"grad_norm", r.grad_norm},
-                        {"tokens_per_s", tok_s},
-                        {"tflops", gflops / 1e3},
-                        {"mfu", gflops / peak_gflops_},
-                        {"step_time_s", r.seconds},
-                        {"consumed_samples", progress_.consumed_samples},
-                        {"time", unix_time()}};
-  if (!std::isfinite(r.grad_norm)) rec["skipped"] = "non-finite gradient";
-  metrics_->write(rec);
-  if (step % cfg_.log_interval == 0 || step == cfg_.train_iters) {
-    const double eta = median(rates) > 0 ? (cfg_.train_iters - step) * tokens / median(rates) : 0;
-    std::printf("step %5ld/%ld | loss %.4f | lr %.3e | grad norm %.3f | %.0f tok/s | %.3f TFLOP/s | MFU %.1f%% | "
-                "ETA %s\n",
-                step, cfg_.train_iters, r.loss, lr, r.grad_norm, tok_s, gflops / 1e3, 100.0 * gflops / peak_gflops_,
-                format_duration(eta).c_str());
-    std::fflush(stdout);
-  }
+  log_ = std::make_unique<RunLog>(cfg_, model_->config().flops_per_token(cfg_.seq_length), peak_gflops_);
 }
 
 void Trainer::rewind(int64_t step, const std::string& reason, int64_t first_sample) {
@@ -133,7 +69,7 @@ void Trainer::rewind(int64_t step, const std::string& reason, int64_t first_samp
     progress_.lr_factor_from = step;
     progress_.lr_factor_until = step + cfg_.rewind_lr_steps - 1;
   }
-  metrics_->write({{"event", "rewind"},
+  log_->metrics().write({{"event", "rewind"},
                    {"step", step},
                    {"reason", reason},
                    {"restored_step", progress_.step},
@@ -160,8 +96,8 @@ TrainSummary Trainer::run() {
     std::ofstream resolved(fs::path(cfg_.run_dir) / "config.toml");
     resolved << to_toml(cfg_);
   }
-  metrics_ = std::make_unique<MetricsLog>((fs::path(cfg_.run_dir) / "metrics.jsonl").string(), resuming_);
-  checkpoints_.start(*metrics_, *model_, *optimizer_);
+  log_->open(resuming_);
+  checkpoints_.start(log_->metrics(), *model_, *optimizer_);
   const auto& mc = model_->config();
   std::printf("model %s: %ld layers, hidden %ld, %ld heads (%ld kv), %.2fM parameters | %ld steps of %ld x %ld tokens"
               " | %d threads | sgemm ceiling %.1f GFLOP/s\n",
@@ -169,7 +105,6 @@ TrainSummary Trainer::run() {
               static_cast<double>(nn::count_parameters(model_->parameters())) / 1e6, cfg_.train_iters,
               cfg_.global_batch_size, cfg_.seq_length, num_threads(), peak_gflops_);
   TrainSummary summary;
-  std::vector<double> rates;
   bool exiting = false;
   while (progress_.step < cfg_.train_iters && !exiting) {
     const int64_t step = progress_.step + 1;
@@ -191,12 +126,10 @@ TrainSummary Trainer::run() {
     step_->update(*optimizer_, lr, r.grad_norm);
     progress_.step = step;
     progress_.consumed_samples = first_sample + cfg_.global_batch_size;
-    log_step(step, r, lr, rates);
+    log_->step(step, r, lr, progress_.consumed_samples);
     checkpoints_.log_finished_writes();
     if (data_.valid && cfg_.eval_interval > 0 && step % cfg_.eval_interval == 0 && step != cfg_.train_iters) {
-      const double v = validation_loss();
-      metrics_->write({{"step", step}, {"val_loss", v}});
-      std::printf("step %5ld | validation loss %.4f\n", step, v);
+      log_->validation(step, validation_loss(), false);
     }
     if (cfg_.save_interval > 0 && step % cfg_.save_interval == 0) checkpoints_.save(*model_, *optimizer_, progress_);
     exiting = cfg_.exit_interval > 0 && step % cfg_.exit_interval == 0 && step < cfg_.train_iters;
@@ -207,15 +140,15 @@ TrainSummary Trainer::run() {
     checkpoints_.save(*model_, *optimizer_, progress_);
   checkpoints_.finish();  // the last save must be complete before the process may end
   summary.steps = progress_.step;
-  summary.final_loss = last_loss_;
-  summary.tokens_per_s = median(rates);
+  summary.final_loss = log_->last_loss();
+  summary.tokens_per_s = log_->median_tokens_per_s();
   if (exiting) {
     std::printf("exiting after step %ld (training.exit_interval); continue with --resume auto\n", progress_.step);
     return summary;
   }
   if (data_.valid) {
     summary.final_val_loss = validation_loss();
-    metrics_->write({{"step", cfg_.train_iters}, {"val_loss", summary.final_val_loss}, {"final", true}});
+    log_->validation(cfg_.train_iters, summary.final_val_loss, true);
   }
   models::save_hf_model(*model_, (fs::path(cfg_.run_dir) / "final").string());
   std::printf("model saved to %s\n", (fs::path(cfg_.run_dir) / "final").c_str());

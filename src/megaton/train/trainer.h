@@ -15,7 +15,7 @@
 #include "megaton/train/anomaly_detector.h"
 #include "megaton/train/checkpoint_manager.h"
 #include "megaton/train/fault_injection.h"
-#include "megaton/train/metrics_log.h"
+#include "megaton/train/run_log.h"
 #include "megaton/train/state_snapshot.h"
 #include "megaton/train/train_config.h"
 #include "megaton/train/training_data.h"
@@ -48,9 +48,6 @@ class Trainer {
   TrainSummary run();
 
  private:
-  // The gradient hook of the step: the NaN and spike faults of --inject.
-  void inject_gradient_faults(int64_t step, const Tensor& grads, double& loss);
-  void log_step(int64_t step, const TrainingStep::Result& r, double lr, std::vector<double>& rates);
   void rewind(int64_t step, const std::string& reason, int64_t first_sample);
   double validation_loss();
 
@@ -63,13 +60,12 @@ class Trainer {
   std::unique_ptr<TrainingStep> step_;
   std::unique_ptr<optim::AdamW> optimizer_;
   optim::LRSchedule schedule_;
-  std::unique_ptr<MetricsLog> metrics_;
+  std::unique_ptr<RunLog> log_;
   AnomalyDetector detector_;
   FaultInjector faults_;
   TrainProgress progress_;
   CheckpointManager checkpoints_;
   double peak_gflops_ = 0;
-  double last_loss_ = 0;
 };
 
 }  // namespace megaton::train

@@ -1,0 +1,77 @@
+#include "megaton/train/run_log.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+
+namespace megaton::train {
+
+namespace {
+
+std::string format_duration(double seconds) {
+  const auto s = static_cast<int64_t>(seconds);
+  char buf[32];
+  if (s >= 3600)
+    std::snprintf(buf, sizeof buf, "%ldh%02ldm", s / 3600, s / 60 % 60);
+  else
+    std::snprintf(buf, sizeof buf, "%ldm%02lds", s / 60, s % 60);
+  return buf;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::nth_element(v.begin(), v.begin() + static_cast<int64_t>(v.size() / 2), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
+RunLog::RunLog(const TrainConfig& cfg, double flops_per_token, double peak_gflops)
+    : cfg_(cfg), flops_per_token_(flops_per_token), peak_gflops_(peak_gflops) {}
+
+void RunLog::open(bool resuming) {
+  metrics_ = std::make_unique<MetricsLog>((std::filesystem::path(cfg_.run_dir) / "metrics.jsonl").string(), resuming);
+}
+
+double RunLog::median_tokens_per_s() const { return median(rates_); }
+
+void RunLog::step(int64_t step, const TrainingStep::Result& r, double lr, int64_t consumed_samples) {
+  const double tokens = static_cast<double>(cfg_.global_batch_size * cfg_.seq_length);
+  const double tok_s = tokens / r.seconds;
+  const double gflops = tok_s * flops_per_token_ / 1e9;
+  rates_.push_back(tok_s);
+  last_loss_ = r.loss;
+  nlohmann::json rec = {{"step", step},
+                        {"loss", r.loss},
+                        {"lr", lr},
+                        {"grad_norm", r.grad_norm},
+                        {"tokens_per_s", tok_s},
+                        {"tflops", gflops / 1e3},
+                        {"mfu", gflops / peak_gflops_},
+                        {"step_time_s", r.seconds},
+                        {"consumed_samples", consumed_samples},
+                        {"time", unix_time()}};
+  if (!std::isfinite(r.grad_norm)) rec["skipped"] = "non-finite gradient";
+  metrics_->write(rec);
+  if (step % cfg_.log_interval == 0 || step == cfg_.train_iters) {
+    const double rate = median(rates_);
+    const double eta = rate > 0 ? static_cast<double>(cfg_.train_iters - step) * tokens / rate : 0;
+    std::printf("step %5ld/%ld | loss %.4f | lr %.3e | grad norm %.3f | %.0f tok/s | %.3f TFLOP/s | MFU %.1f%% | "
+                "ETA %s\n",
+                step, cfg_.train_iters, r.loss, lr, r.grad_norm, tok_s, gflops / 1e3, 100.0 * gflops / peak_gflops_,
+                format_duration(eta).c_str());
+    std::fflush(stdout);
+  }
+}
+
+void RunLog::validation(int64_t step, double loss, bool final) {
+  if (final) {
+    metrics_->write({{"step", step}, {"val_loss", loss}, {"final", true}});
+    return;
+  }
+  metrics_->write({{"step", step}, {"val_loss", loss}});
+  std::printf("step %5ld | validation loss %.4f\n", step, loss);
+}
+
+}  // namespace megaton::train
