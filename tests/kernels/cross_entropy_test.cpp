@@ -1,4 +1,4 @@
-#include "megaton/kernels/cross_entropy.h"
+#include "megaton/kernels/cpu/cross_entropy.h"
 
 #include <gtest/gtest.h>
 
@@ -11,6 +11,7 @@
 
 using namespace megaton;
 using namespace megaton::kernels;
+using namespace megaton::kernels::cpu;
 
 namespace {
 

@@ -1,4 +1,4 @@
-#include "megaton/kernels/embedding.h"
+#include "megaton/kernels/cpu/embedding.h"
 
 #include <gtest/gtest.h>
 
@@ -8,6 +8,7 @@
 
 using namespace megaton;
 using namespace megaton::kernels;
+using namespace megaton::kernels::cpu;
 
 namespace {
 

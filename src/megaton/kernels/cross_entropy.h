@@ -1,20 +1,18 @@
-// Softmax cross-entropy over the vocabulary, fused: the softmax is never materialised; forward
-// keeps the log-sum-exp per row and backward rebuilds probabilities from logits and lse.
+// Softmax cross-entropy over the vocabulary on tensors, fused: the softmax is never materialised;
+// forward keeps the log-sum-exp per row and backward rebuilds probabilities from logits and lse.
+// logits / dlogits [N, V]; loss, lse [N]; targets i32 [N] (kIgnoreIndex: no loss, zero gradient).
+// Dispatches to kernels::cpu (f32 / f64).
 #pragma once
-#include <cstdint>
+#include "megaton/kernels/exec_context.h"
+#include "megaton/kernels/ignore_index.h"
 
 namespace megaton::kernels {
 
-inline constexpr int32_t kIgnoreIndex = -100;  // rows with this target contribute no loss/grad
-
-// loss[n] = lse[n] - logits[n, target[n]] (0 for ignored rows).
-template <typename T>
-void cross_entropy_forward(T* loss, T* lse, const T* logits, const int32_t* targets, int64_t N, int64_t V);
-
-// dlogits[n, :] = grad_scale * (softmax(logits[n]) - onehot(target[n])); zero for ignored rows.
-// dlogits may alias logits (in-place backward).
-template <typename T>
-void cross_entropy_backward(T* dlogits, const T* logits, const T* lse, const int32_t* targets, T grad_scale, int64_t N,
-                            int64_t V);
+// loss[n] = lse[n] - logits[n, target[n]].
+void cross_entropy_forward(const ExecContext& ctx, const Tensor& loss, const Tensor& lse, const Tensor& logits,
+                           const Tensor& targets);
+// dlogits[n] = grad_scale * (softmax(logits[n]) - onehot(target[n])); dlogits may be logits.
+void cross_entropy_backward(const ExecContext& ctx, const Tensor& dlogits, const Tensor& logits, const Tensor& lse,
+                            const Tensor& targets, double grad_scale);
 
 }  // namespace megaton::kernels

@@ -1,15 +1,16 @@
-// Token + learned position embedding.
+// Token + learned position embedding on tensors. tokens: i32 [B, T], each < wte's rows (the
+// caller checks, see kernels/reduce.h); wte [vocab, C]; wpe [T, C] (the position rows this call
+// uses, already offset) or undefined; out / dout [B*T, C]. Dispatches to kernels::cpu (f32 / f64).
 #pragma once
-#include <cstdint>
+#include "megaton/kernels/exec_context.h"
 
 namespace megaton::kernels {
 
-// out[b,t,:] = wte[tokens[b,t],:] + (wpe ? wpe[t,:] : 0). tokens must be < vocab (checked by caller).
-template <typename T>
-void embedding_forward(T* out, const int32_t* tokens, const T* wte, const T* wpe, int64_t B, int64_t Tlen, int64_t C);
-
-// dwte[tokens[b,t],:] += dout[b,t,:]; dwpe[t,:] += sum_b dout[b,t,:] (dwpe may be null).
-template <typename T>
-void embedding_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, int64_t B, int64_t Tlen, int64_t C);
+// out[b*T + t] = wte[tokens[b, t]] + wpe[t].
+void embedding_forward(const ExecContext& ctx, const Tensor& out, const Tensor& tokens, const Tensor& wte,
+                       const Tensor& wpe);
+// dwte[tokens[b, t]] += dout[b*T + t]; dwpe[t] += sum_b dout[b*T + t] (dwpe may be undefined).
+void embedding_backward(const ExecContext& ctx, const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
+                        const Tensor& tokens);
 
 }  // namespace megaton::kernels

@@ -23,14 +23,15 @@ Tensor Embedding::forward(const Tensor& tokens, int64_t pos_offset) {
   if (position.value.defined() && pos_offset + T > position.value.size(0))
     fail("sequence of ", pos_offset + T, " tokens exceeds max_position_embeddings ", position.value.size(0));
   Tensor out = new_activation({B * T, hidden_}, "embedding.out");
-  const float* wpe = position.value.defined() ? position.value.data<float>() + pos_offset * hidden_ : nullptr;
-  kernels::embedding_forward(out.data<float>(), ids, word.value.data<float>(), wpe, B, T, hidden_);
+  const Tensor wpe = position.value.defined() ? position.value.slice_rows(pos_offset, pos_offset + T) : Tensor();
+  kernels::embedding_forward(kernels::ExecContext::on(tokens), out, tokens, word.value, wpe);
   return out;
 }
 
 void Embedding::backward_weight(const Tensor& tokens, const Tensor& dy) {
-  kernels::embedding_backward(word.grad.data<float>(), position.grad.defined() ? position.grad.data<float>() : nullptr,
-                              dy.data<float>(), tokens.data<int32_t>(), tokens.size(0), tokens.size(1), hidden_);
+  // Training runs from position 0, so the positions used are the first T rows.
+  const Tensor dwpe = position.grad.defined() ? position.grad.slice_rows(0, tokens.size(1)) : Tensor();
+  kernels::embedding_backward(kernels::ExecContext::on(dy), word.grad, dwpe, dy, tokens);
   // Reverse order of registration (the gradient buffer's order): positions, then words.
   if (position.grad.defined()) position.grad_accumulated();
   word.grad_accumulated();

@@ -45,14 +45,13 @@ LossSum OutputHead::run(const Tensor& x, const Tensor& targets, float grad_scale
     const Tensor xr = x.view({N, hidden_}).slice_rows(r0, r0 + n);
     const Tensor lgt = logits.slice_rows(0, n);
     const Tensor tg = flat_targets.slice_rows(r0, r0 + n);
-    const int32_t* tgp = tg.data<int32_t>();
-    float* lg = lgt.data<float>();
+    const Tensor loss_rows = losses.slice_rows(0, n), lse_rows = lse.slice_rows(0, n);
     kernels::linear_forward(on, lgt, xr, w.value, Tensor());
-    kernels::cross_entropy_forward(losses.data<float>(), lse.data<float>(), lg, tgp, n, vocab_);
-    total.sum += kernels::sum(on, losses.slice_rows(0, n));
+    kernels::cross_entropy_forward(on, loss_rows, lse_rows, lgt, tg);
+    total.sum += kernels::sum(on, loss_rows);
     total.count += count_targets(tg);
     if (!dx) continue;
-    kernels::cross_entropy_backward(lg, lg, lse.data<float>(), tgp, grad_scale, n, vocab_);
+    kernels::cross_entropy_backward(on, lgt, lgt, lse_rows, tg, grad_scale);
     kernels::linear_backward_input(on, dx->view({N, hidden_}).slice_rows(r0, r0 + n), lgt, w.value);
     kernels::linear_backward_weight(on, w.grad, Tensor(), lgt, xr);
   }

@@ -1,4 +1,4 @@
-#include "megaton/kernels/cross_entropy.h"
+#include "megaton/kernels/cpu/cross_entropy.h"
 
 #include <algorithm>
 #include <cmath>
@@ -6,7 +6,7 @@
 
 #include "megaton/kernels/cpu/fast_exp.h"
 
-namespace megaton::kernels {
+namespace megaton::kernels::cpu {
 namespace {
 
 using detail::fast_exp;
@@ -79,4 +79,4 @@ template void cross_entropy_backward<float>(float*, const float*, const float*, 
 template void cross_entropy_backward<double>(double*, const double*, const double*, const int32_t*, double, int64_t,
                                              int64_t);
 
-}  // namespace megaton::kernels
+}  // namespace megaton::kernels::cpu

@@ -1,10 +1,10 @@
-#include "megaton/kernels/embedding.h"
+#include "megaton/kernels/cpu/embedding.h"
 
 #include <algorithm>
 #include <numeric>
 #include <vector>
 
-namespace megaton::kernels {
+namespace megaton::kernels::cpu {
 
 template <typename T>
 void embedding_forward(T* out, const int32_t* tokens, const T* wte, const T* wpe, int64_t B, int64_t Tlen, int64_t C) {
@@ -77,4 +77,4 @@ MEGATON_INSTANTIATE(float)
 MEGATON_INSTANTIATE(double)
 #undef MEGATON_INSTANTIATE
 
-}  // namespace megaton::kernels
+}  // namespace megaton::kernels::cpu

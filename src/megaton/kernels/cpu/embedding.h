@@ -1,0 +1,15 @@
+// Token + learned position embedding.
+#pragma once
+#include <cstdint>
+
+namespace megaton::kernels::cpu {
+
+// out[b,t,:] = wte[tokens[b,t],:] + (wpe ? wpe[t,:] : 0). tokens must be < vocab (checked by caller).
+template <typename T>
+void embedding_forward(T* out, const int32_t* tokens, const T* wte, const T* wpe, int64_t B, int64_t Tlen, int64_t C);
+
+// dwte[tokens[b,t],:] += dout[b,t,:]; dwpe[t,:] += sum_b dout[b,t,:] (dwpe may be null).
+template <typename T>
+void embedding_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, int64_t B, int64_t Tlen, int64_t C);
+
+}  // namespace megaton::kernels::cpu

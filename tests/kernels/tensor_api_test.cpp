@@ -1,0 +1,98 @@
+// The tensor API of the families the CUDA backend does not have yet (embedding, cross-entropy):
+// each call gives exactly what the CPU reference template gives on the same data, and bad
+// tensors are errors naming the op and the tensor.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <functional>
+
+#include "finite_diff.h"
+#include "megaton/kernels/cpu/cross_entropy.h"
+#include "megaton/kernels/cpu/embedding.h"
+#include "megaton/kernels/cross_entropy.h"
+#include "megaton/kernels/embedding.h"
+
+using namespace megaton;
+
+namespace {
+const kernels::ExecContext cpu;
+
+// The first numel(shape) values of v as an f64 tensor.
+Tensor from(const std::vector<double>& v, Shape shape, const std::string& name) {
+  Tensor t = Tensor::empty(std::move(shape), DType::F64, MemCategory::Other, name);
+  EXPECT_LE(static_cast<size_t>(t.numel()), v.size());
+  std::copy_n(v.begin(), std::min(v.size(), static_cast<size_t>(t.numel())), t.data<double>());
+  return t;
+}
+
+Tensor ids(const std::vector<int32_t>& v, Shape shape) {
+  Tensor t = Tensor::empty(std::move(shape), DType::I32, MemCategory::Other, "ids");
+  std::copy(v.begin(), v.end(), t.data<int32_t>());
+  return t;
+}
+
+std::vector<double> values(const Tensor& t) { return {t.data<double>(), t.data<double>() + t.numel()}; }
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+}  // namespace
+
+TEST(TensorApi, EmbeddingForwardAndBackwardEqualTheReference) {
+  const int64_t B = 3, T = 5, C = 7, V = 11;
+  const std::vector<int32_t> tok = {1, 4, 4, 10, 0, 3, 3, 3, 9, 2, 0, 5, 6, 7, 8};  // repeated ids accumulate
+  const auto wte = fd::random_vector(V * C, 1), wpe = fd::random_vector(T * C, 2), dy = fd::random_vector(B * T * C, 3);
+  std::vector<double> out_ref(B * T * C), dwte_ref(V * C, 0.5), dwpe_ref(T * C, 0.25);
+  kernels::cpu::embedding_forward(out_ref.data(), tok.data(), wte.data(), wpe.data(), B, T, C);
+  kernels::cpu::embedding_backward(dwte_ref.data(), dwpe_ref.data(), dy.data(), tok.data(), B, T, C);
+
+  Tensor out = Tensor::zeros({B * T, C}, DType::F64, MemCategory::Other, "out");
+  Tensor dwte = from(std::vector<double>(V * C, 0.5), {V, C}, "dwte");
+  Tensor dwpe = from(std::vector<double>(T * C, 0.25), {T, C}, "dwpe");
+  kernels::embedding_forward(cpu, out, ids(tok, {B, T}), from(wte, {V, C}, "wte"), from(wpe, {T, C}, "wpe"));
+  kernels::embedding_backward(cpu, dwte, dwpe, from(dy, {B * T, C}, "dy"), ids(tok, {B, T}));
+  EXPECT_TRUE(fd::same_bits(values(out), out_ref));
+  EXPECT_TRUE(fd::same_bits(values(dwte), dwte_ref));
+  EXPECT_TRUE(fd::same_bits(values(dwpe), dwpe_ref));
+
+  // Without positions, and the errors.
+  kernels::embedding_forward(cpu, out, ids(tok, {B, T}), from(wte, {V, C}, "wte"), Tensor());
+  Tensor f32_ids = Tensor::zeros({B, T}, DType::F32, MemCategory::Other, "float_ids");
+  EXPECT_NE(error_of([&] { kernels::embedding_forward(cpu, out, f32_ids, from(wte, {V, C}, "wte"), Tensor()); })
+                .find("'float_ids' holds f32, expected i32"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              kernels::embedding_forward(cpu, out, ids(tok, {B, T}), from(wte, {V, C}, "wte"),
+                                         from(wpe, {T - 1, C}, "short_wpe"));
+            }).find("'short_wpe'"),
+            std::string::npos);
+}
+
+TEST(TensorApi, CrossEntropyForwardAndBackwardEqualTheReference) {
+  const int64_t N = 6, V = 13;
+  const std::vector<int32_t> tg = {3, kernels::kIgnoreIndex, 0, 12, 7, 7};
+  const auto logits = fd::random_vector(N * V, 4, -3.0, 3.0);
+  std::vector<double> loss_ref(N), lse_ref(N), dl_ref(N * V);
+  kernels::cpu::cross_entropy_forward(loss_ref.data(), lse_ref.data(), logits.data(), tg.data(), N, V);
+  kernels::cpu::cross_entropy_backward(dl_ref.data(), logits.data(), lse_ref.data(), tg.data(), 0.25, N, V);
+
+  Tensor L = from(logits, {N, V}, "logits");
+  Tensor loss = Tensor::zeros({N}, DType::F64, MemCategory::Other, "loss");
+  Tensor lse = Tensor::zeros({N}, DType::F64, MemCategory::Other, "lse");
+  kernels::cross_entropy_forward(cpu, loss, lse, L, ids(tg, {N}));
+  kernels::cross_entropy_backward(cpu, L, L, lse, ids(tg, {N}), 0.25);  // in place
+  EXPECT_TRUE(fd::same_bits(values(loss), loss_ref));
+  EXPECT_TRUE(fd::same_bits(values(lse), lse_ref));
+  EXPECT_TRUE(fd::same_bits(values(L), dl_ref));
+
+  EXPECT_NE(error_of([&] { kernels::cross_entropy_forward(cpu, loss, lse, L, ids({1, 2}, {2})); }).find("'ids'"),
+            std::string::npos);
+  Tensor short_loss = Tensor::zeros({N - 1}, DType::F64, MemCategory::Other, "short_loss");
+  EXPECT_NE(error_of([&] { kernels::cross_entropy_forward(cpu, short_loss, lse, L, ids(tg, {N})); }).find("'short_loss'"),
+            std::string::npos);
+}
