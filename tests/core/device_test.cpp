@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include "../support/temp_dir.h"
 #include "megaton/core/tensor.h"
 #ifdef MEGATON_WITH_CUDA
 #include "megaton/core/cuda/cuda_memory.h"
@@ -16,14 +17,8 @@ TEST(Device, ParsesCpuCudaAndOrdinals) {
   EXPECT_EQ(Device::parse("cuda:7"), Device::cuda(7));
   EXPECT_EQ(Device::cuda(3).str(), "cuda:3");
   EXPECT_EQ(Device::cpu().str(), "cpu");
-  for (const char* bad : {"gpu", "cuda:", "cuda:x", "cuda:-1", "cuda:16", "cuda:1x", "CPU", ""}) {
-    try {
-      Device::parse(bad);
-      ADD_FAILURE() << "accepted '" << bad << "'";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("unknown device '" + std::string(bad) + "'"), std::string::npos) << e.what();
-    }
-  }
+  for (const char* bad : {"gpu", "cuda:", "cuda:x", "cuda:-1", "cuda:16", "cuda:1x", "CPU", ""})
+    EXPECT_ERROR_CONTAINS(Device::parse(bad), "unknown device '" + std::string(bad) + "'");
 }
 
 TEST(Device, HostTensorsAreOnTheCpu) {
@@ -39,12 +34,7 @@ TEST(Device, CudaTensorWithoutADeviceIsAClearError) {
   if (cuda::device_count() > 0) GTEST_SKIP() << "a CUDA device is present";
   EXPECT_THROW(Tensor::empty({4}, DType::F32, MemCategory::Other, "x", Device::cuda(0)), Error);
 #else
-  try {
-    Tensor::empty({4}, DType::F32, MemCategory::Other, "x", Device::cuda(0));
-    FAIL() << "a CUDA tensor was created in a build without CUDA";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("cuda:0"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("without CUDA"), std::string::npos) << e.what();
-  }
+  EXPECT_ERROR_CONTAINS(Tensor::empty({4}, DType::F32, MemCategory::Other, "x", Device::cuda(0)), "cuda:0",
+                        "without CUDA");
 #endif
 }

@@ -3,21 +3,12 @@
 
 #include <gtest/gtest.h>
 
+#include "../support/temp_dir.h"
 #include "megaton/core/error.h"
 
 using namespace megaton;
 using namespace megaton::pipeline;
 
-namespace {
-std::string error_of(const Schedule& s) {
-  try {
-    validate(s);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-}  // namespace
 
 TEST(Schedule, NoPipeliningRunsFBWPerMicrobatchOrDefersEveryW) {
   const Schedule eager = no_pipelining(3);
@@ -32,25 +23,25 @@ TEST(Schedule, NoPipeliningRunsFBWPerMicrobatchOrDefersEveryW) {
 TEST(Schedule, ValidateNamesTheOpThatBreaksFBWOrder) {
   Schedule s = no_pipelining(2);
   std::swap(s.ops[0][0], s.ops[0][1]);  // B0 before F0
-  EXPECT_NE(error_of(s).find("stage 0 op B0: expected F next"), std::string::npos) << error_of(s);
+  EXPECT_ERROR_CONTAINS(validate(s), "stage 0 op B0: expected F next");
 
   s = no_pipelining(2);
   s.ops[0].pop_back();  // W1 missing
-  EXPECT_NE(error_of(s).find("micro-batch 1 chunk 0 stops after 2 of its F, B, W"), std::string::npos) << error_of(s);
+  EXPECT_ERROR_CONTAINS(validate(s), "micro-batch 1 chunk 0 stops after 2 of its F, B, W");
 
   s = no_pipelining(2);
   s.ops[0].push_back({OpKind::Forward, 0});  // F0 twice
-  EXPECT_NE(error_of(s).find("op F0: expected nothing more"), std::string::npos) << error_of(s);
+  EXPECT_ERROR_CONTAINS(validate(s), "op F0: expected nothing more");
 
   s = no_pipelining(2);
   s.ops[0][3].microbatch = 2;  // out of range
-  EXPECT_NE(error_of(s).find("micro-batch out of range"), std::string::npos) << error_of(s);
+  EXPECT_ERROR_CONTAINS(validate(s), "micro-batch out of range");
 
   s = no_pipelining(1);
   s.ops[0][2].chunk = 1;
-  EXPECT_NE(error_of(s).find("chunk out of range"), std::string::npos) << error_of(s);
+  EXPECT_ERROR_CONTAINS(validate(s), "chunk out of range");
 
   s = no_pipelining(1);
   s.stages = 2;
-  EXPECT_NE(error_of(s).find("lists 1 stages' ops for 2 stages"), std::string::npos) << error_of(s);
+  EXPECT_ERROR_CONTAINS(validate(s), "lists 1 stages' ops for 2 stages");
 }
