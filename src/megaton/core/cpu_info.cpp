@@ -9,7 +9,7 @@ namespace megaton {
 
 namespace {
 
-// The value after "key<spaces>:" on a /proc/cpuinfo line, or nullopt-like empty when the key differs.
+// True, with the text after "key<spaces>:" in value, when this /proc/cpuinfo line is the key's.
 bool field(const std::string& line, const std::string& key, std::string& value) {
   if (line.compare(0, key.size(), key) != 0) return false;
   const size_t colon = line.find(':', key.size());

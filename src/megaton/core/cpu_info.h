@@ -18,7 +18,7 @@ inline constexpr const char* kCpuFeaturesOfInterest[] = {"fma",         "avx2", 
                                                          "avx512_fp16", "amx_tile",    "amx_bf16"};
 
 CpuInfo cpu_info();
-// "AMD EPYC (avx2 fma)": one line for benchmark output.
+// "AMD EPYC (fma avx2)": one line for benchmark output.
 std::string describe(const CpuInfo& cpu);
 
 }  // namespace megaton

@@ -20,11 +20,6 @@ EmbeddingShape check_embedding(std::string_view op, const Tensor& tokens, const 
   if (positions.defined()) expect_matrix(op, positions, s.T, s.C);
   return s;
 }
-
-template <typename T>
-T* or_null(const Tensor& t) {
-  return t.defined() ? t.data<T>() : nullptr;
-}
 }  // namespace
 
 void embedding_forward(const ExecContext& ctx, const Tensor& out, const Tensor& tokens, const Tensor& wte,
@@ -37,7 +32,7 @@ void embedding_forward(const ExecContext& ctx, const Tensor& out, const Tensor& 
   expect_dtype(wte.dtype(), op, {&out});
   if (wpe.defined()) expect_dtype(wte.dtype(), op, {&wpe});
   dispatch_cpu_float(wte.dtype(), op, [&]<typename T>(T) {
-    cpu::embedding_forward(out.data<T>(), tokens.data<int32_t>(), wte.data<T>(), or_null<T>(wpe),
+    cpu::embedding_forward(out.data<T>(), tokens.data<int32_t>(), wte.data<T>(), data_or_null<T>(wpe),
                            s.B, s.T, s.C);
   });
 }
@@ -52,7 +47,7 @@ void embedding_backward(const ExecContext& ctx, const Tensor& dwte, const Tensor
   expect_dtype(dwte.dtype(), op, {&dout});
   if (dwpe.defined()) expect_dtype(dwte.dtype(), op, {&dwpe});
   dispatch_cpu_float(dwte.dtype(), op, [&]<typename T>(T) {
-    cpu::embedding_backward(dwte.data<T>(), or_null<T>(dwpe), dout.data<T>(), tokens.data<int32_t>(), s.B, s.T, s.C);
+    cpu::embedding_backward(dwte.data<T>(), data_or_null<T>(dwpe), dout.data<T>(), tokens.data<int32_t>(), s.B, s.T, s.C);
   });
 }
 

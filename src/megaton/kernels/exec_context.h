@@ -24,6 +24,12 @@ void expect_dtype(DType dtype, std::string_view op, std::initializer_list<const 
 // Throws naming the op and the tensor unless t has numel() == rows * cols (any leading shape).
 void expect_matrix(std::string_view op, const Tensor& t, int64_t rows, int64_t cols);
 
+// The data of an optional tensor (a bias, a position table): null when it is undefined.
+template <typename T>
+T* data_or_null(const Tensor& t) {
+  return t.defined() ? t.data<T>() : nullptr;
+}
+
 // Calls f(float{}) or f(double{}) for an f32 / f64 dtype, the element types of the CPU reference
 // kernels; throws naming the op for any other dtype.
 template <typename F>

@@ -41,7 +41,7 @@ void linear_forward(const ExecContext& ctx, const Tensor& out, const Tensor& x, 
   expect_dtype(w.dtype(), op, {&out, &x});
   if (bias.defined()) expect_dtype(w.dtype(), op, {&bias});
   dispatch_cpu_float(w.dtype(), op, [&]<typename T>(T) {
-    cpu::linear_forward(out.data<T>(), x.data<T>(), w.data<T>(), bias.defined() ? bias.data<T>() : nullptr, s.rows,
+    cpu::linear_forward(out.data<T>(), x.data<T>(), w.data<T>(), data_or_null<T>(bias), s.rows,
                         s.in, s.out);
   });
 }
@@ -77,7 +77,7 @@ void linear_backward_weight(const ExecContext& ctx, const Tensor& dw, const Tens
   expect_dtype(dw.dtype(), op, {&dout, &x});
   if (dbias.defined()) expect_dtype(dw.dtype(), op, {&dbias});
   dispatch_cpu_float(dw.dtype(), op, [&]<typename T>(T) {
-    cpu::linear_backward_weight(dw.data<T>(), dbias.defined() ? dbias.data<T>() : nullptr, dout.data<T>(),
+    cpu::linear_backward_weight(dw.data<T>(), data_or_null<T>(dbias), dout.data<T>(),
                                 x.data<T>(), s.rows, s.in, s.out);
   });
 }

@@ -32,11 +32,6 @@ void on_cpu(std::string_view op, const Tensor& like, std::initializer_list<const
   dispatch_cpu_float(like.dtype(), op, f);
 }
 
-template <typename T>
-T* or_null(const Tensor& t) {
-  return t.defined() ? t.data<T>() : nullptr;
-}
-
 }  // namespace
 
 void layernorm_forward(const ExecContext& ctx, const Tensor& out, const Tensor& mean, const Tensor& rstd,
@@ -49,7 +44,7 @@ void layernorm_forward(const ExecContext& ctx, const Tensor& out, const Tensor& 
   on_cpu(op, x, {&out, &mean, &rstd, &weight}, [&]<typename T>(T) {
     if (bias.defined()) expect_dtype(x.dtype(), op, {&bias});
     cpu::layernorm_forward(out.data<T>(), mean.data<T>(), rstd.data<T>(), x.data<T>(), weight.data<T>(),
-                           or_null<T>(bias), s.N, s.C, eps);
+                           data_or_null<T>(bias), s.N, s.C, eps);
   });
 }
 
@@ -74,7 +69,7 @@ void layernorm_backward_weight(const ExecContext& ctx, const Tensor& dweight, co
   if (!ctx.device.is_cpu()) fail_no_backend(ctx, op);
   on_cpu(op, x, {&dweight, &dout, &mean, &rstd}, [&]<typename T>(T) {
     if (dbias.defined()) expect_dtype(x.dtype(), op, {&dbias});
-    cpu::layernorm_backward_weight(dweight.data<T>(), or_null<T>(dbias), dout.data<T>(), x.data<T>(), mean.data<T>(),
+    cpu::layernorm_backward_weight(dweight.data<T>(), data_or_null<T>(dbias), dout.data<T>(), x.data<T>(), mean.data<T>(),
                                    rstd.data<T>(), s.N, s.C);
   });
 }

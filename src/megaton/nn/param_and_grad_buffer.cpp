@@ -42,7 +42,6 @@ ParamAndGradBuffer::ParamAndGradBuffer(const ParameterList& params, int64_t buck
     p.grad = grads_.window(offsets_[i], p.value.shape(), p.name + ".grad");
     p.grad_hook = [this, i](Parameter&) { report_index(i); };
   }
-  fired_.assign(buckets_.size(), false);
 }
 
 ParamAndGradBuffer::~ParamAndGradBuffer() {
@@ -63,7 +62,6 @@ void ParamAndGradBuffer::begin_step(int64_t microbatches) {
   for (size_t i = 0; i < params_.size(); ++i) reports_left_[i] = params_[i]->uses * microbatches;
   params_left_.assign(buckets_.size(), 0);
   for (size_t b = 0; b < buckets_.size(); ++b) params_left_[b] = static_cast<int64_t>(buckets_[b].params.size());
-  fired_.assign(buckets_.size(), false);
   armed_ = true;
 }
 
@@ -75,7 +73,6 @@ void ParamAndGradBuffer::report_index(size_t i) {
   if (--reports_left_[i] > 0) return;
   const size_t b = bucket_of_[i];
   if (--params_left_[b] > 0) return;
-  fired_[b] = true;
   if (ready_callback_) ready_callback_(b);
 }
 

@@ -53,7 +53,6 @@ class ParamAndGradBuffer {
   // Throws naming the first parameter whose gradient was not reported the expected number of times
   // (so its bucket never fired), then disarms tracking.
   void end_step();
-  bool bucket_fired(size_t bucket) const { return fired_.at(bucket); }
 
  private:
   void report_index(size_t i);  // params_[i] finished one accumulation
@@ -64,8 +63,7 @@ class ParamAndGradBuffer {
   std::vector<int64_t> offsets_;        // per params_ entry
   std::vector<size_t> bucket_of_;       // per params_ entry
   std::vector<int64_t> reports_left_;   // per params_ entry, during a step
-  std::vector<int64_t> params_left_;    // per bucket, during a step
-  std::vector<bool> fired_;             // per bucket, during a step
+  std::vector<int64_t> params_left_;    // per bucket, during a step (0: the bucket has fired)
   std::function<void(size_t)> ready_callback_;
   int64_t microbatches_ = 0;
   bool armed_ = false;

@@ -64,7 +64,7 @@ void validate(const Schedule& s) {
                     s.chunks_per_stage, ")");
       const int order = op.kind == OpKind::Forward ? 0 : op.kind == OpKind::BackwardInput ? 1
                         : op.kind == OpKind::BackwardWeight ? 2 : -1;
-      if (order < 0) continue;  // communication: checked against its peer by the executor
+      if (order < 0) continue;  // communication ops pair up across stages: not checked here yet
       int& n = done[{op.microbatch, op.chunk}];
       MEGATON_CHECK(n == order, where(op), ": expected ", n == 0 ? "F" : n == 1 ? "B" : n == 2 ? "W" : "nothing more",
                     " next for this micro-batch");

@@ -75,7 +75,6 @@ void CheckpointManager::save(const models::TransformerModel& model, const optim:
   const auto t0 = std::chrono::steady_clock::now();
   writer_.wait();  // at most one save in flight: its buffers are free again once it is written
   log_finished_writes();
-  if (!save_buffers_) save_buffers_ = std::make_unique<StateSnapshot>(model.config(), optimizer);
   save_buffers_->capture(model, optimizer, progress, cfg_);
   const int64_t step = progress.step;
   const std::string name = ckpt::checkpoint_name(step);

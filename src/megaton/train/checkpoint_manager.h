@@ -32,8 +32,9 @@ class CheckpointManager {
   // checkpoints resume() rejected and the resume itself; allocates the save buffers when saving is on.
   void start(MetricsLog& metrics, const models::TransformerModel& model, const optim::AdamW& optimizer);
 
-  // A full checkpoint of the current state: the step pays for the copy into the buffers; the write
-  // runs in the background (or at once when checkpoint.async_save is off).
+  // A full checkpoint of the current state: the step pays for the copy into the buffers (allocated
+  // by start(), as saves happen only with logging.save_interval or training.exit_interval set);
+  // the write runs in the background (or at once when checkpoint.async_save is off).
   void save(const models::TransformerModel& model, const optim::AdamW& optimizer, const TrainProgress& progress);
   int64_t last_saved_step() const { return last_saved_step_; }
   // Logs the writes that finished since the last call.

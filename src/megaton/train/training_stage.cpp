@@ -2,7 +2,7 @@
 
 namespace megaton::train {
 
-TrainingStage::TrainingStage(models::TransformerModel& model, std::function<bool(data::Batch&)> next_batch,
+TrainingStage::TrainingStage(models::TransformerModel& model, std::function<void(data::Batch&)> next_batch,
                              int64_t microbatches)
     : model_(model), next_batch_(std::move(next_batch)), microbatches_(microbatches) {
   MEGATON_CHECK(microbatches > 0, "a training step needs at least one micro-batch, got ", microbatches);
@@ -20,7 +20,7 @@ void TrainingStage::forward(int64_t microbatch, int chunk) {
   MEGATON_CHECK(microbatch == forwards_, "schedule runs the forward of micro-batch ", microbatch, " but micro-batch ",
                 forwards_, " is next");
   data::Batch batch;
-  if (!next_batch_(batch)) fail("training data exhausted at micro-batch ", microbatch, " of the step");
+  next_batch_(batch);
   const int64_t B = batch.micro_batch_size, T = batch.seq_length;
   Tensor inputs = Tensor::empty({B, T}, DType::I32, MemCategory::Activations, "inputs");
   Tensor targets = Tensor::empty({B, T}, DType::I32, MemCategory::Activations, "targets");

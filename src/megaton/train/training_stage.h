@@ -14,10 +14,10 @@ namespace megaton::train {
 
 class TrainingStage : public pipeline::StageRunner {
  public:
-  // next_batch fills a batch of micro_batch_size x seq_length tokens, or returns false when the
-  // data is exhausted. Each micro-batch's loss is scaled by 1 / microbatches, so the gradients
-  // accumulate to the mean over the global batch (Megatron's convention).
-  TrainingStage(models::TransformerModel& model, std::function<bool(data::Batch&)> next_batch, int64_t microbatches);
+  // next_batch fills the next batch of micro_batch_size x seq_length tokens (and throws, naming
+  // the sample, where the data runs out). Each micro-batch's loss is scaled by 1 / microbatches,
+  // so the gradients accumulate to the mean over the global batch (Megatron's convention).
+  TrainingStage(models::TransformerModel& model, std::function<void(data::Batch&)> next_batch, int64_t microbatches);
 
   void forward(int64_t microbatch, int chunk) override;
   void backward_input(int64_t microbatch, int chunk) override;
@@ -32,7 +32,7 @@ class TrainingStage : public pipeline::StageRunner {
   models::ModelCtx& context(int64_t microbatch, const char* op);
 
   models::TransformerModel& model_;
-  std::function<bool(data::Batch&)> next_batch_;
+  std::function<void(data::Batch&)> next_batch_;
   int64_t microbatches_;
   int64_t forwards_ = 0, weight_grads_ = 0;
   double loss_sum_ = 0;

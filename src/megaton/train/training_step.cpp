@@ -40,7 +40,6 @@ TrainingStep::Result TrainingStep::forward_backward(int64_t step, int64_t first_
       [&](data::Batch& batch) {
         if (!loader_->next(batch)) fail("training data exhausted at sample ", loader_position_);
         loader_position_ += mbs;
-        return true;
       },
       schedule_.microbatches);
   pipeline::execute(schedule_.ops.at(0), stage);

@@ -19,7 +19,7 @@ void* device_malloc(int device, size_t bytes, std::string_view what) {
 
 void device_free(int device, void* p) {
   if (!p) return;
-  // Called from destructors: report, never throw.
+  // Called from destructors: never throw; a failed free is dropped and its sticky error cleared.
   if (cudaSetDevice(device) != cudaSuccess || cudaFree(p) != cudaSuccess) (void)cudaGetLastError();
 }
 
