@@ -1,19 +1,57 @@
 #!/usr/bin/env bash
-# The GPU checks, as one call for the session's device machine (an H200): build the CUDA backend
-# for sm_90 only and run every CUDA kernel test (they skip visibly without a device, so here a
-# skip is a failure). Writes its logs under $OUT when set.
+# The GPU checks, as one call for the session's device machine (an H200): every CUDA test (they
+# skip visibly without a device, so here a skip is a failure), then the per-shape GEMM benchmark in
+# bf16 and f32 next to PyTorch on the same device. Logs and JSON go under $OUT when set; the table
+# comes last.
 #
-#   scripts/gpu_check.sh      (on the device machine; ~5 minutes with a cold build)
-set -euo pipefail
+# The device's image has CUDA, cmake and PyTorch but not the Debian packages Megaton links
+# (OpenBLAS, toml++, sentencepiece, gtest): build here with scripts/gpu_bundle.sh and carry .gpu/.
+# Without .gpu/ this script builds in place, which works only where those packages are installed.
+#
+#   scripts/gpu_bundle.sh                  (here)
+#   scripts/gpu_check.sh                   (on the device machine, .gpu carried; ~2 minutes)
+set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/megaton_gpu_check}
 mkdir -p "$out"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out/gpu.txt"
-cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DMEGATON_NATIVE=ON \
-  > "$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
-grep -q "CUDA backend ON" "$out/configure.log" || { echo "CUDA backend not configured"; tail -30 "$out/configure.log"; exit 1; }
-cmake --build build-gpu -j"$(nproc)" --target backend_test tensor_view_test > "$out/build.log" 2>&1 ||
-  { tail -40 "$out/build.log"; exit 1; }
-# A "skipped" CUDA case on a GPU machine is a failure of this check.
-build-gpu/tests/backend_test 2>&1 | tee "$out/backend_test.log"
-if grep -q "skipped:" "$out/backend_test.log"; then echo "CUDA tests skipped on a GPU machine"; exit 1; fi
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv | tee "$out/gpu.txt"
+
+if [[ -d .gpu/bin ]]; then
+  bin=.gpu/bin
+  cublas=$(find /usr/local/cuda/ /usr/local/cuda*/ /opt /usr/lib -name 'libcublasLt.so.13' 2>/dev/null | head -1)
+  [[ -n "$cublas" ]] || { echo "libcublasLt.so.13 not found on this machine"; exit 1; }
+  export LD_LIBRARY_PATH="$PWD/.gpu/lib:$(dirname "$cublas")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  if ldd $bin/* | grep "not found"; then echo "a library the bundle needs is missing"; exit 1; fi
+else
+  bin=build-gpu/bin-links
+  cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 > "$out/configure.log" 2>&1 ||
+    { tail -30 "$out/configure.log"; exit 1; }
+  grep -q "CUDA backend ON" "$out/configure.log" || { echo "CUDA backend not configured"; exit 1; }
+  cmake --build build-gpu -j"$(nproc)" --target megaton backend_test device_test > "$out/build.log" 2>&1 ||
+    { tail -40 "$out/build.log"; exit 1; }
+  mkdir -p $bin && ln -sf ../megaton ../tests/backend_test ../tests/device_test $bin/
+fi
+
+status=0
+for t in device_test backend_test; do
+  $bin/$t 2>&1 | tee "$out/$t.log" | tail -3
+  [[ ${PIPESTATUS[0]} == 0 ]] || { echo "$t FAILED"; status=1; }
+  if grep -q "skipped:" "$out/$t.log"; then echo "$t: CUDA cases skipped on a GPU machine"; status=1; fi
+done
+
+# GEMM rates per linear shape: 8 x 1024 tokens, Megaton (cuBLASLt through the kernel API) vs torch.
+tables=""
+for spec in "gpt2-124m bf16" "llama3-1b bf16" "gpt2-124m f32"; do
+  set -- $spec
+  name="gemm_${1}_$2"
+  if $bin/megaton bench --gemm-shapes --device cuda --dtype "$2" --model "$1" --batch 8 --seq-len 1024 --steps 10 \
+      --json > "$out/$name.jsonl" 2> "$out/$name.err" &&
+     python3 bench/torch_gemm_compare.py < "$out/$name.jsonl" > "$out/$name.txt" 2>&1; then
+    tables+=$'\n'"== $1 $2, 8192 tokens"$'\n'"$(cat "$out/$name.txt")"
+  else
+    echo "$name FAILED:"; cat "$out/$name.err" "$out/$name.txt" 2>/dev/null | tail -5; status=1
+  fi
+done
+echo "$tables"
+[[ $status == 0 ]] && echo "gpu_check: all passed" || echo "gpu_check: FAILURES above"
+exit $status

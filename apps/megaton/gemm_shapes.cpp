@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "megaton/core/rng.h"
 #include "megaton/kernels/linear.h"
 #include "megaton/kernels/sgemm_ceiling.h"
 
@@ -30,51 +31,83 @@ std::vector<LinearShape> linear_shapes(const models::TransformerConfig& c, int64
           {"output_layer", std::min<int64_t>(tokens, 256), c.hidden_size, c.vocab_size}};
 }
 
-// Median seconds of `repeats` calls after one warm-up call.
+// Median seconds per call: `repeats` samples after one warm-up sample, each `calls` back-to-back
+// calls followed by a wait for the device (device work is queued; the host clock only sees it
+// once synchronized).
 template <typename F>
-double median_seconds(int repeats, F&& f) {
+double median_seconds(Device device, int repeats, int calls, F&& f) {
   std::vector<double> t;
   for (int r = 0; r <= repeats; ++r) {
     auto t0 = std::chrono::steady_clock::now();
-    f();
-    if (r > 0) t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    for (int c = 0; c < calls; ++c) f();
+    synchronize(device);
+    if (r > 0) t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / calls);
   }
   std::nth_element(t.begin(), t.begin() + static_cast<int64_t>(t.size() / 2), t.end());
   return t[t.size() / 2];
 }
 
+// Uniform values in [-1, 1) (never constants or zeros: those can run faster than real data).
+Tensor random_tensor(Shape shape, DType dtype, Device device, uint64_t seed, const char* name) {
+  Tensor host = Tensor::empty(std::move(shape), DType::F32, MemCategory::Workspace, name);
+  Philox rng(seed);
+  for (int64_t i = 0; i < host.numel(); ++i)
+    host.data<float>()[i] = static_cast<float>(2.0 * rng.uniform_double(static_cast<uint64_t>(i)) - 1.0);
+  Tensor t = host.to(dtype, MemCategory::Workspace).to(device, MemCategory::Workspace);
+  t.set_name(name);
+  return t;
+}
+
+// The ceiling the per-shape rates are compared with: on the cpu the measured sgemm rate; on CUDA the
+// best of ten square 8192^3 GEMMs through the same linear kernel and dtype (the device's measured
+// matrix rate, as MFU takes it).
+double gemm_ceiling_gflops(Device device, DType dtype) {
+  if (device.is_cpu()) return kernels::measure_sgemm_gflops();
+  constexpr int64_t n = 8192;
+  const Tensor a = random_tensor({n, n}, dtype, device, 1, "a"), b = random_tensor({n, n}, dtype, device, 2, "b");
+  const Tensor c = random_tensor({n, n}, dtype, device, 3, "c");
+  const kernels::ExecContext ctx{device, nullptr};
+  double best = 0;
+  for (int r = 0; r < 10; ++r) {
+    const double s = median_seconds(device, 1, 3, [&] { kernels::linear_forward(ctx, c, a, b, Tensor()); });
+    best = std::max(best, 2.0 * n * n * n / s / 1e9);
+  }
+  return best;
+}
+
 }  // namespace
 
-void print_gemm_shapes(const models::TransformerConfig& cfg, int64_t tokens, int repeats, bool json) {
-  const double ceiling = kernels::measure_sgemm_gflops();
+void print_gemm_shapes(const models::TransformerConfig& cfg, int64_t tokens, int repeats, bool json, Device device,
+                       DType dtype) {
+  const double ceiling = gemm_ceiling_gflops(device, dtype);
+  const int calls = device.is_cpu() ? 1 : 20;  // device GEMMs take microseconds: time batches of them
+  const kernels::ExecContext ctx{device, nullptr};
   for (const LinearShape& s : linear_shapes(cfg, tokens)) {
-    const auto filled = [](Shape shape, float v, const char* name) {
-      Tensor t = Tensor::empty(std::move(shape), DType::F32, MemCategory::Workspace, name);
-      std::fill_n(t.data<float>(), t.numel(), v);
-      return t;
-    };
-    const Tensor x = filled({s.rows, s.in_f}, 0.5f, "x"), w = filled({s.out_f, s.in_f}, 0.25f, "w");
-    const Tensor y = filled({s.rows, s.out_f}, 0.125f, "y"), dx = filled({s.rows, s.in_f}, 0, "dx");
-    const Tensor dw = filled({s.out_f, s.in_f}, 0, "dw");
-    const kernels::ExecContext cpu;
+    const Tensor x = random_tensor({s.rows, s.in_f}, dtype, device, 1, "x");
+    const Tensor w = random_tensor({s.out_f, s.in_f}, dtype, device, 2, "w");
+    const Tensor y = random_tensor({s.rows, s.out_f}, dtype, device, 3, "y");
+    const Tensor dx = random_tensor({s.rows, s.in_f}, dtype, device, 4, "dx");
+    const Tensor dw = random_tensor({s.out_f, s.in_f}, dtype, device, 5, "dw");
+    const auto time = [&](auto&& f) { return median_seconds(device, repeats, calls, f); };
     const struct {
       const char* pass;
       double seconds;
     } passes[] = {
-        {"forward", median_seconds(repeats, [&] { kernels::linear_forward(cpu, y, x, w, Tensor()); })},
-        {"dgrad", median_seconds(repeats, [&] { kernels::linear_backward_input(cpu, dx, y, w); })},
-        {"wgrad", median_seconds(repeats, [&] { kernels::linear_backward_weight(cpu, dw, Tensor(), y, x); })},
+        {"forward", time([&] { kernels::linear_forward(ctx, y, x, w, Tensor()); })},
+        {"dgrad", time([&] { kernels::linear_backward_input(ctx, dx, y, w); })},
+        {"wgrad", time([&] { kernels::linear_backward_weight(ctx, dw, Tensor(), y, x); })},
     };
     for (const auto& p : passes) {
       const double gflops = 2.0 * static_cast<double>(s.rows) * s.in_f * s.out_f / p.seconds / 1e9;
       if (json)
         std::printf("%s\n", nlohmann::json{{"linear", s.name}, {"pass", p.pass}, {"rows", s.rows}, {"in", s.in_f},
-                                           {"out", s.out_f}, {"gflops", gflops}, {"sgemm_gflops", ceiling},
+                                           {"out", s.out_f}, {"device", device.str()}, {"dtype", dtype_name(dtype)},
+                                           {"gflops", gflops}, {"ceiling_gflops", ceiling},
                                            {"fraction", gflops / ceiling}}
                                 .dump()
                                 .c_str());
       else
-        std::printf("%-13s %-8s rows %5ld in %6ld out %6ld: %7.1f GFLOP/s (%3.0f%% of the %.1f GFLOP/s ceiling)\n",
+        std::printf("%-13s %-8s rows %5ld in %6ld out %6ld: %9.1f GFLOP/s (%3.0f%% of the %.1f GFLOP/s ceiling)\n",
                     s.name.c_str(), p.pass, s.rows, s.in_f, s.out_f, gflops, 100.0 * gflops / ceiling, ceiling);
     }
   }

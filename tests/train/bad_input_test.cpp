@@ -70,6 +70,22 @@ TEST(BadInput, SetOverrideErrorsNameTheKey) {
   EXPECT_NE(r.output.find("training.train_iters"), std::string::npos) << r.output;
 }
 
+TEST(BadInput, BenchGemmShapesNamesABadDeviceOrDtype) {
+  const std::string bench = std::string(MEGATON_BINARY) + " bench --gemm-shapes --model gpt-tiny --steps 1 ";
+  auto r = run_command(bench + "--device gpu");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("unknown device 'gpu'"), std::string::npos) << r.output;
+  r = run_command(bench + "--dtype bf16");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("--dtype bf16 on the cpu"), std::string::npos) << r.output;
+  r = run_command(bench + "--dtype f17");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("f17"), std::string::npos) << r.output;
+  r = run_command(bench + "--batch 1 --seq-len 16");  // the cpu path still runs and prints every shape
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("output_layer  wgrad"), std::string::npos) << r.output;
+}
+
 TEST(BadInput, BadFaultSpecsAndResumePathsNameTheCulprit) {
   TempDir dir;
   megaton::testing::write_byte_dataset(dir.file("data"), 50);

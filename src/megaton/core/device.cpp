@@ -3,6 +3,9 @@
 #include <charconv>
 
 #include "megaton/core/error.h"
+#ifdef MEGATON_WITH_CUDA
+#include "megaton/core/cuda/cuda_memory.h"
+#endif
 
 namespace megaton {
 
@@ -21,6 +24,15 @@ Device Device::parse(std::string_view text) {
       return cuda(index);
   }
   fail("unknown device '", text, "': expected cpu, cuda or cuda:N with 0 <= N < ", kMaxCudaDevices);
+}
+
+void synchronize(Device device) {
+  if (device.is_cpu()) return;
+#ifdef MEGATON_WITH_CUDA
+  cuda::synchronize(device.index);
+#else
+  fail("synchronize on ", device.str(), ": this Megaton was built without CUDA");
+#endif
 }
 
 }  // namespace megaton

@@ -24,6 +24,10 @@ struct Device {
   static Device parse(std::string_view text);
 };
 
+// Waits until all work queued on `device` has finished (a no-op on the cpu, whose kernels return
+// when done). Host timers around device work need it; kernels themselves never do.
+void synchronize(Device device);
+
 // Upper bound on CUDA ordinals Megaton keeps per-device state for (allocators).
 inline constexpr int kMaxCudaDevices = 16;
 

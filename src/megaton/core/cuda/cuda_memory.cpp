@@ -36,6 +36,11 @@ void zero_bytes(void* p, int device, size_t bytes) {
   MEGATON_CUDA_CHECK(cudaMemset(p, 0, bytes));
 }
 
+void synchronize(int device) {
+  MEGATON_CUDA_CHECK(cudaSetDevice(device));
+  MEGATON_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
 int device_count() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {
