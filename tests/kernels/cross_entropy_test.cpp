@@ -15,6 +15,15 @@ using namespace megaton::kernels::cpu;
 
 namespace {
 
+// The unsplit forward: the three kernels with nothing to reduce between them.
+template <typename T>
+void cross_entropy_forward(T* loss, T* lse, const T* logits, const int32_t* targets, int64_t N, int64_t V) {
+  std::vector<T> row_max(N), sum_exp(N), target_logit(N);
+  cross_entropy_row_max(row_max.data(), logits, N, V);
+  cross_entropy_sum_exp(sum_exp.data(), target_logit.data(), logits, row_max.data(), targets, 0, N, V);
+  cross_entropy_loss(loss, lse, row_max.data(), sum_exp.data(), target_logit.data(), targets, N);
+}
+
 // Targets in [0, V) with every fifth row ignored.
 std::vector<int32_t> make_targets(int64_t N, int64_t V, uint64_t seed) {
   auto u = fd::random_vector(N, seed, 0.0, 1.0);
@@ -53,7 +62,7 @@ void expect_matches_naive(const std::vector<T>& logits, const std::vector<int32_
                           double tol) {
   std::vector<T> loss(N), lse(N), dlogits(N * V);
   cross_entropy_forward(loss.data(), lse.data(), logits.data(), targets.data(), N, V);
-  cross_entropy_backward(dlogits.data(), logits.data(), lse.data(), targets.data(), T(1), N, V);
+  cross_entropy_backward(dlogits.data(), logits.data(), lse.data(), targets.data(), 0, T(1), N, V);
   const NaiveCe want = naive_cross_entropy(logits, targets, N, V);
   auto as_double = [](const std::vector<T>& v) { return std::vector<double>(v.begin(), v.end()); };
   EXPECT_TRUE(fd::close(as_double(loss), want.loss, tol)) << "loss";
@@ -128,7 +137,7 @@ TEST(CrossEntropy, GradientMatchesFiniteDifferences) {
     return s;
   };
   total();
-  cross_entropy_backward(dlogits.data(), logits.data(), lse.data(), targets.data(), grad_scale, N, V);
+  cross_entropy_backward(dlogits.data(), logits.data(), lse.data(), targets.data(), 0, grad_scale, N, V);
   EXPECT_TRUE(fd::close(dlogits, fd::numeric_gradient(logits, total), 1e-7));
 }
 
@@ -138,8 +147,8 @@ TEST(CrossEntropy, InPlaceBackwardMatchesOutOfPlace) {
   auto targets = make_targets(N, V, 6);
   std::vector<float> loss(N), lse(N), dlogits(N * V);
   cross_entropy_forward(loss.data(), lse.data(), logits.data(), targets.data(), N, V);
-  cross_entropy_backward(dlogits.data(), logits.data(), lse.data(), targets.data(), 0.5f, N, V);
-  cross_entropy_backward(logits.data(), logits.data(), lse.data(), targets.data(), 0.5f, N, V);
+  cross_entropy_backward(dlogits.data(), logits.data(), lse.data(), targets.data(), 0, 0.5f, N, V);
+  cross_entropy_backward(logits.data(), logits.data(), lse.data(), targets.data(), 0, 0.5f, N, V);
   EXPECT_TRUE(fd::same_bits(logits, dlogits));
 }
 
@@ -151,10 +160,53 @@ TEST(CrossEntropy, BitwiseIdenticalForOneAndTwoThreads) {
     std::vector<float> loss(N), lse(N), dlogits(N * V);
     fd::with_threads(threads, [&] {
       cross_entropy_forward(loss.data(), lse.data(), logits.data(), targets.data(), N, V);
-      cross_entropy_backward(dlogits.data(), logits.data(), lse.data(), targets.data(), 1.0f, N, V);
+      cross_entropy_backward(dlogits.data(), logits.data(), lse.data(), targets.data(), 0, 1.0f, N, V);
     });
     dlogits.insert(dlogits.end(), loss.begin(), loss.end());
     return dlogits;
   };
   EXPECT_TRUE(fd::same_bits(run(1), run(2)));
+}
+
+// Vocab-parallel: the vocabulary split into shards of 400, 1 and 600 entries, each shard running
+// the kernels on its columns with the reductions done here (MAX of row_max, SUM of sum_exp and
+// target_logit), gives the unsplit loss and lse to rounding and each shard's columns of dlogits.
+TEST(CrossEntropy, VocabShardsWithTheirReductionsMatchTheUnsplitKernels) {
+  const int64_t N = 13, V = 1001;
+  const auto logits = fd::random_vector(N * V, 11, -30.0, 30.0);
+  const auto targets = make_targets(N, V, 12);
+  std::vector<double> loss(N), lse(N), dlogits(N * V);
+  cross_entropy_forward(loss.data(), lse.data(), logits.data(), targets.data(), N, V);
+  cross_entropy_backward(dlogits.data(), logits.data(), lse.data(), targets.data(), 0, 0.5, N, V);
+
+  const std::vector<std::pair<int64_t, int64_t>> shards = {{0, 400}, {400, 1}, {401, 600}};
+  auto columns = [&](const std::vector<double>& m, int64_t start, int64_t width) {
+    std::vector<double> out(N * width);
+    for (int64_t n = 0; n < N; ++n)
+      std::copy_n(&m[n * V + start], width, &out[n * width]);
+    return out;
+  };
+  std::vector<double> row_max(N, -INFINITY), sum_exp(N, 0.0), target_logit(N, 0.0);
+  for (auto [start, width] : shards) {
+    std::vector<double> part(N);
+    cross_entropy_row_max(part.data(), columns(logits, start, width).data(), N, width);
+    for (int64_t n = 0; n < N; ++n) row_max[n] = std::max(row_max[n], part[n]);  // all-reduce MAX
+  }
+  for (auto [start, width] : shards) {
+    std::vector<double> se(N), tl(N);
+    cross_entropy_sum_exp(se.data(), tl.data(), columns(logits, start, width).data(), row_max.data(), targets.data(),
+                          start, N, width);
+    for (int64_t n = 0; n < N; ++n) sum_exp[n] += se[n], target_logit[n] += tl[n];  // all-reduce SUM
+  }
+  std::vector<double> got_loss(N), got_lse(N);
+  cross_entropy_loss(got_loss.data(), got_lse.data(), row_max.data(), sum_exp.data(), target_logit.data(),
+                     targets.data(), N);
+  EXPECT_TRUE(fd::close(got_loss, loss, 1e-12));
+  EXPECT_TRUE(fd::close(got_lse, lse, 1e-12));
+  for (auto [start, width] : shards) {
+    std::vector<double> d(N * width);
+    cross_entropy_backward(d.data(), columns(logits, start, width).data(), got_lse.data(), targets.data(), start, 0.5,
+                           N, width);
+    EXPECT_TRUE(fd::close(d, columns(dlogits, start, width), 1e-12)) << "shard at " << start;
+  }
 }

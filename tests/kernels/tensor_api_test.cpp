@@ -60,25 +60,40 @@ TEST(TensorApi, EmbeddingForwardAndBackwardEqualTheReference) {
                         "'short_wpe'");
 }
 
-TEST(TensorApi, CrossEntropyForwardAndBackwardEqualTheReference) {
-  const int64_t N = 6, V = 13;
-  const std::vector<int32_t> tg = {3, kernels::kIgnoreIndex, 0, 12, 7, 7};
+TEST(TensorApi, CrossEntropyKernelsEqualTheReference) {
+  const int64_t N = 6, V = 13, start = 2;  // a shard starting at vocabulary entry 2: targets 0 and 1 are elsewhere
+  const std::vector<int32_t> tg = {3, kernels::kIgnoreIndex, 0, 14, 7, 7};
   const auto logits = fd::random_vector(N * V, 4, -3.0, 3.0);
-  std::vector<double> loss_ref(N), lse_ref(N), dl_ref(N * V);
-  kernels::cpu::cross_entropy_forward(loss_ref.data(), lse_ref.data(), logits.data(), tg.data(), N, V);
-  kernels::cpu::cross_entropy_backward(dl_ref.data(), logits.data(), lse_ref.data(), tg.data(), 0.25, N, V);
+  std::vector<double> max_ref(N), se_ref(N), tl_ref(N), loss_ref(N), lse_ref(N), dl_ref(N * V);
+  kernels::cpu::cross_entropy_row_max(max_ref.data(), logits.data(), N, V);
+  kernels::cpu::cross_entropy_sum_exp(se_ref.data(), tl_ref.data(), logits.data(), max_ref.data(), tg.data(), start, N,
+                                      V);
+  kernels::cpu::cross_entropy_loss(loss_ref.data(), lse_ref.data(), max_ref.data(), se_ref.data(), tl_ref.data(),
+                                   tg.data(), N);
+  kernels::cpu::cross_entropy_backward(dl_ref.data(), logits.data(), lse_ref.data(), tg.data(), start, 0.25, N, V);
 
   Tensor L = from(logits, {N, V}, "logits");
-  Tensor loss = Tensor::zeros({N}, DType::F64, MemCategory::Other, "loss");
-  Tensor lse = Tensor::zeros({N}, DType::F64, MemCategory::Other, "lse");
-  kernels::cross_entropy_forward(cpu, loss, lse, L, ids(tg, {N}));
-  kernels::cross_entropy_backward(cpu, L, L, lse, ids(tg, {N}), 0.25);  // in place
+  const auto row = [](const char* name) { return Tensor::zeros({N}, DType::F64, MemCategory::Other, name); };
+  Tensor row_max = row("row_max"), sum_exp = row("sum_exp"), target_logit = row("target_logit");
+  Tensor loss = row("loss"), lse = row("lse");
+  const Tensor targets = ids(tg, {N});
+  kernels::cross_entropy_row_max(cpu, row_max, L);
+  kernels::cross_entropy_sum_exp(cpu, sum_exp, target_logit, L, row_max, targets, start);
+  kernels::cross_entropy_loss(cpu, loss, lse, row_max, sum_exp, target_logit, targets);
+  kernels::cross_entropy_backward(cpu, L, L, lse, targets, start, 0.25);  // in place
+  EXPECT_TRUE(fd::same_bits(values(row_max), max_ref));
+  EXPECT_TRUE(fd::same_bits(values(sum_exp), se_ref));
+  EXPECT_TRUE(fd::same_bits(values(target_logit), tl_ref));
+  EXPECT_EQ(values(target_logit)[2], 0.0);  // target 0 lies in another shard
   EXPECT_TRUE(fd::same_bits(values(loss), loss_ref));
   EXPECT_TRUE(fd::same_bits(values(lse), lse_ref));
   EXPECT_TRUE(fd::same_bits(values(L), dl_ref));
 
-  EXPECT_ERROR_CONTAINS(kernels::cross_entropy_forward(cpu, loss, lse, L, ids({1, 2}, {2})), "'ids'");
+  EXPECT_ERROR_CONTAINS(kernels::cross_entropy_sum_exp(cpu, sum_exp, target_logit, L, row_max, ids({1, 2}, {2}), 0),
+                        "'sum_exp'");
   Tensor short_loss = Tensor::zeros({N - 1}, DType::F64, MemCategory::Other, "short_loss");
-  EXPECT_ERROR_CONTAINS(kernels::cross_entropy_forward(cpu, short_loss, lse, L, ids(tg, {N})),
+  EXPECT_ERROR_CONTAINS(kernels::cross_entropy_loss(cpu, short_loss, lse, row_max, sum_exp, target_logit, targets),
                         "'short_loss'");
+  Tensor f32_max = Tensor::zeros({N}, DType::F32, MemCategory::Other, "f32_max");
+  EXPECT_ERROR_CONTAINS(kernels::cross_entropy_row_max(cpu, f32_max, L), "'f32_max'");
 }

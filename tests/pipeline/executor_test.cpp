@@ -54,15 +54,16 @@ StepResult plain_loop(const std::string& preset, int64_t M) {
   return {loss, std::vector<float>(g, g + buf.grads().numel())};
 }
 
-StepResult through_executor(const std::string& preset, const pipeline::Schedule& schedule) {
-  models::TransformerModel m(megaton::testing::tiny_config(preset));
+StepResult through_executor(const std::string& preset, const pipeline::Schedule& schedule, bool defer_head,
+                            int64_t chunks = 1) {
+  models::TransformerModel m(megaton::testing::tiny_config(preset), chunks);
   m.init_weights(11);
   nn::ParamAndGradBuffer buf(m.parameters(), 0);
   int64_t next = 0;
   train::TrainingStage stage(
       m,
       [&](data::Batch& b) { b = make_batch(next++); },
-      schedule.microbatches);
+      schedule.microbatches, defer_head);
   buf.begin_step(schedule.microbatches);
   pipeline::execute(schedule.ops[0], stage);
   buf.end_step();
@@ -81,24 +82,46 @@ struct RecordingRunner : pipeline::StageRunner {
 
 }  // namespace
 
+// The head's deferred W adds the same chunk GEMMs in the same order, so untied models stay
+// bitwise; the model split into two chunks runs the same ops in the same order.
 TEST(Executor, NoPipeliningEagerAndDeferredAreBitwiseThePlainLoop) {
   for (const std::string preset : {"gpt-tiny", "llama-tiny"}) {
     SCOPED_TRACE(preset);
     const StepResult want = plain_loop(preset, 3);
     ASSERT_TRUE(std::isfinite(want.loss));
-    for (bool defer : {false, true}) {
-      SCOPED_TRACE(defer ? "deferred W" : "eager W");
-      const StepResult got = through_executor(preset, pipeline::no_pipelining(3, defer));
-      EXPECT_EQ(got.loss, want.loss);
-      ASSERT_EQ(got.grads.size(), want.grads.size());
-      if (defer && megaton::testing::tiny_config(preset).tie_embeddings) {
-        for (size_t i = 0; i < got.grads.size(); ++i)
-          ASSERT_NEAR(got.grads[i], want.grads[i], 1e-6f * (std::abs(want.grads[i]) + 1e-3f)) << "element " << i;
-      } else {
-        EXPECT_EQ(std::memcmp(got.grads.data(), want.grads.data(), got.grads.size() * sizeof(float)), 0);
+    for (int64_t chunks : {1, 2})
+      for (bool defer : {false, true}) {
+        SCOPED_TRACE(std::string(defer ? "deferred W, " : "eager W, ") + std::to_string(chunks) + " chunks");
+        const StepResult got = through_executor(preset, pipeline::no_pipelining(3, defer), defer, chunks);
+        EXPECT_EQ(got.loss, want.loss);
+        ASSERT_EQ(got.grads.size(), want.grads.size());
+        if (defer && megaton::testing::tiny_config(preset).tie_embeddings) {
+          for (size_t i = 0; i < got.grads.size(); ++i)
+            ASSERT_NEAR(got.grads[i], want.grads[i], 1e-6f * (std::abs(want.grads[i]) + 1e-3f)) << "element " << i;
+        } else {
+          EXPECT_EQ(std::memcmp(got.grads.data(), want.grads.data(), got.grads.size() * sizeof(float)), 0);
+        }
       }
-    }
   }
+}
+
+TEST(Executor, ModelChunksCheckTheirSplitAndOrder) {
+  EXPECT_ERROR_CONTAINS(models::TransformerModel(megaton::testing::tiny_config("gpt-tiny"), 3),
+                        "cannot split 2 layers evenly into 3 model chunks");
+  models::TransformerModel m(megaton::testing::tiny_config("gpt-tiny"), 2);
+  ASSERT_EQ(m.chunks().size(), 2u);
+  EXPECT_TRUE(m.chunks()[0].is_first() && !m.chunks()[0].is_last());
+  EXPECT_TRUE(!m.chunks()[1].is_first() && m.chunks()[1].is_last());
+  m.init_weights(1);
+  const data::Batch b = make_batch(0);
+  Tensor in = Tensor::empty({kMicroBatch, kSeq}, DType::I32), tg = Tensor::empty({kMicroBatch, kSeq}, DType::I32);
+  std::copy(b.inputs.begin(), b.inputs.end(), in.data<int32_t>());
+  std::copy(b.targets.begin(), b.targets.end(), tg.data<int32_t>());
+  models::ModelCtx ctx;
+  m.forward(ctx, in, tg, true);
+  EXPECT_ERROR_CONTAINS(m.chunks()[1].backward_weight(ctx.chunks[1]), "before its backward_input");
+  EXPECT_ERROR_CONTAINS(m.chunks()[0].backward_input(ctx.chunks[0], Tensor()), "needs the next chunk's input gradient");
+  EXPECT_ERROR_CONTAINS(m.chunks()[0].loss(ctx.chunks[0], in, tg, false, 1, false), "last model chunk only");
 }
 
 TEST(Executor, FusesABackwardInputWithItsOwnWeightGradientOnly) {

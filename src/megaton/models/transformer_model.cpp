@@ -26,7 +26,7 @@ const TransformerConfig& validated(const TransformerConfig& c) {
 }
 }  // namespace
 
-TransformerModel::TransformerModel(const TransformerConfig& config)
+TransformerModel::TransformerModel(const TransformerConfig& config, int64_t num_chunks)
     : config_(validated(config)),
       embedding_(config.vocab_size, config.hidden_size, config.max_position_embeddings,
                  config.position_embedding == PositionEmbedding::LearnedAbsolute),
@@ -50,6 +50,15 @@ TransformerModel::TransformerModel(const TransformerConfig& config)
   for (auto& l : layers_) l->parameters(params_);
   final_norm_.parameters(params_);
   head_.parameters(params_);
+  if (num_chunks < 1 || config.num_layers % num_chunks != 0)
+    fail("cannot split ", config.num_layers, " layers evenly into ", num_chunks, " model chunks");
+  const auto per_chunk = static_cast<size_t>(config.num_layers / num_chunks);
+  for (int64_t c = 0; c < num_chunks; ++c) {
+    const bool first = c == 0, last = c == num_chunks - 1;
+    chunks_.emplace_back(first ? &embedding_ : nullptr,
+                         ModelChunk::Layers(layers_).subspan(static_cast<size_t>(c) * per_chunk, per_chunk),
+                         last ? &final_norm_ : nullptr, last ? &head_ : nullptr);
+  }
 }
 
 void TransformerModel::init_weights(uint64_t seed) {
@@ -74,55 +83,35 @@ void TransformerModel::init_weights(uint64_t seed) {
 }
 
 LossResult TransformerModel::forward(ModelCtx& ctx, const Tensor& tokens, const Tensor& targets, bool compute_grad,
-                                     float loss_scale) {
-  ctx.B = tokens.size(0);
-  ctx.T = tokens.size(1);
+                                     float loss_scale, bool defer_head_weight_grad) {
+  const int64_t B = tokens.size(0), T = tokens.size(1);
   targets.expect_shape(tokens.shape());
-  ctx.tokens = tokens;
-  ctx.blocks.resize(layers_.size());
-  Tensor h = embedding_.forward(tokens);
-  for (size_t i = 0; i < layers_.size(); ++i) h = layers_[i]->forward(ctx.blocks[i], h, ctx.B, ctx.T);
-  Tensor y = final_norm_.forward(ctx.final_norm, h);
-  nn::LossSum s;
-  if (compute_grad) {
-    const int64_t count = nn::count_targets(targets);
-    s = head_.loss_and_grad(y, targets, count ? loss_scale / static_cast<float>(count) : 0.0f, ctx.dhidden);
-  } else {
-    s = head_.loss(y, targets);
-    ctx = {};
-  }
+  ctx.chunks.assign(chunks_.size(), {});
+  Tensor h = tokens;
+  for (size_t c = 0; c < chunks_.size(); ++c) h = chunks_[c].forward(ctx.chunks[c], h, B, T);
+  const int64_t count = compute_grad ? nn::count_targets(targets) : 0;
+  const float scale = count ? loss_scale / static_cast<float>(count) : 0.0f;
+  const nn::LossSum s = chunks_.back().loss(ctx.chunks.back(), h, targets, compute_grad, scale, defer_head_weight_grad);
+  if (!compute_grad) ctx = {};
   return {s.count ? s.sum / static_cast<double>(s.count) : 0.0, s.count};
 }
 
 void TransformerModel::backward(ModelCtx& ctx) {
-  // Each block's W right after its B, so its saved activations are freed as backward goes down
-  // (backward_input + backward_weight keep every block's until the end). Bitwise the same result.
-  MEGATON_CHECK(ctx.dhidden.defined(), "backward without a training forward on this context");
-  Tensor d = final_norm_.backward_input(ctx.final_norm, ctx.dhidden);
-  ctx.dhidden = {};
-  final_norm_.backward_weight(ctx.final_norm);
-  for (size_t i = layers_.size(); i-- > 0;) {
-    d = layers_[i]->backward_input(ctx.blocks[i], d, ctx.B, ctx.T);
-    layers_[i]->backward_weight(ctx.blocks[i]);
-  }
-  embedding_.backward_weight(ctx.tokens, d);
+  MEGATON_CHECK(ctx.chunks.size() == chunks_.size(), "backward without a training forward on this context");
+  Tensor d;  // the last chunk takes its gradient from the loss op
+  for (size_t c = chunks_.size(); c-- > 0;) d = chunks_[c].backward(ctx.chunks[c], d);
   ctx = {};
 }
 
 void TransformerModel::backward_input(ModelCtx& ctx) {
-  MEGATON_CHECK(ctx.dhidden.defined(), "backward_input without a training forward on this context");
-  Tensor d = final_norm_.backward_input(ctx.final_norm, ctx.dhidden);
-  ctx.dhidden = {};
-  for (size_t i = layers_.size(); i-- > 0;) d = layers_[i]->backward_input(ctx.blocks[i], d, ctx.B, ctx.T);
-  ctx.dembed = d;
+  MEGATON_CHECK(ctx.chunks.size() == chunks_.size(), "backward_input without a training forward on this context");
+  Tensor d;
+  for (size_t c = chunks_.size(); c-- > 0;) d = chunks_[c].backward_input(ctx.chunks[c], d);
 }
 
 void TransformerModel::backward_weight(ModelCtx& ctx) {
-  MEGATON_CHECK(ctx.dembed.defined(), "backward_weight before backward_input on this context");
-  // Reverse order of use, the order of the gradient buffer, so its buckets become ready in order.
-  final_norm_.backward_weight(ctx.final_norm);
-  for (size_t i = layers_.size(); i-- > 0;) layers_[i]->backward_weight(ctx.blocks[i]);
-  embedding_.backward_weight(ctx.tokens, ctx.dembed);
+  MEGATON_CHECK(ctx.chunks.size() == chunks_.size(), "backward_weight before backward_input on this context");
+  for (size_t c = chunks_.size(); c-- > 0;) chunks_[c].backward_weight(ctx.chunks[c]);
   ctx = {};
 }
 

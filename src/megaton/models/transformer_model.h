@@ -1,24 +1,19 @@
 // Decoder-only transformer (GPT-2, Llama, ...) assembled from nn/ modules by TransformerConfig.
-// forward() and backward() are separate so a pipeline schedule can interleave micro-batches;
-// every micro-batch keeps its activations in its own ModelCtx.
+// The layers are split into model chunks (models/model_chunk.h: one by default; a pipeline stage
+// runs its chunks' F, B and W), and forward() / backward() here run every chunk in order.
+// forward() and backward() are separate so a schedule can interleave micro-batches; every
+// micro-batch keeps its activations in its own ModelCtx.
 #pragma once
 #include <memory>
 #include <vector>
 
+#include "megaton/models/model_chunk.h"
 #include "megaton/models/transformer_config.h"
-#include "megaton/nn/embedding.h"
-#include "megaton/nn/output_head.h"
-#include "megaton/nn/transformer_block.h"
 
 namespace megaton::models {
 
 struct ModelCtx {
-  int64_t B = 0, T = 0;
-  Tensor tokens;
-  std::vector<nn::BlockCtx> blocks;
-  nn::NormCtx final_norm;
-  Tensor dhidden;  // gradient at the final norm's output, produced by the fused loss head
-  Tensor dembed;   // gradient at the embedding output, from backward_input for backward_weight
+  std::vector<ChunkCtx> chunks;  // one per model chunk
 };
 
 struct LossResult {
@@ -28,7 +23,9 @@ struct LossResult {
 
 class TransformerModel {
  public:
-  explicit TransformerModel(const TransformerConfig& config);
+  // num_chunks: how many model chunks the layers are split into, evenly (it must divide
+  // num_layers); the result does not depend on it.
+  explicit TransformerModel(const TransformerConfig& config, int64_t num_chunks = 1);
   TransformerModel(const TransformerModel&) = delete;
   TransformerModel& operator=(const TransformerModel&) = delete;
 
@@ -41,15 +38,17 @@ class TransformerModel {
 
   // tokens, targets: [B, T] i32 (targets may hold kernels::kIgnoreIndex). With
   // compute_grad, the loss head also produces the gradient of loss_scale * mean loss at the
-  // final hidden state (and the head's weight gradient); backward() then finishes the pass.
+  // final hidden state and the head's weight gradient (kept for backward_weight with
+  // defer_head_weight_grad); backward() then finishes the pass.
   LossResult forward(ModelCtx& ctx, const Tensor& tokens, const Tensor& targets, bool compute_grad,
-                     float loss_scale = 1.0f);
+                     float loss_scale = 1.0f, bool defer_head_weight_grad = false);
   // Accumulates every parameter gradient, each block's W right after its B.
   void backward(ModelCtx& ctx);
   // B: input gradients through every layer down to the embedding output; keeps what W needs.
   void backward_input(ModelCtx& ctx);
-  // W: every weight gradient (layers in reverse order, then the embedding); frees the context. The
-  // output head's weight gradient is not here: the fused loss head adds it during forward.
+  // W: every weight gradient (the head's if deferred, the layers in reverse order, then the
+  // embedding); frees the context. Without deferral the fused loss head adds the head's during
+  // forward.
   void backward_weight(ModelCtx& ctx);
 
   // Incremental decoding: one KV cache per layer; returns the logits of each sequence's last
@@ -62,6 +61,7 @@ class TransformerModel {
   nn::Norm& final_norm() { return final_norm_; }
   nn::OutputHead& head() { return head_; }
   nn::Parameter& output_weight() { return head_.weight(); }
+  std::vector<ModelChunk>& chunks() { return chunks_; }
 
  private:
   TransformerConfig config_;
@@ -71,6 +71,7 @@ class TransformerModel {
   nn::Norm final_norm_;
   nn::OutputHead head_;
   nn::ParameterList params_;
+  std::vector<ModelChunk> chunks_;
 };
 
 }  // namespace megaton::models

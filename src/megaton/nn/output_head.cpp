@@ -26,7 +26,7 @@ int64_t count_targets(const Tensor& targets) {
   return kernels::count_not_equal(kernels::ExecContext::on(targets), targets, kernels::kIgnoreIndex);
 }
 
-LossSum OutputHead::run(const Tensor& x, const Tensor& targets, float grad_scale, Tensor* dx) {
+LossSum OutputHead::run(const Tensor& x, const Tensor& targets, float grad_scale, Tensor* dx, HeadCtx* deferred) {
   const int64_t N = rows_of(x);
   const auto on = kernels::ExecContext::on(x);
   if (targets.numel() != N) fail("loss: ", targets.numel(), " targets for ", N, " rows of '", x.name(), "'");
@@ -34,36 +34,63 @@ LossSum OutputHead::run(const Tensor& x, const Tensor& targets, float grad_scale
   if (bad >= 0)
     fail("target id ", targets.data<int32_t>()[bad], " at row ", bad, " is outside the model's vocabulary of ", vocab_);
   const Tensor flat_targets = targets.view({N});
+  const Tensor x2 = x.view({N, hidden_});
   Parameter& w = weight();
   const int64_t chunk = std::min(N, kChunkRows);
-  Tensor logits = Tensor::empty({chunk, vocab_}, DType::F32, MemCategory::Workspace, "output_layer.logits");
-  Tensor losses = Tensor::empty({chunk}, DType::F32, MemCategory::Workspace, "output_layer.losses");
-  Tensor lse = Tensor::empty({chunk}, DType::F32, MemCategory::Workspace, "output_layer.lse");
+  // Deferred, the logits of every chunk become that chunk's dlogits in the kept buffer.
+  Tensor logits = deferred ? Tensor::empty({N, vocab_}, DType::F32, MemCategory::Activations, "output_layer.dlogits")
+                           : Tensor::empty({chunk, vocab_}, DType::F32, MemCategory::Workspace, "output_layer.logits");
+  const auto per_row = [&](const char* name) { return Tensor::empty({chunk}, DType::F32, MemCategory::Workspace, name); };
+  const Tensor losses = per_row("output_layer.losses"), lse = per_row("output_layer.lse");
+  const Tensor row_max = per_row("output_layer.row_max"), sum_exp = per_row("output_layer.sum_exp");
+  const Tensor target_logit = per_row("output_layer.target_logit");
   LossSum total;
   for (int64_t r0 = 0; r0 < N; r0 += chunk) {
     const int64_t n = std::min(chunk, N - r0);
-    const Tensor xr = x.view({N, hidden_}).slice_rows(r0, r0 + n);
-    const Tensor lgt = logits.slice_rows(0, n);
+    const Tensor xr = x2.slice_rows(r0, r0 + n);
+    const Tensor lgt = deferred ? logits.slice_rows(r0, r0 + n) : logits.slice_rows(0, n);
     const Tensor tg = flat_targets.slice_rows(r0, r0 + n);
-    const Tensor loss_rows = losses.slice_rows(0, n), lse_rows = lse.slice_rows(0, n);
+    const auto rows = [n](const Tensor& t) { return t.slice_rows(0, n); };
     kernels::linear_forward(on, lgt, xr, w.value, Tensor());
-    kernels::cross_entropy_forward(on, loss_rows, lse_rows, lgt, tg);
-    total.sum += kernels::sum(on, loss_rows);
+    // With the vocabulary split over tensor-parallel ranks, an all-reduce (MAX) of row_max goes
+    // here and one (SUM) of sum_exp and target_logit after the next kernel.
+    kernels::cross_entropy_row_max(on, rows(row_max), lgt);
+    kernels::cross_entropy_sum_exp(on, rows(sum_exp), rows(target_logit), lgt, rows(row_max), tg, 0);
+    kernels::cross_entropy_loss(on, rows(losses), rows(lse), rows(row_max), rows(sum_exp), rows(target_logit), tg);
+    total.sum += kernels::sum(on, rows(losses));
     total.count += count_targets(tg);
     if (!dx) continue;
-    kernels::cross_entropy_backward(on, lgt, lgt, lse_rows, tg, grad_scale);
+    kernels::cross_entropy_backward(on, lgt, lgt, rows(lse), tg, 0, grad_scale);
     kernels::linear_backward_input(on, dx->view({N, hidden_}).slice_rows(r0, r0 + n), lgt, w.value);
-    kernels::linear_backward_weight(on, w.grad, Tensor(), lgt, xr);
+    if (!deferred) kernels::linear_backward_weight(on, w.grad, Tensor(), lgt, xr);
   }
-  if (dx) w.grad_accumulated();
+  if (deferred)
+    *deferred = {x2, logits};
+  else if (dx)
+    w.grad_accumulated();
   return total;
 }
 
-LossSum OutputHead::loss(const Tensor& x, const Tensor& targets) { return run(x, targets, 0.0f, nullptr); }
+void OutputHead::backward_weight(HeadCtx& ctx) {
+  MEGATON_CHECK(ctx.dlogits.defined(), "output head backward_weight without a deferred loss_and_grad");
+  const auto on = kernels::ExecContext::on(ctx.x);
+  const int64_t N = ctx.x.size(0);
+  // The same chunks as the eager path, so the accumulation is bitwise the same.
+  for (int64_t r0 = 0; r0 < N; r0 += kChunkRows) {
+    const int64_t r1 = std::min(N, r0 + kChunkRows);
+    kernels::linear_backward_weight(on, weight().grad, Tensor(), ctx.dlogits.slice_rows(r0, r1),
+                                    ctx.x.slice_rows(r0, r1));
+  }
+  weight().grad_accumulated();
+  ctx = {};
+}
 
-LossSum OutputHead::loss_and_grad(const Tensor& x, const Tensor& targets, float grad_scale, Tensor& dx) {
+LossSum OutputHead::loss(const Tensor& x, const Tensor& targets) { return run(x, targets, 0.0f, nullptr, nullptr); }
+
+LossSum OutputHead::loss_and_grad(const Tensor& x, const Tensor& targets, float grad_scale, Tensor& dx,
+                                  HeadCtx* deferred) {
   dx = new_activation(x.shape(), "output_layer.dx");
-  return run(x, targets, grad_scale, &dx);
+  return run(x, targets, grad_scale, &dx, deferred);
 }
 
 Tensor OutputHead::logits(const Tensor& x) {

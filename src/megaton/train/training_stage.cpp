@@ -3,8 +3,11 @@
 namespace megaton::train {
 
 TrainingStage::TrainingStage(models::TransformerModel& model, std::function<void(data::Batch&)> next_batch,
-                             int64_t microbatches)
-    : model_(model), next_batch_(std::move(next_batch)), microbatches_(microbatches) {
+                             int64_t microbatches, bool defer_head_weight_grad)
+    : model_(model),
+      next_batch_(std::move(next_batch)),
+      microbatches_(microbatches),
+      defer_head_weight_grad_(defer_head_weight_grad) {
   MEGATON_CHECK(microbatches > 0, "a training step needs at least one micro-batch, got ", microbatches);
 }
 
@@ -27,7 +30,8 @@ void TrainingStage::forward(int64_t microbatch, int chunk) {
   std::copy(batch.inputs.begin(), batch.inputs.end(), inputs.data<int32_t>());
   std::copy(batch.targets.begin(), batch.targets.end(), targets.data<int32_t>());
   const float scale = 1.0f / static_cast<float>(microbatches_);
-  loss_sum_ += model_.forward(in_flight_[microbatch], inputs, targets, true, scale).loss / static_cast<double>(microbatches_);
+  loss_sum_ += model_.forward(in_flight_[microbatch], inputs, targets, true, scale, defer_head_weight_grad_).loss /
+               static_cast<double>(microbatches_);
   ++forwards_;
 }
 

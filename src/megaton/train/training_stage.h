@@ -17,7 +17,10 @@ class TrainingStage : public pipeline::StageRunner {
   // next_batch fills the next batch of micro_batch_size x seq_length tokens (and throws, naming
   // the sample, where the data runs out). Each micro-batch's loss is scaled by 1 / microbatches,
   // so the gradients accumulate to the mean over the global batch (Megatron's convention).
-  TrainingStage(models::TransformerModel& model, std::function<void(data::Batch&)> next_batch, int64_t microbatches);
+  // defer_head_weight_grad: the schedule runs W apart from B, so the output head keeps its
+  // dlogits for W instead of adding its weight gradient during the loss (N x vocab memory).
+  TrainingStage(models::TransformerModel& model, std::function<void(data::Batch&)> next_batch, int64_t microbatches,
+                bool defer_head_weight_grad = false);
 
   void forward(int64_t microbatch, int chunk) override;
   void backward_input(int64_t microbatch, int chunk) override;
@@ -34,6 +37,7 @@ class TrainingStage : public pipeline::StageRunner {
   models::TransformerModel& model_;
   std::function<void(data::Batch&)> next_batch_;
   int64_t microbatches_;
+  bool defer_head_weight_grad_;
   int64_t forwards_ = 0, weight_grads_ = 0;
   double loss_sum_ = 0;
   std::map<int64_t, models::ModelCtx> in_flight_;  // micro-batch -> context, from F until W

@@ -11,16 +11,13 @@ namespace {
 
 using detail::fast_exp;
 
-// log(sum_v exp(x[v])), shifted by the row max so no term overflows. The sum of up to ~10^5 terms in
-// (0, 1] is kept in double across chunks so the vocabulary size does not cost float precision;
-// within a chunk each SIMD lane adds only 16 (float) or 32 (double) terms in T. (GCC does not
-// vectorise the exp loop with a double accumulator directly.)
+// sum_v exp(x[v] - mx). The sum of up to ~10^5 terms in (0, 1] is kept in double across chunks so
+// the vocabulary size does not cost float precision; within a chunk each SIMD lane adds only 16
+// (float) or 32 (double) terms in T. (GCC does not vectorise the exp loop with a double
+// accumulator directly.)
 template <typename T>
-T row_logsumexp(const T* x, int64_t V) {
+double row_sum_exp(const T* x, T mx, int64_t V) {
   constexpr int64_t kChunk = 256;
-  T mx = -std::numeric_limits<T>::infinity();
-#pragma omp simd reduction(max : mx)
-  for (int64_t v = 0; v < V; ++v) mx = x[v] > mx ? x[v] : mx;
   double sum = 0.0;
   for (int64_t v0 = 0; v0 < V; v0 += kChunk) {
     const int64_t v1 = std::min(V, v0 + kChunk);
@@ -29,40 +26,59 @@ T row_logsumexp(const T* x, int64_t V) {
     for (int64_t v = v0; v < v1; ++v) part += fast_exp(x[v] - mx);
     sum += part;
   }
-  return mx + static_cast<T>(std::log(sum));
+  return sum;
 }
 
 }  // namespace
 
 template <typename T>
-void cross_entropy_forward(T* loss, T* lse, const T* logits, const int32_t* targets, int64_t N, int64_t V) {
+void cross_entropy_row_max(T* row_max, const T* logits, int64_t N, int64_t V) {
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
-    if (targets[n] == kIgnoreIndex) {
-      loss[n] = T(0);
-      lse[n] = T(0);
-      continue;
-    }
     const T* x = logits + n * V;
-    lse[n] = row_logsumexp(x, V);
-    loss[n] = lse[n] - x[targets[n]];
+    T mx = -std::numeric_limits<T>::infinity();
+#pragma omp simd reduction(max : mx)
+    for (int64_t v = 0; v < V; ++v) mx = x[v] > mx ? x[v] : mx;
+    row_max[n] = mx;
   }
 }
 
 template <typename T>
-void cross_entropy_backward(T* dlogits, const T* logits, const T* lse, const int32_t* targets, T grad_scale, int64_t N,
-                            int64_t V) {
+void cross_entropy_sum_exp(T* sum_exp, T* target_logit, const T* logits, const T* row_max, const int32_t* targets,
+                           int64_t vocab_start, int64_t N, int64_t V) {
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const T* x = logits + n * V;
+    sum_exp[n] = static_cast<T>(row_sum_exp(x, row_max[n], V));
+    const int64_t local = static_cast<int64_t>(targets[n]) - vocab_start;
+    target_logit[n] = targets[n] != kIgnoreIndex && local >= 0 && local < V ? x[local] : T(0);
+  }
+}
+
+template <typename T>
+void cross_entropy_loss(T* loss, T* lse, const T* row_max, const T* sum_exp, const T* target_logit,
+                        const int32_t* targets, int64_t N) {
+  for (int64_t n = 0; n < N; ++n) {
+    const bool ignored = targets[n] == kIgnoreIndex;
+    lse[n] = ignored ? T(0) : row_max[n] + std::log(sum_exp[n]);
+    loss[n] = ignored ? T(0) : lse[n] - target_logit[n];
+  }
+}
+
+template <typename T>
+void cross_entropy_backward(T* dlogits, const T* logits, const T* lse, const int32_t* targets, int64_t vocab_start,
+                            T grad_scale, int64_t N, int64_t V) {
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     const T* x = logits + n * V;
     T* dx = dlogits + n * V;
-    const int64_t target = targets[n];
-    if (target == kIgnoreIndex) {
+    if (targets[n] == kIgnoreIndex) {
 #pragma omp simd
       for (int64_t v = 0; v < V; ++v) dx[v] = T(0);
       continue;
     }
     const T row_lse = lse[n];
+    const int64_t target = static_cast<int64_t>(targets[n]) - vocab_start;  // outside [0, V): not in this shard
     // Each element is read before it is written, so dlogits == logits is safe under simd.
 #pragma omp simd
     for (int64_t v = 0; v < V; ++v) {
@@ -72,11 +88,13 @@ void cross_entropy_backward(T* dlogits, const T* logits, const T* lse, const int
   }
 }
 
-template void cross_entropy_forward<float>(float*, float*, const float*, const int32_t*, int64_t, int64_t);
-template void cross_entropy_forward<double>(double*, double*, const double*, const int32_t*, int64_t, int64_t);
-template void cross_entropy_backward<float>(float*, const float*, const float*, const int32_t*, float, int64_t,
-                                            int64_t);
-template void cross_entropy_backward<double>(double*, const double*, const double*, const int32_t*, double, int64_t,
-                                             int64_t);
+#define MEGATON_INSTANTIATE_CE(T)                                                                              \
+  template void cross_entropy_row_max<T>(T*, const T*, int64_t, int64_t);                                       \
+  template void cross_entropy_sum_exp<T>(T*, T*, const T*, const T*, const int32_t*, int64_t, int64_t, int64_t); \
+  template void cross_entropy_loss<T>(T*, T*, const T*, const T*, const T*, const int32_t*, int64_t);           \
+  template void cross_entropy_backward<T>(T*, const T*, const T*, const int32_t*, int64_t, T, int64_t, int64_t);
+MEGATON_INSTANTIATE_CE(float)
+MEGATON_INSTANTIATE_CE(double)
+#undef MEGATON_INSTANTIATE_CE
 
 }  // namespace megaton::kernels::cpu
