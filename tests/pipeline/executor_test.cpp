@@ -83,7 +83,8 @@ struct RecordingRunner : pipeline::StageRunner {
 }  // namespace
 
 // The head's deferred W adds the same chunk GEMMs in the same order, so untied models stay
-// bitwise; the model split into two chunks runs the same ops in the same order.
+// bitwise; the model split into two chunks, each run by its own F / B / W ops, runs the same
+// kernels in the same order.
 TEST(Executor, NoPipeliningEagerAndDeferredAreBitwiseThePlainLoop) {
   for (const std::string preset : {"gpt-tiny", "llama-tiny"}) {
     SCOPED_TRACE(preset);
@@ -92,7 +93,8 @@ TEST(Executor, NoPipeliningEagerAndDeferredAreBitwiseThePlainLoop) {
     for (int64_t chunks : {1, 2})
       for (bool defer : {false, true}) {
         SCOPED_TRACE(std::string(defer ? "deferred W, " : "eager W, ") + std::to_string(chunks) + " chunks");
-        const StepResult got = through_executor(preset, pipeline::no_pipelining(3, defer), defer, chunks);
+        const StepResult got =
+            through_executor(preset, pipeline::no_pipelining(3, defer, static_cast<int>(chunks)), defer, chunks);
         EXPECT_EQ(got.loss, want.loss);
         ASSERT_EQ(got.grads.size(), want.grads.size());
         if (defer && megaton::testing::tiny_config(preset).tie_embeddings) {
@@ -158,4 +160,13 @@ TEST(Executor, TrainingStageRejectsOutOfOrderAndUnfinishedSchedules) {
     stage.backward(0, 0);
     EXPECT_THROW(stage.mean_loss(), Error);  // micro-batch 1 never ran
   }
+  models::TransformerModel two(megaton::testing::tiny_config("gpt-tiny"), 2);
+  two.init_weights(1);
+  train::TrainingStage stage(two, source, 1);
+  EXPECT_ERROR_CONTAINS(stage.forward(0, 1), "before its forward");  // chunk 1 before chunk 0
+  stage.forward(0, 0);
+  EXPECT_ERROR_CONTAINS(stage.backward_input(0, 0), "before the forward of every chunk");
+  stage.forward(0, 1);
+  EXPECT_ERROR_CONTAINS(stage.backward_input(0, 0), "the backward of every later chunk");
+  EXPECT_ERROR_CONTAINS(stage.forward(0, 2), "chunk 2 of a model with 2");
 }

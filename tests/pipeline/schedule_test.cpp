@@ -18,6 +18,11 @@ TEST(Schedule, NoPipeliningRunsFBWPerMicrobatchOrDefersEveryW) {
   EXPECT_EQ(describe(deferred), "stage 0: F0 B0 F1 B1 F2 B2 W0 W1 W2\n");
   EXPECT_NO_THROW(validate(deferred));
   EXPECT_THROW(no_pipelining(0), Error);
+  // Two model chunks: forward through both, backward back down, each chunk's W after its B or at the end.
+  EXPECT_EQ(describe(no_pipelining(2, false, 2)), "stage 0: F0 F0.1 B0.1 W0.1 B0 W0 F1 F1.1 B1.1 W1.1 B1 W1\n");
+  EXPECT_EQ(describe(no_pipelining(2, true, 2)), "stage 0: F0 F0.1 B0.1 B0 F1 F1.1 B1.1 B1 W0.1 W0 W1.1 W1\n");
+  EXPECT_NO_THROW(validate(no_pipelining(2, true, 2)));
+  EXPECT_THROW(no_pipelining(1, false, 0), Error);
 }
 
 TEST(Schedule, ValidateNamesTheOpThatBreaksFBWOrder) {

@@ -89,9 +89,16 @@ LossResult TransformerModel::forward(ModelCtx& ctx, const Tensor& tokens, const 
   ctx.chunks.assign(chunks_.size(), {});
   Tensor h = tokens;
   for (size_t c = 0; c < chunks_.size(); ++c) h = chunks_[c].forward(ctx.chunks[c], h, B, T);
+  return loss(ctx, h, targets, compute_grad, loss_scale, defer_head_weight_grad);
+}
+
+LossResult TransformerModel::loss(ModelCtx& ctx, const Tensor& output, const Tensor& targets, bool compute_grad,
+                                  float loss_scale, bool defer_head_weight_grad) {
+  MEGATON_CHECK(ctx.chunks.size() == chunks_.size(), "loss without a forward of every chunk on this context");
   const int64_t count = compute_grad ? nn::count_targets(targets) : 0;
   const float scale = count ? loss_scale / static_cast<float>(count) : 0.0f;
-  const nn::LossSum s = chunks_.back().loss(ctx.chunks.back(), h, targets, compute_grad, scale, defer_head_weight_grad);
+  const nn::LossSum s =
+      chunks_.back().loss(ctx.chunks.back(), output, targets, compute_grad, scale, defer_head_weight_grad);
   if (!compute_grad) ctx = {};
   return {s.count ? s.sum / static_cast<double>(s.count) : 0.0, s.count};
 }

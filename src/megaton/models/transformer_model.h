@@ -42,6 +42,10 @@ class TransformerModel {
   // defer_head_weight_grad); backward() then finishes the pass.
   LossResult forward(ModelCtx& ctx, const Tensor& tokens, const Tensor& targets, bool compute_grad,
                      float loss_scale = 1.0f, bool defer_head_weight_grad = false);
+  // The loss op on the last chunk's output (what forward() ends with; a stage running chunk by
+  // chunk calls it after the last chunk's forward). Scales the gradient to loss_scale * mean.
+  LossResult loss(ModelCtx& ctx, const Tensor& output, const Tensor& targets, bool compute_grad, float loss_scale,
+                  bool defer_head_weight_grad);
   // Accumulates every parameter gradient, each block's W right after its B.
   void backward(ModelCtx& ctx);
   // B: input gradients through every layer down to the embedding output; keeps what W needs.

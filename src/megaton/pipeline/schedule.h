@@ -41,10 +41,11 @@ struct Schedule {
   std::vector<std::vector<Op>> ops;  // per stage, in execution order
 };
 
-// One stage, one chunk. defer_weight_grads = false: F, B, W per micro-batch (gradient accumulation
-// as every trainer does it); true: F, B per micro-batch and every W at the end of the step (what a
-// Zero Bubble schedule does on its last stage, here so the deferred path is exercised in one process).
-Schedule no_pipelining(int64_t microbatches, bool defer_weight_grads = false);
+// One stage. Per micro-batch the forward of every chunk in order, then the backward of every chunk
+// in reverse. defer_weight_grads = false: each chunk's W right after its B (gradient accumulation
+// as every trainer does it); true: every W at the end of the step (what a Zero Bubble schedule
+// does on its last stage, here so the deferred path is exercised in one process).
+Schedule no_pipelining(int64_t microbatches, bool defer_weight_grads = false, int chunks = 1);
 
 // Throws megaton::Error naming the stage, op and micro-batch unless every (micro-batch, chunk) of
 // every stage runs F, then B, then W, each exactly once, and every op is in range.

@@ -1,7 +1,9 @@
 // The trainer's pipeline::StageRunner for one step: the forward of micro-batch m trains on the
 // m-th batch the source hands out this step, one activation context per micro-batch stays alive
-// from its F to its W, and the losses are summed in forward order. The schedule decides the order
-// of F, B and W; this class only does the work of each op.
+// from its first F to its last W, and the losses are summed in forward order. Ops name a model
+// chunk: a chunk's forward takes the previous chunk's output, its B the next chunk's input
+// gradient, and the last chunk's forward ends with the loss. The schedule decides the order of F,
+// B and W; this class only does the work of each op.
 #pragma once
 #include <functional>
 #include <map>
@@ -32,7 +34,19 @@ class TrainingStage : public pipeline::StageRunner {
   double mean_loss() const;
 
  private:
-  models::ModelCtx& context(int64_t microbatch, const char* op);
+  // One micro-batch from its first F to its last W.
+  struct InFlight {
+    models::ModelCtx ctx;
+    Tensor targets;
+    int64_t B = 0, T = 0;
+    Tensor output;  // the last forwarded chunk's output: the next chunk's input
+    Tensor dinput;  // the last B's input gradient: the previous chunk's output gradient
+    int forwarded = 0, backwarded = 0, weight_grads = 0;  // chunks through F, B, W
+  };
+  InFlight& in_flight(int64_t microbatch, const char* op);
+  Tensor chunk_backward_input(InFlight& mb, int chunk, bool with_weight_grads);
+  void chunk_weight_grads_done(int64_t microbatch, InFlight& mb);
+  int chunks() const { return static_cast<int>(model_.chunks().size()); }
 
   models::TransformerModel& model_;
   std::function<void(data::Batch&)> next_batch_;
@@ -40,7 +54,7 @@ class TrainingStage : public pipeline::StageRunner {
   bool defer_head_weight_grad_;
   int64_t forwards_ = 0, weight_grads_ = 0;
   double loss_sum_ = 0;
-  std::map<int64_t, models::ModelCtx> in_flight_;  // micro-batch -> context, from F until W
+  std::map<int64_t, InFlight> in_flight_;
 };
 
 }  // namespace megaton::train

@@ -21,7 +21,7 @@ TrainingStep::TrainingStep(models::TransformerModel& model, const TrainConfig& c
       cfg_(cfg),
       train_(std::move(train)),
       buffer_(std::make_unique<nn::ParamAndGradBuffer>(model.parameters(), kGradBucketSize)),
-      schedule_(pipeline::no_pipelining(cfg.grad_accum_steps())) {
+      schedule_(pipeline::no_pipelining(cfg.grad_accum_steps(), false, static_cast<int>(model.chunks().size()))) {
   pipeline::validate(schedule_);
 }
 
