@@ -3,6 +3,7 @@
 // W deferred too, except for a tied embedding, whose head and embedding contributions then add up
 // in another order (all head parts first).
 #include "megaton/pipeline/executor.h"
+#include "megaton/pipeline/generators.h"
 
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
 // Schedule generators and their validation.
-#include "megaton/pipeline/schedule.h"
+#include "megaton/pipeline/generators.h"
 
 #include <gtest/gtest.h>
 
@@ -49,4 +49,17 @@ TEST(Schedule, ValidateNamesTheOpThatBreaksFBWOrder) {
   s = no_pipelining(1);
   s.stages = 2;
   EXPECT_ERROR_CONTAINS(validate(s), "lists 1 stages' ops for 2 stages");
+}
+
+TEST(Schedule, OneFOneBAndZbH1OrderTheirOps) {
+  EXPECT_EQ(describe(one_f_one_b(2, 3)), "stage 0: F0 F1 B0 W0 F2 B1 W1 B2 W2\n"
+                                         "stage 1: F0 B0 W0 F1 B1 W1 F2 B2 W2\n");
+  // The last stage defers each W by one micro-batch, so its input gradients leave at B's pace.
+  EXPECT_EQ(describe(zb_h1(2, 3)), "stage 0: F0 F1 B0 W0 F2 B1 W1 B2 W2\n"
+                                   "stage 1: F0 B0 F1 B1 W0 F2 B2 W1 W2\n");
+  // Interleaved, p = 2, v = 2: forwards in groups of two micro-batches per chunk.
+  EXPECT_EQ(describe(interleaved_1f1b(2, 2, 2)), "stage 0: F0 F1 F0.1 F1.1 B0.1 W0.1 B1.1 W1.1 B0 W0 B1 W1\n"
+                                                 "stage 1: F0 F1 F0.1 B0.1 W0.1 F1.1 B1.1 W1.1 B0 W0 B1 W1\n");
+  EXPECT_THROW(one_f_one_b(0, 2), Error);
+  EXPECT_THROW(zb_h1(2, 0), Error);
 }

@@ -7,24 +7,6 @@
 
 namespace megaton::pipeline {
 
-Schedule no_pipelining(int64_t microbatches, bool defer_weight_grads, int chunks) {
-  MEGATON_CHECK(microbatches > 0, "a schedule needs at least one micro-batch, got ", microbatches);
-  MEGATON_CHECK(chunks > 0, "a schedule needs at least one model chunk, got ", chunks);
-  Schedule s{defer_weight_grads ? "no_pipelining_deferred_w" : "no_pipelining", 1, chunks, microbatches, {{}}};
-  auto& ops = s.ops[0];
-  for (int64_t m = 0; m < microbatches; ++m) {
-    for (int c = 0; c < chunks; ++c) ops.push_back({OpKind::Forward, m, c});
-    for (int c = chunks; c-- > 0;) {
-      ops.push_back({OpKind::BackwardInput, m, c});
-      if (!defer_weight_grads) ops.push_back({OpKind::BackwardWeight, m, c});
-    }
-  }
-  if (defer_weight_grads)
-    for (int64_t m = 0; m < microbatches; ++m)
-      for (int c = chunks; c-- > 0;) ops.push_back({OpKind::BackwardWeight, m, c});
-  return s;
-}
-
 std::string op_name(const Op& op) {
   static constexpr const char* names[] = {"F", "B", "W", "sendF", "recvF", "sendB", "recvB"};
   std::string s = names[static_cast<size_t>(op.kind)];

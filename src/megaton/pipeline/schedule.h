@@ -5,9 +5,7 @@
 // on real model chunks; the planner runs the same lists with modelled costs. One generator, two
 // users: a schedule is never re-implemented as control flow.
 //
-// Generators today: `no_pipelining` (one stage: per micro-batch F, B, W; or every W deferred to
-// the end of the step). 1F1B, interleaved, Zero Bubble and DualPipe generators add to this file's
-// family without touching the executor or the trainer.
+// The generators are in generators.h; the simulator (simulator.h) runs the same lists with costs.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -39,13 +37,16 @@ struct Schedule {
   int chunks_per_stage = 1;
   int64_t microbatches = 0;
   std::vector<std::vector<Op>> ops;  // per stage, in execution order
-};
+  // Which model chunk, in layer order (0 .. stages * chunks_per_stage - 1), chunk c of stage r
+  // holds: model_chunk[r][c]. Empty means Megatron's interleaving, c * stages + r; a V-shaped
+  // schedule (ZB-V) places chunk 1 of stage r at 2 * stages - 1 - r.
+  std::vector<std::vector<int>> model_chunk;
 
-// One stage. Per micro-batch the forward of every chunk in order, then the backward of every chunk
-// in reverse. defer_weight_grads = false: each chunk's W right after its B (gradient accumulation
-// as every trainer does it); true: every W at the end of the step (what a Zero Bubble schedule
-// does on its last stage, here so the deferred path is exercised in one process).
-Schedule no_pipelining(int64_t microbatches, bool defer_weight_grads = false, int chunks = 1);
+  int model_chunk_of(int stage, int chunk) const {
+    return model_chunk.empty() ? chunk * stages + stage
+                               : model_chunk[static_cast<size_t>(stage)][static_cast<size_t>(chunk)];
+  }
+};
 
 // Throws megaton::Error naming the stage, op and micro-batch unless every (micro-batch, chunk) of
 // every stage runs F, then B, then W, each exactly once, and every op is in range.

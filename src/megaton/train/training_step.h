@@ -10,7 +10,7 @@
 #include "megaton/models/transformer_model.h"
 #include "megaton/nn/param_and_grad_buffer.h"
 #include "megaton/optim/adamw.h"
-#include "megaton/pipeline/schedule.h"
+#include "megaton/pipeline/generators.h"
 #include "megaton/train/train_config.h"
 
 namespace megaton::train {

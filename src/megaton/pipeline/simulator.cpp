@@ -1,0 +1,108 @@
+#include "megaton/pipeline/simulator.h"
+
+#include <algorithm>
+#include <map>
+#include <optional>
+#include <tuple>
+
+#include "megaton/core/error.h"
+
+namespace megaton::pipeline {
+
+namespace {
+
+bool is_compute(OpKind k) {
+  return k == OpKind::Forward || k == OpKind::BackwardInput || k == OpKind::BackwardWeight;
+}
+
+// (kind, micro-batch, model chunk in layer order) of a finished compute op.
+using OpKey = std::tuple<OpKind, int64_t, int>;
+struct Done {
+  double end;
+  int stage;
+};
+
+}  // namespace
+
+Simulation simulate(const Schedule& s, const OpCosts& costs) {
+  validate(s);
+  const int last_chunk = s.stages * s.chunks_per_stage - 1;
+  std::map<OpKey, Done> done;
+  std::vector<size_t> next(static_cast<size_t>(s.stages), 0);
+  std::vector<double> free_at(static_cast<size_t>(s.stages), 0.0);
+  Simulation sim;
+  sim.timeline.resize(static_cast<size_t>(s.stages));
+
+  // The time op's input is available on `stage`, or a negative value while it is not yet produced.
+  auto ready = [&](const Op& op, int mc, int stage) -> double {
+    std::optional<OpKey> dep;
+    if (op.kind == OpKind::Forward && mc > 0) dep = OpKey{OpKind::Forward, op.microbatch, mc - 1};
+    if (op.kind == OpKind::BackwardInput)
+      dep = mc < last_chunk ? OpKey{OpKind::BackwardInput, op.microbatch, mc + 1} : OpKey{OpKind::Forward, op.microbatch, mc};
+    if (op.kind == OpKind::BackwardWeight) dep = OpKey{OpKind::BackwardInput, op.microbatch, mc};
+    if (!dep) return 0.0;
+    auto it = done.find(*dep);
+    if (it == done.end()) return -1.0;
+    return it->second.end + (it->second.stage != stage ? costs.transfer : 0.0);
+  };
+
+  const auto cost_of = [&](OpKind k) {
+    return k == OpKind::Forward ? costs.forward : k == OpKind::BackwardInput ? costs.backward_input : costs.backward_weight;
+  };
+  size_t remaining = 0;
+  for (const auto& ops : s.ops) remaining += ops.size();
+  while (remaining > 0) {
+    bool progress = false;
+    for (int st = 0; st < s.stages; ++st) {
+      const auto& ops = s.ops[static_cast<size_t>(st)];
+      size_t& i = next[static_cast<size_t>(st)];
+      for (; i < ops.size(); ++i, --remaining, progress = true) {
+        const Op& op = ops[i];
+        if (!is_compute(op.kind)) continue;  // transfers are modelled as the transfer cost of the input
+        const int mc = s.model_chunk_of(st, op.chunk);
+        const double at = ready(op, mc, st);
+        if (at < 0) break;
+        const double start = std::max(free_at[static_cast<size_t>(st)], at);
+        double end = start + cost_of(op.kind);
+        sim.timeline[static_cast<size_t>(st)].push_back({op, start, end});
+        const bool fused_w = op.kind == OpKind::BackwardInput && i + 1 < ops.size() &&
+                             ops[i + 1] == Op{OpKind::BackwardWeight, op.microbatch, op.chunk};
+        if (fused_w) {  // one backward call: the W runs now and the gradient leaves after it
+          sim.timeline[static_cast<size_t>(st)].push_back({ops[i + 1], end, end + costs.backward_weight});
+          end += costs.backward_weight;
+          done[{OpKind::BackwardWeight, op.microbatch, mc}] = {end, st};
+          ++i, --remaining;
+        }
+        free_at[static_cast<size_t>(st)] = end;
+        done[{op.kind, op.microbatch, mc}] = {end, st};
+      }
+    }
+    if (!progress) {
+      std::string blocked;
+      for (int st = 0; st < s.stages; ++st)
+        if (next[static_cast<size_t>(st)] < s.ops[static_cast<size_t>(st)].size())
+          blocked += " stage " + std::to_string(st) + " waits at " + op_name(s.ops[static_cast<size_t>(st)][next[static_cast<size_t>(st)]]) + ";";
+      fail("schedule '", s.name, "' deadlocks:", blocked);
+    }
+  }
+
+  double busy = 0;
+  for (size_t st = 0; st < sim.timeline.size(); ++st) {
+    // Activations: +1 when a forward starts, -1 when its W ends (releases first at equal times).
+    std::vector<std::pair<double, int>> events;
+    for (const TimedOp& t : sim.timeline[st]) {
+      busy += t.end - t.start;
+      sim.step_time = std::max(sim.step_time, t.end);
+      if (t.op.kind == OpKind::Forward) events.push_back({t.start, +1});
+      if (t.op.kind == OpKind::BackwardWeight) events.push_back({t.end, -1});
+    }
+    std::sort(events.begin(), events.end());
+    int live = 0, peak = 0;
+    for (const auto& e : events) peak = std::max(peak, live += e.second);
+    sim.peak_activations.push_back(peak);
+  }
+  sim.bubble_fraction = sim.step_time > 0 ? 1.0 - busy / (s.stages * sim.step_time) : 0.0;
+  return sim;
+}
+
+}  // namespace megaton::pipeline

@@ -1,0 +1,41 @@
+// Runs a schedule's op lists with per-op costs instead of model chunks: every stage executes its
+// list in order, each op as soon as the stage is free and its inputs exist (a chunk's F needs the
+// previous model chunk's F of that micro-batch, its B the next model chunk's B or, on the last
+// model chunk, its own F; W needs its B), with a transfer cost between stages. A B directly
+// followed by its own W is one call in the executor, so its input gradient leaves the stage only
+// after both. The same lists the executor runs, so the predicted step time, bubble and
+// activation peak are the schedule's own.
+// A schedule whose stages wait on each other in a cycle is a deadlock, reported by name.
+#pragma once
+#include <vector>
+
+#include "megaton/pipeline/schedule.h"
+
+namespace megaton::pipeline {
+
+// Seconds (or any unit) per op of one model chunk and one micro-batch.
+struct OpCosts {
+  double forward = 1, backward_input = 1, backward_weight = 1;
+  double transfer = 0;  // activation or gradient transfer between two stages
+};
+
+struct TimedOp {
+  Op op;
+  double start, end;
+};
+
+struct Simulation {
+  double step_time = 0;                      // last op's end
+  double bubble_fraction = 0;                // idle share of stages x step_time
+  std::vector<std::vector<TimedOp>> timeline;  // per stage, compute ops in execution order
+  // Per stage: the most micro-batch chunks whose forward has started and whose W has not ended
+  // (W still reads the saved inputs), i.e. peak activation memory in units of one micro-batch's
+  // activations of one chunk.
+  std::vector<int> peak_activations;
+};
+
+// Throws megaton::Error naming every stage's blocked op on a deadlock (or the schedule's first
+// F / B / W order fault, through validate).
+Simulation simulate(const Schedule& schedule, const OpCosts& costs);
+
+}  // namespace megaton::pipeline
