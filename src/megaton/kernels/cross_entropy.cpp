@@ -1,6 +1,9 @@
 #include "megaton/kernels/cross_entropy.h"
 
 #include "megaton/kernels/cpu/cross_entropy.h"
+#ifdef MEGATON_WITH_CUDA
+#include "megaton/kernels/cuda/cross_entropy.h"
+#endif
 
 namespace megaton::kernels {
 
@@ -22,7 +25,12 @@ void cross_entropy_forward(const ExecContext& ctx, const Tensor& loss, const Ten
   constexpr std::string_view op = "cross_entropy_forward";
   expect_on_device(ctx, op, {&loss, &lse, &logits, &targets});
   const auto [N, V] = check_ce(op, logits, targets, {&loss, &lse});
-  if (!ctx.device.is_cpu()) fail_no_backend(ctx, op);
+  if (ctx.device.is_cuda()) {
+#ifdef MEGATON_WITH_CUDA
+    return cuda::cross_entropy_forward(ctx, loss, lse, logits, targets, N, V);
+#endif
+    fail_no_backend(ctx, op);
+  }
   expect_dtype(logits.dtype(), op, {&loss, &lse});
   dispatch_cpu_float(logits.dtype(), op, [&]<typename T>(T) {
     cpu::cross_entropy_forward(loss.data<T>(), lse.data<T>(), logits.data<T>(), targets.data<int32_t>(), N, V);
@@ -35,7 +43,12 @@ void cross_entropy_backward(const ExecContext& ctx, const Tensor& dlogits, const
   expect_on_device(ctx, op, {&dlogits, &logits, &lse, &targets});
   const auto [N, V] = check_ce(op, logits, targets, {&lse});
   expect_matrix(op, dlogits, N, V);
-  if (!ctx.device.is_cpu()) fail_no_backend(ctx, op);
+  if (ctx.device.is_cuda()) {
+#ifdef MEGATON_WITH_CUDA
+    return cuda::cross_entropy_backward(ctx, dlogits, logits, lse, targets, grad_scale, N, V);
+#endif
+    fail_no_backend(ctx, op);
+  }
   expect_dtype(logits.dtype(), op, {&dlogits, &lse});
   dispatch_cpu_float(logits.dtype(), op, [&]<typename T>(T) {
     cpu::cross_entropy_backward(dlogits.data<T>(), logits.data<T>(), lse.data<T>(), targets.data<int32_t>(),

@@ -1,7 +1,8 @@
 // Softmax cross-entropy over the vocabulary on tensors, fused: the softmax is never materialised;
 // forward keeps the log-sum-exp per row and backward rebuilds probabilities from logits and lse.
 // logits / dlogits [N, V]; loss, lse [N]; targets i32 [N] (kIgnoreIndex: no loss, zero gradient).
-// Dispatches to kernels::cpu (f32 / f64).
+// Dispatches to kernels::cpu (f32 / f64, every tensor one dtype) or kernels::cuda (logits / dlogits
+// f32 or bf16, loss and lse f32).
 #pragma once
 #include "megaton/kernels/exec_context.h"
 #include "megaton/kernels/ignore_index.h"
