@@ -1,7 +1,8 @@
 // The tensor-level kernel API on every backend this build has: linear, RMSNorm, GeLU, embedding and
-// cross-entropy forward and backward, the reductions and the strided row copy against the CPU
-// reference kernels run in double on the same (dtype-rounded) inputs, and the dispatcher's errors.
-// Outputs start as NaN, so an element a kernel does not write fails the comparison. On a machine without a CUDA device the CUDA cases report
+// cross-entropy forward and backward, the reductions, the strided row copy and an AdamW step against
+// the CPU reference kernels (or, for AdamW, its documented formula) in double on the same
+// (dtype-rounded) inputs, and the dispatcher's errors. Outputs start as NaN, so an element a kernel
+// does not write fails the comparison. On a machine without a CUDA device the CUDA cases report
 // "skipped: no CUDA device" (or "built without CUDA").
 #include <gtest/gtest.h>
 
@@ -23,6 +24,8 @@
 #include "megaton/kernels/linear.h"
 #include "megaton/kernels/norm.h"
 #include "megaton/kernels/reduce.h"
+#include "megaton/nn/parameter.h"
+#include "megaton/optim/adamw.h"
 #ifdef MEGATON_WITH_CUDA
 #include "megaton/core/cuda/cuda_memory.h"
 #endif
@@ -190,14 +193,16 @@ TEST_P(Backends, EmbeddingForwardAndBackwardMatchTheReference) {
   tokens[5] = tokens[0], tokens[20] = tokens[0], tokens[38] = tokens[0], tokens[7] = 0, tokens[30] = vocab - 1;
   const auto wte = rounded(fd::random_vector(vocab * C, 22), dt), wpe = rounded(fd::random_vector(T * C, 23), dt);
   const auto dy = rounded(fd::random_vector(rows * C, 24), dt);
-  const auto dwte0 = rounded(fd::random_vector(vocab * C, 25), grad_dt), dwpe0 = rounded(fd::random_vector(T * C, 26), grad_dt);
-  std::vector<double> y_ref(rows * C), y_nopos_ref(rows * C), dwte_ref = dwte0, dwpe_ref = dwpe0, dwte_nopos_ref = dwte0;
+  const auto dwte0 = rounded(fd::random_vector(vocab * C, 25), grad_dt),
+             dwpe0 = rounded(fd::random_vector(T * C, 26), grad_dt);
+  std::vector<double> y_ref(rows * C), y_nopos_ref(rows * C), dwte_ref = dwte0, dwpe_ref = dwpe0,
+                                                              dwte_nopos_ref = dwte0;
   kernels::cpu::embedding_forward(y_ref.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
   kernels::cpu::embedding_forward(y_nopos_ref.data(), tokens.data(), wte.data(), static_cast<const double*>(nullptr), B,
                                   T, C);
   kernels::cpu::embedding_backward(dwte_ref.data(), dwpe_ref.data(), dy.data(), tokens.data(), B, T, C);
-  kernels::cpu::embedding_backward(dwte_nopos_ref.data(), static_cast<double*>(nullptr), dy.data(), tokens.data(), B,
-                                   T, C);
+  kernels::cpu::embedding_backward(dwte_nopos_ref.data(), static_cast<double*>(nullptr), dy.data(), tokens.data(), B, T,
+                                   C);
 
   Tensor TOK = ids(tokens, "tokens").view({B, T}), WTE = up(wte, {vocab, C}, "wte"), WPE = up(wpe, {T, C}, "wpe");
   Tensor DY = up(dy, {rows, C}, "dy");
@@ -303,10 +308,59 @@ TEST_P(Backends, CopyRowsMatchesTheReference) {
   EXPECT_EQ(download(LAST), last_ref);
 }
 
+TEST_P(Backends, AdamWStepMatchesTheReference) {
+  // AdamW is fp32 whatever the activations: weights, grads and moments f32 on the backend's device.
+  // Two parameters of odd sizes (two segments of one multi-tensor launch on CUDA), one decayed.
+  const optim::AdamWConfig cfg{3e-4, 0.9, 0.95, 1e-8, 0.1};
+  struct Ref {
+    std::vector<double> w, m, v;
+    bool decay;
+  };
+  const int64_t sizes[2] = {37 * 27, 5001};
+  nn::Parameter a("a", {37, 27}, true), b("b", {5001}, false);
+  nn::Parameter* params[2] = {&a, &b};
+  std::vector<Ref> ref;
+  for (int i = 0; i < 2; ++i) {
+    const auto w0 = rounded(fd::random_vector(sizes[i], 61 + i), DType::F32);
+    params[i]->value = up(w0, params[i]->value.shape(), params[i]->name, DType::F32);
+    params[i]->grad =
+        up(std::vector<double>(sizes[i], 0.0), params[i]->value.shape(), params[i]->name + ".grad", DType::F32);
+    ref.push_back({w0, std::vector<double>(sizes[i], 0.0), std::vector<double>(sizes[i], 0.0), i == 0});
+  }
+  optim::AdamW opt({&a, &b}, cfg);
+  const double lrs[3] = {1e-2, 2e-2, 5e-3}, scales[3] = {1.0, 0.5, 1.0};
+  for (int step = 1; step <= 3; ++step) {
+    const double lr = lrs[step - 1], gs = scales[step - 1];
+    for (int i = 0; i < 2; ++i) {
+      const auto g = rounded(fd::random_vector(sizes[i], 70 + 10 * step + i), DType::F32);
+      params[i]->grad.copy_from(upload(g, params[i]->grad.shape(), DType::F32, Device::cpu(), "g"));
+      Ref& r = ref[static_cast<size_t>(i)];
+      for (size_t j = 0; j < g.size(); ++j) {  // the formula in optim/adamw.h, in double
+        const double gj = g[j] * gs;
+        if (r.decay) r.w[j] -= lr * cfg.weight_decay * r.w[j];
+        r.m[j] = cfg.beta1 * r.m[j] + (1 - cfg.beta1) * gj;
+        r.v[j] = cfg.beta2 * r.v[j] + (1 - cfg.beta2) * gj * gj;
+        r.w[j] -= lr / (1 - std::pow(cfg.beta1, step)) * r.m[j] /
+                  (std::sqrt(r.v[j]) / std::sqrt(1 - std::pow(cfg.beta2, step)) + cfg.eps);
+      }
+    }
+    opt.step(lr, gs);
+  }
+  EXPECT_EQ(opt.steps(), 3);
+  for (int i = 0; i < 2; ++i) {
+    const Ref& r = ref[static_cast<size_t>(i)];
+    // f32 arithmetic over three steps against double: a few f32 roundings of each quantity.
+    EXPECT_TRUE(fd::close(download(params[i]->value), r.w, 1e-5)) << "weights of " << params[i]->name;
+    EXPECT_TRUE(fd::close(download(opt.exp_avg(static_cast<size_t>(i))), r.m, 1e-5))
+        << "exp_avg of " << params[i]->name;
+    EXPECT_TRUE(fd::close(download(opt.exp_avg_sq(static_cast<size_t>(i))), r.v, 1e-5))
+        << "exp_avg_sq of " << params[i]->name;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Kernels, Backends,
                          ::testing::Values(Backend{Device::cpu(), DType::F32}, Backend{Device::cpu(), DType::F64},
-                                           Backend{Device::cuda(0), DType::F32},
-                                           Backend{Device::cuda(0), DType::BF16}),
+                                           Backend{Device::cuda(0), DType::F32}, Backend{Device::cuda(0), DType::BF16}),
                          backend_name);
 
 TEST(KernelDispatch, ErrorsNameTheOpAndTheTensor) {

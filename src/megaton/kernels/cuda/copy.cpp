@@ -17,12 +17,11 @@ void copy_rows(const ExecContext& ctx, const Tensor& dst, int64_t dst_row, int64
   auto* d = static_cast<char*>(dst.raw());
   const auto* s = static_cast<const char*>(src.raw());
   for (int64_t b = 0; b < B; ++b) {
-    MEGATON_CUDA_CHECK(cudaMemcpy2DAsync(d + ((b * dst_R + dst_row) * dst_C + dst_col) * elt,
-                                         static_cast<size_t>(dst_C * elt),
-                                         s + ((b * src_R + src_row) * src_C + src_col) * elt,
-                                         static_cast<size_t>(src_C * elt), static_cast<size_t>(cols * elt),
-                                         static_cast<size_t>(rows), cudaMemcpyDeviceToDevice,
-                                         static_cast<cudaStream_t>(ctx.stream)));
+    MEGATON_CUDA_CHECK(
+        cudaMemcpy2DAsync(d + ((b * dst_R + dst_row) * dst_C + dst_col) * elt, static_cast<size_t>(dst_C * elt),
+                          s + ((b * src_R + src_row) * src_C + src_col) * elt, static_cast<size_t>(src_C * elt),
+                          static_cast<size_t>(cols * elt), static_cast<size_t>(rows), cudaMemcpyDeviceToDevice,
+                          static_cast<cudaStream_t>(ctx.stream)));
   }
 }
 

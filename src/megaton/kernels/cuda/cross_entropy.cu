@@ -11,13 +11,15 @@ namespace {
 constexpr int kRowThreads = 256;  // threads per row (a power of two: the reduction tree halves it)
 
 // Running (max, sum of exp(x - max)) of a set of values; merging two is exact up to rounding.
+// sum == 0 exactly when nothing finite was seen (sum >= 1 once max is finite); a NaN logit makes
+// sum NaN, and NaN survives every merge, so the row's loss is NaN.
 struct MaxSum {
   float max, sum;
 };
 
 __device__ __forceinline__ MaxSum merge(MaxSum a, MaxSum b) {
-  if (a.max == -INFINITY) return b;  // an empty side (also keeps -inf - -inf = NaN out)
-  if (b.max == -INFINITY) return a;
+  if (a.sum == 0.0f) return b;  // an empty side (also keeps -inf - -inf = NaN out)
+  if (b.sum == 0.0f) return a;
   const float m = fmaxf(a.max, b.max);
   return {m, a.sum * expf(a.max - m) + b.sum * expf(b.max - m)};
 }
@@ -44,8 +46,8 @@ __global__ void cross_entropy_forward_kernel(float* loss, float* lse, const T* l
     if (xv > acc.max) {
       acc.sum = acc.sum * expf(acc.max - xv) + 1.0f;  // expf(-inf) = 0 for the first element
       acc.max = xv;
-    } else if (acc.max != -INFINITY) {  // else both are -inf: exp(-inf) adds nothing (and no NaN)
-      acc.sum += expf(xv - acc.max);
+    } else {
+      acc.sum += xv == -INFINITY ? 0.0f : expf(xv - acc.max);  // -inf adds nothing (even while max is -inf)
     }
   }
   smax[threadIdx.x] = acc.max;

@@ -8,8 +8,8 @@ namespace megaton::kernels::cuda {
 
 namespace {
 
-constexpr int kThreads = 256;          // a power of two: the reduction tree halves it
-constexpr int64_t kChunk = 1 << 14;    // elements per block: fixes the partition
+constexpr int kThreads = 256;        // a power of two: the reduction tree halves it
+constexpr int64_t kChunk = 1 << 14;  // elements per block: fixes the partition
 
 int64_t num_chunks(int64_t n) { return (n + kChunk - 1) / kChunk; }
 
@@ -28,7 +28,9 @@ __device__ A block_reduce(A v, A* shared, Op op) {
 
 struct Add {
   template <typename A>
-  __device__ A operator()(A a, A b) const { return a + b; }
+  __device__ A operator()(A a, A b) const {
+    return a + b;
+  }
 };
 struct Min {
   __device__ int64_t operator()(int64_t a, int64_t b) const { return a < b ? a : b; }
@@ -109,8 +111,8 @@ int64_t count_not_equal(const ExecContext& ctx, const Tensor& ids, int32_t value
   const int64_t n = ids.numel();
   if (n == 0) return 0;
   const std::vector<int64_t> parts = partials<int64_t>(ctx, op, n, DType::I64, [&](int64_t* p, unsigned blocks) {
-    count_not_equal_kernel<<<blocks, kThreads, 0, detail::stream_of(ctx)>>>(
-        p, static_cast<const int32_t*>(ids.raw()), n, value);
+    count_not_equal_kernel<<<blocks, kThreads, 0, detail::stream_of(ctx)>>>(p, static_cast<const int32_t*>(ids.raw()),
+                                                                            n, value);
   });
   int64_t total = 0;
   for (int64_t c : parts) total += c;
