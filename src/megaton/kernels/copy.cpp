@@ -1,6 +1,9 @@
 #include "megaton/kernels/copy.h"
 
 #include "megaton/kernels/cpu/copy.h"
+#ifdef MEGATON_WITH_CUDA
+#include "megaton/kernels/cuda/copy.h"
+#endif
 
 namespace megaton::kernels {
 
@@ -22,7 +25,12 @@ void copy_rows(const ExecContext& ctx, BlockAt dst, BlockAt src, int64_t rows, i
   if (dst.t.size(0) != src.t.size(0))
     fail("kernel ", op, ": '", dst.t.name(), "' has ", dst.t.size(0), " batch rows, '", src.t.name(), "' ",
          src.t.size(0));
-  if (!ctx.device.is_cpu()) fail_no_backend(ctx, op);
+  if (ctx.device.is_cuda()) {
+#ifdef MEGATON_WITH_CUDA
+    return cuda::copy_rows(ctx, dst.t, dst.row, dst.col, src.t, src.row, src.col, rows, cols);
+#endif
+    fail_no_backend(ctx, op);
+  }
   expect_dtype(src.t.dtype(), op, {&dst.t});
   dispatch_cpu_float(src.t.dtype(), op, [&]<typename T>(T) {
     cpu::copy_rows(dst.t.data<T>(), dst.t.size(1), dst.t.size(2), dst.row, dst.col, src.t.data<T>(), src.t.size(1),

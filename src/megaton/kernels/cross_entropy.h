@@ -1,7 +1,8 @@
 // Softmax cross-entropy over the vocabulary on tensors: the softmax is never materialised; forward
 // keeps the log-sum-exp per row and backward rebuilds probabilities from logits and lse.
-// logits / dlogits [N, V]; every per-row tensor [N] of the logits' dtype; targets i32 [N]
-// (kIgnoreIndex: no loss, zero gradient). Dispatches to kernels::cpu (f32 / f64).
+// logits / dlogits [N, V]; every per-row statistic [N], f64 for f64 logits and f32 otherwise;
+// targets i32 [N] (kIgnoreIndex: no loss, zero gradient). Dispatches to kernels::cpu (f32 / f64)
+// or kernels::cuda (logits f32 or bf16).
 //
 // The forward is three kernels with the reduction points between them explicit, so that
 // vocab-parallel cross-entropy (each rank holding vocabulary entries [vocab_start, vocab_start +

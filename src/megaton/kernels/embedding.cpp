@@ -1,6 +1,9 @@
 #include "megaton/kernels/embedding.h"
 
 #include "megaton/kernels/cpu/embedding.h"
+#ifdef MEGATON_WITH_CUDA
+#include "megaton/kernels/cuda/embedding.h"
+#endif
 
 namespace megaton::kernels {
 
@@ -28,7 +31,12 @@ void embedding_forward(const ExecContext& ctx, const Tensor& out, const Tensor& 
   expect_on_device(ctx, op, {&out, &tokens, &wte});
   if (wpe.defined()) expect_on_device(ctx, op, {&wpe});
   const EmbeddingShape s = check_embedding(op, tokens, wte, out, wpe);
-  if (!ctx.device.is_cpu()) fail_no_backend(ctx, op);
+  if (ctx.device.is_cuda()) {
+#ifdef MEGATON_WITH_CUDA
+    return cuda::embedding_forward(ctx, out, tokens, wte, wpe, s.B, s.T, s.C);
+#endif
+    fail_no_backend(ctx, op);
+  }
   expect_dtype(wte.dtype(), op, {&out});
   if (wpe.defined()) expect_dtype(wte.dtype(), op, {&wpe});
   dispatch_cpu_float(wte.dtype(), op, [&]<typename T>(T) {
@@ -43,7 +51,12 @@ void embedding_backward(const ExecContext& ctx, const Tensor& dwte, const Tensor
   expect_on_device(ctx, op, {&dwte, &dout, &tokens});
   if (dwpe.defined()) expect_on_device(ctx, op, {&dwpe});
   const EmbeddingShape s = check_embedding(op, tokens, dwte, dout, dwpe);
-  if (!ctx.device.is_cpu()) fail_no_backend(ctx, op);
+  if (ctx.device.is_cuda()) {
+#ifdef MEGATON_WITH_CUDA
+    return cuda::embedding_backward(ctx, dwte, dwpe, dout, tokens, s.B, s.T, s.C);
+#endif
+    fail_no_backend(ctx, op);
+  }
   expect_dtype(dwte.dtype(), op, {&dout});
   if (dwpe.defined()) expect_dtype(dwte.dtype(), op, {&dwpe});
   dispatch_cpu_float(dwte.dtype(), op, [&]<typename T>(T) {

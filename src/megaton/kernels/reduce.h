@@ -8,7 +8,7 @@
 
 namespace megaton::kernels {
 
-double sum(const ExecContext& ctx, const Tensor& x);  // f32 / f64, accumulated in double
+double sum(const ExecContext& ctx, const Tensor& x);  // f32 / f64 (cpu), f32 / bf16 (cuda); accumulated in double
 // ids: i32. Counts ids != value.
 int64_t count_not_equal(const ExecContext& ctx, const Tensor& ids, int32_t value);
 // ids: i32. Index of the first id outside [0, limit) (and, when given, not equal to `ignore`), or -1.

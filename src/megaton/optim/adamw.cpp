@@ -3,6 +3,10 @@
 #include <cmath>
 #include <set>
 
+#ifdef MEGATON_WITH_CUDA
+#include "megaton/optim/cuda/adamw.h"
+#endif
+
 namespace megaton::optim {
 
 void AdamW::check_config_and_names() const {
@@ -16,14 +20,21 @@ void AdamW::check_config_and_names() const {
     // State is saved under the parameter's name, so two parameters may not share one.
     MEGATON_CHECK(names.insert(p->name).second, "AdamW given parameter '", p->name, "' twice");
     p->grad.expect_shape(p->value.shape());
+    // One device for everything a step touches (the moments are allocated there).
+    for (const Tensor* t : {&p->value, &p->grad})
+      MEGATON_CHECK(t->device() == params_.front()->value.device(), "AdamW parameter '", p->name, "' has tensor '",
+                    t->name(), "' on ", t->device().str(), ", the first parameter is on ",
+                    params_.front()->value.device().str());
   }
 }
 
 AdamW::AdamW(nn::ParameterList params, AdamWConfig config) : params_(std::move(params)), config_(config) {
   check_config_and_names();
   for (nn::Parameter* p : params_) {
-    exp_avg_.push_back(Tensor::zeros(p->value.shape(), DType::F32, MemCategory::Optimizer, p->name + ".exp_avg"));
-    exp_avg_sq_.push_back(Tensor::zeros(p->value.shape(), DType::F32, MemCategory::Optimizer, p->name + ".exp_avg_sq"));
+    exp_avg_.push_back(
+        Tensor::zeros(p->value.shape(), DType::F32, MemCategory::Optimizer, p->name + ".exp_avg", p->value.device()));
+    exp_avg_sq_.push_back(Tensor::zeros(p->value.shape(), DType::F32, MemCategory::Optimizer, p->name + ".exp_avg_sq",
+                                        p->value.device()));
     segments_.push_back({p->value, p->grad, exp_avg_.back(), exp_avg_sq_.back(), p->weight_decay});
   }
 }
@@ -31,8 +42,9 @@ AdamW::AdamW(nn::ParameterList params, AdamWConfig config) : params_(std::move(p
 AdamW::AdamW(const nn::ParamAndGradBuffer& buffer, AdamWConfig config) : params_(buffer.params()), config_(config) {
   check_config_and_names();
   const int64_t total = buffer.weights().numel();
-  const Tensor m = Tensor::zeros({total}, DType::F32, MemCategory::Optimizer, "exp_avg_buffer");
-  const Tensor v = Tensor::zeros({total}, DType::F32, MemCategory::Optimizer, "exp_avg_sq_buffer");
+  const Device device = buffer.weights().device();
+  const Tensor m = Tensor::zeros({total}, DType::F32, MemCategory::Optimizer, "exp_avg_buffer", device);
+  const Tensor v = Tensor::zeros({total}, DType::F32, MemCategory::Optimizer, "exp_avg_sq_buffer", device);
   for (nn::Parameter* p : params_) {
     const int64_t off = buffer.offset_of(*p);
     exp_avg_.push_back(m.window(off, p->value.shape(), p->name + ".exp_avg"));
@@ -66,6 +78,22 @@ void AdamW::step(double lr, double grad_scale) {
   const bool scaled = grad_scale != 1.0;
   const float neg_step_size = static_cast<float>(-lr / (1.0 - std::pow(config_.beta1, static_cast<double>(t))));
   const float bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(config_.beta2, static_cast<double>(t))));
+  const Device device = segments_.empty() ? Device::cpu() : segments_.front().w.device();
+  if (device.is_cuda()) {
+#ifdef MEGATON_WITH_CUDA
+    // The same scalars, one multi-tensor kernel over every segment (on the default stream).
+    std::vector<cuda::AdamWSegment> segs;
+    for (const Segment& s : segments_)
+      segs.push_back({s.w.data<float>(), s.g.data<float>(), s.m.data<float>(), s.v.data<float>(), s.w.numel(),
+                      s.decay ? static_cast<float>(1.0 - lr * config_.weight_decay) : 1.0f});
+    cuda::adamw_step(device.index, nullptr, segs,
+                     {b2, one_minus_b1, one_minus_b2, eps, neg_step_size, bc2_sqrt, gs, scaled});
+    steps_ = t;
+    return;
+#else
+    fail("AdamW step on ", device.str(), ", but this Megaton was built without CUDA");
+#endif
+  }
   for (const Segment& s : segments_) {
     const float decay = s.decay ? static_cast<float>(1.0 - lr * config_.weight_decay) : 1.0f;
     float* w = s.w.data<float>();
