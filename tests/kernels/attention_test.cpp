@@ -14,18 +14,26 @@ using namespace megaton::kernels;
 
 namespace {
 
-// q, k and v interleaved per token in one fused buffer, [B, T, Hq + 2 Hkv head slots (+ pad)], as a
-// fused QKV projection produces them. pad > 0 leaves unused columns after each token's slots.
+// q, k and v of each token in one fused buffer in Megatron's per-query-group layout, as a fused QKV
+// projection produces them: per kv group a block of [Hq / Hkv q heads | k head | v head] (+ pad).
+// pad > 0 leaves unused columns after each group's heads, so the group stride is not implied by D.
 struct Shape {
   int64_t B, T, Hq, Hkv, D, pad = 0;
-  int64_t stride() const { return (Hq + 2 * Hkv) * D + pad; }
-  int64_t k_offset() const { return Hq * D; }
-  int64_t v_offset() const { return (Hq + Hkv) * D; }
+  int64_t q_per_group() const { return Hq / Hkv; }
+  int64_t group_stride() const { return (q_per_group() + 2) * D + pad; }
+  int64_t stride() const { return Hkv * group_stride(); }
+  HeadStrides fused() const { return {stride(), group_stride()}; }
+  // Where query head h, and the k / v head of group g, start in a token's row.
+  int64_t q_at(int64_t h) const { return h / q_per_group() * group_stride() + h % q_per_group() * D; }
+  int64_t k_at(int64_t g) const { return g * group_stride() + k_offset(); }
+  int64_t v_at(int64_t g) const { return g * group_stride() + v_offset(); }
+  int64_t k_offset() const { return q_per_group() * D; }
+  int64_t v_offset() const { return (q_per_group() + 1) * D; }
   size_t qkv_size() const { return B * T * stride(); }
   size_t out_size() const { return B * T * Hq * D; }
   size_t lse_size() const { return B * Hq * T; }
   double scale() const { return 1.0 / std::sqrt(double(D)); }
-  bool is_pad(size_t i) const { return int64_t(i % stride()) >= (Hq + 2 * Hkv) * D; }
+  bool is_pad(size_t i) const { return int64_t(i % group_stride()) >= (q_per_group() + 2) * D; }
 };
 
 template <typename To, typename From>
@@ -44,7 +52,7 @@ Result naive_attention(const std::vector<T>& qkv, const std::vector<T>& dout, co
   auto at = [&](int64_t b, int64_t t, int64_t offset) { return (b * s.T + t) * s.stride() + offset; };
   for (int64_t b = 0; b < s.B; ++b)
     for (int64_t h = 0; h < s.Hq; ++h) {
-      const int64_t g = h / (s.Hq / s.Hkv), qo = h * s.D, ko = s.k_offset() + g * s.D, vo = s.v_offset() + g * s.D;
+      const int64_t g = h / s.q_per_group(), qo = s.q_at(h), ko = s.k_at(g), vo = s.v_at(g);
       for (int64_t t = 0; t < s.T; ++t) {
         std::vector<double> p(t + 1);
         double mx = -INFINITY, sum = 0;
@@ -85,7 +93,7 @@ template <typename T>
 void forward(std::vector<T>& out, std::vector<T>& lse, const std::vector<T>& qkv, const Shape& s) {
   const T* q = qkv.data();
   attention_forward(out.data(), lse.data(), q, q + s.k_offset(), q + s.v_offset(), s.B, s.T, s.Hq, s.Hkv, s.D,
-                    s.stride(), s.stride(), s.scale());
+                    s.fused(), s.fused(), s.scale());
 }
 
 // Kernel forward and backward; dqkv starts as NaN so that any element the backward should write but
@@ -98,7 +106,7 @@ Result run_kernel(const std::vector<T>& qkv, const std::vector<T>& dout, const S
   const T* q = qkv.data();
   T* dq = dqkv.data();
   attention_backward(dq, dq + s.k_offset(), dq + s.v_offset(), dout.data(), out.data(), lse.data(), q, q + s.k_offset(),
-                     q + s.v_offset(), s.B, s.T, s.Hq, s.Hkv, s.D, s.stride(), s.stride(), s.scale());
+                     q + s.v_offset(), s.B, s.T, s.Hq, s.Hkv, s.D, s.fused(), s.fused(), s.scale());
   return {convert<double>(out), convert<double>(lse), convert<double>(dqkv)};
 }
 
@@ -153,7 +161,8 @@ TEST(Attention, MatchesNaiveInDouble) { check_against_naive(kLongGqa, 1e-12, fal
 TEST(Attention, MatchesNaiveInFloat) { check_against_naive(kLongGqa, 5e-6, true); }
 
 // Decoding with a KV cache: the first 70 tokens as one chunk, then one token at a time, each chunk's
-// queries in their own compact buffer and k/v read from the full buffer at pos_offset.
+// queries gathered into their own contiguous [len, Hq, D] buffer and k/v read from the full fused
+// buffer at pos_offset.
 TEST(Attention, PosOffsetChunksMatchFullCausalForward) {
   const Shape s = kLongGqa;
   auto qkv = fd::random_vector<float>(s.qkv_size(), 5, -2.0, 2.0);
@@ -165,10 +174,12 @@ TEST(Attention, PosOffsetChunksMatchFullCausalForward) {
   auto run_chunk = [&](int64_t t0, int64_t len) {
     std::vector<float> q(s.B * len * qw), chunk_out(q.size()), chunk_lse(s.B * s.Hq * len);
     for (int64_t b = 0; b < s.B; ++b)
-      for (int64_t t = 0; t < len; ++t) std::copy_n(&qkv[(b * s.T + t0 + t) * s.stride()], qw, &q[(b * len + t) * qw]);
+      for (int64_t t = 0; t < len; ++t)
+        for (int64_t h = 0; h < s.Hq; ++h)
+          std::copy_n(&qkv[(b * s.T + t0 + t) * s.stride() + s.q_at(h)], s.D, &q[((b * len + t) * s.Hq + h) * s.D]);
     const float* k = qkv.data() + s.k_offset();
-    attention_forward(chunk_out.data(), chunk_lse.data(), q.data(), k, k + s.Hkv * s.D, s.B, len, s.Hq, s.Hkv, s.D, qw,
-                      s.stride(), s.scale(), t0, s.T * s.stride());
+    attention_forward(chunk_out.data(), chunk_lse.data(), q.data(), k, qkv.data() + s.v_offset(), s.B, len, s.Hq, s.Hkv,
+                      s.D, {qw, s.q_per_group() * s.D}, s.fused(), s.scale(), t0, s.T * s.stride());
     for (int64_t b = 0; b < s.B; ++b) {
       std::copy_n(&chunk_out[b * len * qw], len * qw, &out[(b * s.T + t0) * qw]);
       for (int64_t h = 0; h < s.Hq; ++h)

@@ -15,26 +15,27 @@ using namespace megaton::kernels;
 namespace {
 
 constexpr int64_t kB = 2, kT = 17, kH = 6, kHkv = 2, kD = 24;
-// A fused QKV token: q heads, then k heads, then v heads.
-constexpr int64_t kStride = (kH + 2 * kHkv) * kD;
+// A fused QKV token in Megatron's per-query-group layout: per kv group, its kH / kHkv q heads, its
+// k head and its v head.
+constexpr int64_t kGroup = (kH / kHkv + 2) * kD;
+constexpr int64_t kStride = kHkv * kGroup;
 constexpr int64_t kOffset = 5;  // positions kOffset .. kOffset + kT - 1
 
 // Pair (a, b) of head dimension i as the complex number a + ib, multiplied by exp(i pos inv_freq);
-// x and heads select the q or the k block of the fused tokens, as for rope_apply.
-void rotate_reference(double* x, int64_t heads, const std::vector<double>& inv_freq, RopeLayout layout) {
+// rotates the head at `offset` in every fused token.
+void rotate_reference(double* x, int64_t offset, const std::vector<double>& inv_freq, RopeLayout layout) {
   for (int64_t b = 0; b < kB; ++b)
-    for (int64_t t = 0; t < kT; ++t)
-      for (int64_t h = 0; h < heads; ++h) {
-        double* head = x + (b * kT + t) * kStride + h * kD;
-        for (int64_t i = 0; i < kD / 2; ++i) {
-          const int64_t i0 = layout == RopeLayout::Half ? i : 2 * i;
-          const int64_t i1 = layout == RopeLayout::Half ? i + kD / 2 : 2 * i + 1;
-          const std::complex<double> z =
-              std::complex<double>(head[i0], head[i1]) * std::polar(1.0, (kOffset + t) * inv_freq[i]);
-          head[i0] = z.real();
-          head[i1] = z.imag();
-        }
+    for (int64_t t = 0; t < kT; ++t) {
+      double* head = x + (b * kT + t) * kStride + offset;
+      for (int64_t i = 0; i < kD / 2; ++i) {
+        const int64_t i0 = layout == RopeLayout::Half ? i : 2 * i;
+        const int64_t i1 = layout == RopeLayout::Half ? i + kD / 2 : 2 * i + 1;
+        const std::complex<double> z =
+            std::complex<double>(head[i0], head[i1]) * std::polar(1.0, (kOffset + t) * inv_freq[i]);
+        head[i0] = z.real();
+        head[i1] = z.imag();
       }
+    }
 }
 
 struct Tables {
@@ -47,12 +48,12 @@ Tables make_tables(const std::vector<double>& inv_freq) {
   return tab;
 }
 
-// Rotate the q heads and the k heads of a fused QKV buffer of B sequences in place.
+// Rotate the q heads and the k heads of a fused QKV buffer of B sequences in place: per group, its
+// q heads and the k head right after them.
 template <typename T>
 void apply_qk(std::vector<T>& qkv, const T* cos, const T* sin, RopeLayout layout, bool inverse) {
   const int64_t B = static_cast<int64_t>(qkv.size()) / (kT * kStride);
-  rope_apply(qkv.data(), cos, sin, B, kT, kH, kD, kStride, kOffset, layout, inverse);
-  rope_apply(qkv.data() + kH * kD, cos, sin, B, kT, kHkv, kD, kStride, kOffset, layout, inverse);
+  rope_apply(qkv.data(), cos, sin, B, kT, kHkv, kH / kHkv + 1, kD, {kStride, kGroup}, kOffset, layout, inverse);
 }
 
 }  // namespace
@@ -111,8 +112,10 @@ TEST(Rope, ApplyMatchesComplexRotationAndInverseRestores) {
   for (RopeLayout layout : {RopeLayout::Half, RopeLayout::Interleaved}) {
     const auto input = fd::random_vector(kB * kT * kStride, 1);
     std::vector<double> want = input;
-    rotate_reference(want.data(), kH, inv, layout);
-    rotate_reference(want.data() + kH * kD, kHkv, inv, layout);
+    for (int64_t g = 0; g < kHkv; ++g) {
+      for (int64_t h = 0; h < kH / kHkv; ++h) rotate_reference(want.data(), g * kGroup + h * kD, inv, layout);  // q
+      rotate_reference(want.data(), g * kGroup + kH / kHkv * kD, inv, layout);                                  // k
+    }
 
     std::vector<double> got = input;
     apply_qk(got, tab.cos.data(), tab.sin.data(), layout, /*inverse=*/false);

@@ -68,6 +68,58 @@ TEST_P(HfRoundTrip, ExportThenImportIsBitExact) {
 
 INSTANTIATE_TEST_SUITE_P(Presets, HfRoundTrip, ::testing::Values("gpt-tiny", "llama-tiny"));
 
+// linear_qkv's rows follow Megatron's per-query-group layout: per kv group its q heads, then its k
+// head, then its v head. The expected order is built here by concatenation, not by the index
+// arithmetic of AttentionShape::fused_row, and every exported weight and bias element is checked
+// against it. llama-tiny has 6 q heads in 2 groups and gpt-tiny 6 heads of its own group each, so
+// HF's [all q | all k | all v] order (an identity mapping) fails both.
+class HfLinearQkv : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(HfLinearQkv, RowsArePerQueryGroup) {
+  const auto cfg = megaton::testing::tiny_config(GetParam());
+  const bool gpt2 = GetParam() == "gpt-tiny";
+  models::TransformerModel m(cfg);
+  m.init_weights(3);
+  const int64_t H = cfg.num_attention_heads, G = cfg.num_query_groups, D = cfg.head_dim(), C = cfg.hidden_size;
+  // Per linear_qkv row: which of q (0), k (1), v (2), and the row within HF's q_proj / k_proj / v_proj.
+  std::vector<std::pair<int, int64_t>> order;
+  for (int64_t g = 0; g < G; ++g) {
+    for (int64_t h = g * (H / G); h < (g + 1) * (H / G); ++h)
+      for (int64_t d = 0; d < D; ++d) order.emplace_back(0, h * D + d);
+    for (int part : {1, 2})
+      for (int64_t d = 0; d < D; ++d) order.emplace_back(part, g * D + d);
+  }
+  ASSERT_EQ(static_cast<int64_t>(order.size()), cfg.qkv_size());
+  auto& qkv = m.layers()[1]->attention.qkv;
+  if (gpt2)  // init_weights zeroes biases; distinct values make the bias permutation visible
+    for (int64_t row = 0; row < cfg.qkv_size(); ++row) qkv.bias.value.data<float>()[row] = 0.5f + float(row);
+  auto exported = models::to_hf_tensors(m);
+  const std::map<std::string, Tensor> hf(exported.begin(), exported.end());
+  const float* w = qkv.weight.value.data<float>();
+  const char* llama_names[] = {"q_proj", "k_proj", "v_proj"};
+  for (size_t row = 0; row < order.size(); ++row) {
+    const auto [part, r] = order[row];
+    for (int64_t c = 0; c < C; ++c) {
+      // GPT-2's c_attn is Conv1D [in, out] with outputs [q | k | v], C each.
+      const float want = gpt2 ? hf.at("transformer.h.1.attn.c_attn.weight").data<float>()[c * 3 * C + part * C + r]
+                              : hf.at(std::string("model.layers.1.self_attn.") + llama_names[part] + ".weight")
+                                    .data<float>()[r * C + c];
+      ASSERT_EQ(w[row * C + c], want) << "linear_qkv row " << row << " column " << c;
+    }
+    if (gpt2) {
+      ASSERT_EQ(qkv.bias.value.data<float>()[row],
+                hf.at("transformer.h.1.attn.c_attn.bias").data<float>()[part * C + r])
+          << "linear_qkv bias row " << row;
+    }
+  }
+  // and the import puts every element back
+  models::TransformerModel back(cfg);
+  models::load_hf_tensors(back, hf, "exported");
+  expect_same_parameters(m, back);
+}
+
+INSTANTIATE_TEST_SUITE_P(Presets, HfLinearQkv, ::testing::Values("gpt-tiny", "llama-tiny"));
+
 TEST(HfFormat, Gpt2UsesConv1DLayoutAndAcceptsBareNames) {
   TempDir dir;
   models::TransformerModel m(megaton::testing::tiny_config("gpt-tiny"));
@@ -77,7 +129,7 @@ TEST(HfFormat, Gpt2UsesConv1DLayoutAndAcceptsBareNames) {
   for (auto& [name, t] : tensors) {
     if (name == "transformer.h.0.attn.c_attn.weight") {
       EXPECT_EQ(t.shape(), (Shape{48, 3 * 48}));  // [in, out]
-      // Conv1D column j is linear_qkv row j.
+      // Conv1D is transposed: column 7 (q head 0, which leads linear_qkv's first group too) is row 7.
       const float* w = m.layers()[0]->attention.qkv.weight.value.data<float>();
       EXPECT_EQ(t.data<float>()[1 * 144 + 7], w[7 * 48 + 1]);
     }

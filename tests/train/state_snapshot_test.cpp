@@ -7,12 +7,14 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <map>
 #include <random>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "../support/temp_dir.h"
+#include "megaton/ckpt/safetensors.h"
 
 using namespace megaton;
 using megaton::testing::TempDir;
@@ -103,4 +105,34 @@ TEST(StateSnapshot, RestoreAndCheckpointFilesGiveBackEveryByte) {
   EXPECT_EQ(loaded_opt.steps(), progress.step);
   EXPECT_EQ(back.step, progress.step);
   EXPECT_EQ(back.consumed_samples, progress.consumed_samples);
+}
+
+// Optimizer files from before the per-query-group linear_qkv layout carry no version: their
+// linear_qkv moments would load without complaint into the wrong rows, so loading refuses them,
+// naming the file and the way out, before it touches the model.
+TEST(StateSnapshot, UnversionedOptimizerStateIsRefused) {
+  TempDir dir;
+  const auto cfg = train::load_train_config(
+      "", {"model.preset=\"llama-tiny\"", "model.num_layers=1", "model.hidden_size=48", "model.num_attention_heads=6",
+           "model.num_query_groups=2", "model.ffn_hidden_size=80"});
+  models::TransformerModel model(cfg.model);
+  model.init_weights(1);
+  optim::AdamW opt(model.parameters(), optim::AdamWConfig{});
+  train::StateSnapshot snap(cfg.model, opt);
+  snap.capture(model, opt, train::TrainProgress{}, cfg);
+  const std::string ckpt = dir.file("ckpt");
+  std::filesystem::create_directories(ckpt);
+  snap.write_model(ckpt);
+  snap.write_optimizer_and_state(ckpt);
+  const std::string optimizer_file = ckpt + "/optimizer.safetensors";
+  std::map<std::string, std::string> metadata;
+  const auto moments = ckpt::load_safetensors(optimizer_file, &metadata);
+  ASSERT_EQ(metadata.erase("version"), 1u);  // what older builds wrote
+  ckpt::save_safetensors(optimizer_file, {moments.begin(), moments.end()}, metadata);
+
+  models::TransformerModel fresh(cfg.model);
+  const StateBytes before = state_bytes(fresh, opt);
+  EXPECT_ERROR_CONTAINS(train::load_checkpoint(ckpt, fresh, opt, cfg), optimizer_file, "version 1", "per-query-group",
+                        "model.load=" + ckpt);
+  EXPECT_TRUE(same_state(state_bytes(fresh, opt), before));
 }

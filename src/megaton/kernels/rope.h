@@ -1,7 +1,9 @@
-// Rotary position embedding (RoPE), applied in place to the q and k parts of a fused QKV buffer.
+// Rotary position embedding (RoPE), applied in place to the q and k heads of a fused QKV buffer.
 #pragma once
 #include <cstdint>
 #include <vector>
+
+#include "megaton/kernels/head_strides.h"
 
 namespace megaton::kernels {
 
@@ -25,12 +27,13 @@ std::vector<double> rope_inv_freq(int64_t D, double theta, const RopeScaling& sc
 template <typename T>
 void rope_tables(T* cos, T* sin, int64_t Tlen, int64_t D, const std::vector<double>& inv_freq);
 
-// Rotate x in place. x points at head 0 of token (b=0, t=0); token (b,t) starts at
-// x + (b*Tlen + t) * token_stride and holds H heads of D contiguous values. Token t uses
-// position pos_offset + t, i.e. row (pos_offset + t) of the tables. inverse=true rotates by the
-// negative angle, which is exactly the backward pass (the rotation is orthogonal).
+// Rotate x in place: in every token, heads 0..H-1 of each of the `groups` groups, placed as `at`
+// says (head_strides.h). In Megatron's fused QKV row a group's q heads are followed by its k head,
+// so H = Hq / Hkv + 1 rotates q and k in one call and leaves v alone. Token t uses position
+// pos_offset + t, i.e. row (pos_offset + t) of the tables. inverse=true rotates by the negative
+// angle, which is exactly the backward pass (the rotation is orthogonal).
 template <typename T>
-void rope_apply(T* x, const T* cos, const T* sin, int64_t B, int64_t Tlen, int64_t H, int64_t D,
-                int64_t token_stride, int64_t pos_offset, RopeLayout layout, bool inverse);
+void rope_apply(T* x, const T* cos, const T* sin, int64_t B, int64_t Tlen, int64_t groups, int64_t H, int64_t D,
+                HeadStrides at, int64_t pos_offset, RopeLayout layout, bool inverse);
 
 }  // namespace megaton::kernels

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <set>
 
 #include "megaton/ckpt/safetensors.h"
@@ -137,19 +138,23 @@ namespace {
 
 // One HF tensor = a block of rows [row0, row0 + rows) of one Megaton parameter, possibly
 // transposed (GPT-2's Conv1D) or with each head's rows permuted between Megaton's interleaved
-// RoPE layout and HF's rotate_half layout (rope_head_dim > 0).
+// RoPE layout and HF's rotate_half layout (rope_head_dim > 0). For linear_qkv (qkv set) the rows
+// are those of HF's stacked [all q | all k | all v], each moved to its row in Megaton's
+// per-query-group layout.
 struct Binding {
   std::string hf_name;
   nn::Parameter* param;
   int64_t row0 = 0, rows = -1;
   bool transpose = false;
   int64_t rope_head_dim = 0;
+  std::optional<nn::AttentionShape> qkv = std::nullopt;
 };
 
 std::vector<Binding> bindings(TransformerModel& m) {
   const TransformerConfig& c = m.config();
   std::vector<Binding> out;
   const bool gpt2 = c.position_embedding == PositionEmbedding::LearnedAbsolute;
+  const nn::AttentionShape attn{c.hidden_size, c.num_attention_heads, c.num_query_groups, c.head_dim()};
   if (gpt2) {
     out.push_back({"transformer.wte.weight", &m.embedding().word});
     out.push_back({"transformer.wpe.weight", &m.embedding().position});
@@ -158,8 +163,8 @@ std::vector<Binding> bindings(TransformerModel& m) {
       const std::string p = "transformer.h." + std::to_string(i) + ".";
       out.push_back({p + "ln_1.weight", &l.input_norm.weight});
       out.push_back({p + "ln_1.bias", &l.input_norm.bias});
-      out.push_back({p + "attn.c_attn.weight", &l.attention.qkv.weight, 0, -1, true});
-      out.push_back({p + "attn.c_attn.bias", &l.attention.qkv.bias});
+      out.push_back({p + "attn.c_attn.weight", &l.attention.qkv.weight, 0, -1, true, 0, attn});
+      out.push_back({p + "attn.c_attn.bias", &l.attention.qkv.bias, 0, -1, false, 0, attn});
       out.push_back({p + "attn.c_proj.weight", &l.attention.proj.weight, 0, -1, true});
       out.push_back({p + "attn.c_proj.bias", &l.attention.proj.bias});
       out.push_back({p + "ln_2.weight", &l.pre_mlp_norm.weight});
@@ -180,9 +185,9 @@ std::vector<Binding> bindings(TransformerModel& m) {
       auto& l = *m.layers()[i];
       const std::string p = "model.layers." + std::to_string(i) + ".";
       out.push_back({p + "input_layernorm.weight", &l.input_norm.weight});
-      out.push_back({p + "self_attn.q_proj.weight", &l.attention.qkv.weight, 0, q, false, rope});
-      out.push_back({p + "self_attn.k_proj.weight", &l.attention.qkv.weight, q, kv, false, rope});
-      out.push_back({p + "self_attn.v_proj.weight", &l.attention.qkv.weight, q + kv, kv});
+      out.push_back({p + "self_attn.q_proj.weight", &l.attention.qkv.weight, 0, q, false, rope, attn});
+      out.push_back({p + "self_attn.k_proj.weight", &l.attention.qkv.weight, q, kv, false, rope, attn});
+      out.push_back({p + "self_attn.v_proj.weight", &l.attention.qkv.weight, q + kv, kv, false, 0, attn});
       out.push_back({p + "self_attn.o_proj.weight", &l.attention.proj.weight});
       out.push_back({p + "post_attention_layernorm.weight", &l.pre_mlp_norm.weight});
       out.push_back({p + "mlp.gate_proj.weight", &l.mlp.fc1.weight, 0, F});
@@ -212,9 +217,9 @@ Shape hf_shape(const Binding& b, const Tensor& full) {
 
 // Megaton source row for HF row r of binding b.
 int64_t source_row(const Binding& b, int64_t r) {
-  if (b.rope_head_dim == 0) return b.row0 + r;
   const int64_t D = b.rope_head_dim;
-  return b.row0 + (r / D) * D + interleaved_row(r % D, D);
+  const int64_t row = D == 0 ? b.row0 + r : b.row0 + (r / D) * D + interleaved_row(r % D, D);
+  return b.qkv ? b.qkv->fused_row(row) : row;
 }
 
 }  // namespace

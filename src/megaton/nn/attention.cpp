@@ -7,6 +7,15 @@
 
 namespace megaton::nn {
 
+int64_t AttentionShape::fused_row(int64_t r) const {
+  const int64_t per_group = heads / groups * head_dim;  // q rows of one group
+  if (r < q_size()) return r / per_group * group_size() + r % per_group;
+  r -= q_size();
+  const int64_t offset = r < kv_size() ? k_offset() : v_offset();
+  r %= kv_size();
+  return r / head_dim * group_size() + offset + r % head_dim;
+}
+
 SelfAttention::SelfAttention(const std::string& name, AttentionShape shape, bool bias, const RopeTables* rope)
     : qkv(name + ".linear_qkv", shape.hidden, shape.qkv_size(), bias, LinearParallel::Column),
       proj(name + ".linear_proj", shape.q_size(), shape.hidden, bias, LinearParallel::Row),
@@ -19,37 +28,35 @@ void SelfAttention::rotate(Tensor& buf, int64_t B, int64_t T, int64_t pos_offset
   if (pos_offset + T > rope_->cos.size(0))
     fail("attention '", qkv.weight.name, "': position ", pos_offset + T, " beyond the ", rope_->cos.size(0),
          " positions of the rotary tables (max_position_embeddings)");
-  float* base = buf.data<float>();
-  const int64_t stride = shape_.qkv_size();
-  const float* c = rope_->cos.data<float>();
-  const float* s = rope_->sin.data<float>();
-  kernels::rope_apply(base, c, s, B, T, shape_.heads, shape_.head_dim, stride, pos_offset, rope_->layout, inverse);
-  kernels::rope_apply(base + shape_.q_size(), c, s, B, T, shape_.groups, shape_.head_dim, stride, pos_offset,
-                      rope_->layout, inverse);
+  // A group's q heads and its k head are adjacent: one call rotates them all and skips v.
+  kernels::rope_apply(buf.data<float>(), rope_->cos.data<float>(), rope_->sin.data<float>(), B, T, shape_.groups,
+                      shape_.heads / shape_.groups + 1, shape_.head_dim, fused_strides(), pos_offset, rope_->layout,
+                      inverse);
 }
+
+kernels::HeadStrides SelfAttention::fused_strides() const { return {shape_.qkv_size(), shape_.group_size()}; }
 
 Tensor SelfAttention::forward(AttentionCtx& ctx, const Tensor& x, int64_t B, int64_t T) {
   ctx.qkv = qkv.forward(ctx.qkv_ctx, x);
   rotate(ctx.qkv, B, T, 0, false);
-  const int64_t stride = shape_.qkv_size();
   const float* q = ctx.qkv.data<float>();
   ctx.out = new_activation({B * T, shape_.q_size()}, qkv.weight.name + ".attn_out");
   ctx.lse = new_activation({B, shape_.heads, T}, qkv.weight.name + ".lse");
-  kernels::attention_forward(ctx.out.data<float>(), ctx.lse.data<float>(), q, q + shape_.q_size(),
-                             q + shape_.q_size() + shape_.kv_size(), B, T, shape_.heads, shape_.groups,
-                             shape_.head_dim, stride, stride, scale_);
+  kernels::attention_forward(ctx.out.data<float>(), ctx.lse.data<float>(), q, q + shape_.k_offset(),
+                             q + shape_.v_offset(), B, T, shape_.heads, shape_.groups, shape_.head_dim, fused_strides(),
+                             fused_strides(), scale_);
   return proj.forward(ctx.proj_ctx, ctx.out);
 }
 
 Tensor SelfAttention::backward_input(AttentionCtx& ctx, const Tensor& dy, int64_t B, int64_t T) {
   Tensor dout = proj.backward_input(ctx.proj_ctx, dy);
   Tensor dqkv = new_activation({B * T, shape_.qkv_size()}, qkv.weight.name + ".dqkv");
-  const int64_t stride = shape_.qkv_size(), qs = shape_.q_size(), ks = shape_.kv_size();
+  const int64_t ko = shape_.k_offset(), vo = shape_.v_offset();
   const float* q = ctx.qkv.data<float>();
   float* dq = dqkv.data<float>();
-  kernels::attention_backward(dq, dq + qs, dq + qs + ks, dout.data<float>(), ctx.out.data<float>(),
-                              ctx.lse.data<float>(), q, q + qs, q + qs + ks, B, T, shape_.heads, shape_.groups,
-                              shape_.head_dim, stride, stride, scale_);
+  kernels::attention_backward(dq, dq + ko, dq + vo, dout.data<float>(), ctx.out.data<float>(), ctx.lse.data<float>(), q,
+                              q + ko, q + vo, B, T, shape_.heads, shape_.groups, shape_.head_dim, fused_strides(),
+                              fused_strides(), scale_);
   rotate(dqkv, B, T, 0, true);  // the rotation is orthogonal: its backward is the inverse rotation
   ctx.qkv = {};
   ctx.out = {};
@@ -70,22 +77,23 @@ KVCache SelfAttention::new_cache(int64_t B, int64_t max_len) const {
 }
 
 Tensor SelfAttention::forward_cached(KVCache& cache, const Tensor& x, int64_t B, int64_t T) {
-  const int64_t max_len = cache.k.size(1), ks = shape_.kv_size(), qs = shape_.q_size(), stride = shape_.qkv_size();
+  const int64_t max_len = cache.k.size(1), ks = shape_.kv_size(), G = shape_.groups, D = shape_.head_dim;
   if (cache.len + T > max_len) fail("KV cache of ", max_len, " positions is full (", cache.len, " + ", T, " tokens)");
   LinearCtx scratch;
   Tensor qkv_buf = qkv.forward(scratch, x);
   rotate(qkv_buf, B, T, cache.len, false);
+  // Viewed with one group per row, the fused rows' k (or v) heads form a column block of width D,
+  // and so do the cache's kv heads: one block copy each appends every group's k or v head.
   const auto on = kernels::ExecContext::on(qkv_buf);
-  const Tensor rows = qkv_buf.view({B, T, stride});
-  kernels::copy_rows(on, {cache.k, cache.len, 0}, {rows, 0, qs}, T, ks);
-  kernels::copy_rows(on, {cache.v, cache.len, 0}, {rows, 0, qs + ks}, T, ks);
-  const float* src = qkv_buf.data<float>();
-  const float* kc = cache.k.data<float>();
-  const float* vc = cache.v.data<float>();
-  Tensor out = new_activation({B * T, qs}, qkv.weight.name + ".attn_out");
+  const Tensor groups = qkv_buf.view({B, T * G, shape_.group_size()});
+  const Tensor k_heads = cache.k.view({B, max_len * G, D}), v_heads = cache.v.view({B, max_len * G, D});
+  kernels::copy_rows(on, {k_heads, cache.len * G, 0}, {groups, 0, shape_.k_offset()}, T * G, D);
+  kernels::copy_rows(on, {v_heads, cache.len * G, 0}, {groups, 0, shape_.v_offset()}, T * G, D);
+  Tensor out = new_activation({B * T, shape_.q_size()}, qkv.weight.name + ".attn_out");
   Tensor lse = new_activation({B, shape_.heads, T}, qkv.weight.name + ".lse");
-  kernels::attention_forward(out.data<float>(), lse.data<float>(), src, kc, vc, B, T, shape_.heads, shape_.groups,
-                             shape_.head_dim, stride, ks, scale_, cache.len, max_len * ks);
+  kernels::attention_forward(out.data<float>(), lse.data<float>(), qkv_buf.data<float>(), cache.k.data<float>(),
+                             cache.v.data<float>(), B, T, shape_.heads, G, D, fused_strides(), {ks, D}, scale_,
+                             cache.len, max_len * ks);
   cache.len += T;
   LinearCtx proj_scratch;
   return proj.forward(proj_scratch, out);

@@ -1,6 +1,8 @@
 // Causal self-attention: fused QKV projection, optional RoPE, flash-style attention, output
-// projection. QKV rows are [all q heads | all k heads | all v heads] (Megaton's fused layout;
-// the HF interop splits them into q_proj / k_proj / v_proj).
+// projection. The fused QKV rows (of linear_qkv's weight and bias, and the columns of the qkv
+// activation) are Megatron-Core's per-query-group layout: for each kv group g, [the heads / groups
+// q heads of g | k_g | v_g], head_dim rows each, so that a tensor-parallel rank's share, a range of
+// groups, is one contiguous block. The HF interop converts to and from q_proj / k_proj / v_proj.
 #pragma once
 #include "megaton/kernels/rope.h"
 #include "megaton/nn/linear.h"
@@ -18,6 +20,13 @@ struct AttentionShape {
   int64_t q_size() const { return heads * head_dim; }
   int64_t kv_size() const { return groups * head_dim; }
   int64_t qkv_size() const { return q_size() + 2 * kv_size(); }
+  // One group's block of fused QKV rows, and where its k and v heads start inside it.
+  int64_t group_size() const { return (heads / groups + 2) * head_dim; }
+  int64_t k_offset() const { return heads / groups * head_dim; }
+  int64_t v_offset() const { return k_offset() + head_dim; }
+  // The fused QKV row that holds row r of [all q heads | all k heads | all v heads] (HF's q_proj,
+  // k_proj and v_proj stacked, or GPT-2's c_attn outputs).
+  int64_t fused_row(int64_t r) const;
 };
 
 struct AttentionCtx {
@@ -50,6 +59,7 @@ class SelfAttention {
 
  private:
   void rotate(Tensor& qkv_buf, int64_t B, int64_t T, int64_t pos_offset, bool inverse) const;
+  kernels::HeadStrides fused_strides() const;  // q, k and v heads in the fused QKV rows
   AttentionShape shape_;
   const RopeTables* rope_;
   double scale_;

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "megaton/ckpt/safetensors.h"
 #include "megaton/core/atomic_file.h"
@@ -17,6 +18,10 @@ namespace {
 
 constexpr const char* kOptimizerFile = "optimizer.safetensors";
 constexpr const char* kStateFile = "state.json";
+// The moments have each parameter's Megaton layout (model.safetensors is HF's, whatever Megaton's
+// is). Version 2: linear_qkv's rows in Megatron's per-query-group layout; files without a version
+// hold them as [all q | all k | all v] and must not be loaded as if they were per group.
+constexpr const char* kOptimizerVersion = "2";
 
 // memcpy in 1 MiB chunks across threads: one thread does not saturate memory bandwidth, and
 // this copy is what a save stalls the step for.
@@ -61,8 +66,9 @@ void StateSnapshot::restore(models::TransformerModel& model, optim::AdamW& optim
 void StateSnapshot::write_model(const std::string& dir) { models::save_hf_model(model_, dir); }
 
 void StateSnapshot::write_optimizer_and_state(const std::string& dir) const {
-  ckpt::save_safetensors((fs::path(dir) / kOptimizerFile).string(), moments_,
-                         {{"format", "megaton-adamw"}, {"steps", std::to_string(optimizer_steps_)}});
+  ckpt::save_safetensors(
+      (fs::path(dir) / kOptimizerFile).string(), moments_,
+      {{"format", "megaton-adamw"}, {"version", kOptimizerVersion}, {"steps", std::to_string(optimizer_steps_)}});
   AtomicFile out((fs::path(dir) / kStateFile).string());
   const std::string text = state_.dump(2) + "\n";
   out.write(text.data(), text.size());
@@ -83,10 +89,19 @@ TrainProgress load_checkpoint(const std::string& dir, models::TransformerModel& 
   }
   int64_t optimizer_steps = 0;
   TrainProgress progress = state_from_json(state, cfg, state_file, &optimizer_steps);
-  models::load_hf_tensors(model, ckpt::load_safetensors(model_file), model_file);
   const std::string optimizer_file = (fs::path(dir) / kOptimizerFile).string();
+  std::map<std::string, std::string> metadata;
+  const auto moments = ckpt::load_safetensors(optimizer_file, &metadata);
+  const auto version = metadata.find("version");
+  if (version == metadata.end() || version->second != kOptimizerVersion)
+    fail(optimizer_file, ": optimizer state version ", version == metadata.end() ? "1" : version->second,
+         ", this build reads version ", kOptimizerVersion,
+         " (linear_qkv moments in Megatron's per-query-group layout, not [q | k | v]); to continue without the "
+         "optimizer state, start a new run with model.load=",
+         dir);
+  models::load_hf_tensors(model, ckpt::load_safetensors(model_file), model_file);
   try {
-    optimizer.load_state(ckpt::load_safetensors(optimizer_file), optimizer_steps);
+    optimizer.load_state(moments, optimizer_steps);
   } catch (const Error& e) {
     fail(optimizer_file, ": ", e.what());
   }

@@ -257,11 +257,11 @@ void backward_head(const HeadRows<T>& h, int64_t q_stride, int64_t o_stride, con
 
 template <typename T>
 void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, int64_t B, int64_t Tlen, int64_t Hq,
-                       int64_t Hkv, int64_t D, int64_t q_stride, int64_t kv_stride, double scale, int64_t pos_offset,
+                       int64_t Hkv, int64_t D, HeadStrides q_at, HeadStrides kv_at, double scale, int64_t pos_offset,
                        int64_t kv_batch_stride) {
   MEGATON_CHECK(Hkv > 0 && Hq % Hkv == 0, "attention_forward: Hq=", Hq, " is not a multiple of Hkv=", Hkv);
   MEGATON_CHECK(pos_offset >= 0, "attention_forward: negative pos_offset ", pos_offset);
-  if (kv_batch_stride < 0) kv_batch_stride = (pos_offset + Tlen) * kv_stride;
+  if (kv_batch_stride < 0) kv_batch_stride = (pos_offset + Tlen) * kv_at.row;
   const int64_t group = Hq / Hkv, out_stride = Hq * D, ld = transposed_ld(pos_offset + Tlen);
 #pragma omp parallel
   {
@@ -269,17 +269,18 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, int64
 #pragma omp for schedule(static)
     for (int64_t task = 0; task < B * Hq; ++task) {
       const int64_t b = task / Hq, h = task % Hq, g = h / group;
-      const int64_t kv_off = b * kv_batch_stride + g * D;
-      forward_head(out + b * Tlen * out_stride + h * D, out_stride, lse + task * Tlen, q + b * Tlen * q_stride + h * D,
-                   q_stride, k + kv_off, v + kv_off, kv_stride, Tlen, pos_offset, D, static_cast<T>(scale), w);
+      const int64_t q_off = b * Tlen * q_at.row + g * q_at.group + (h - g * group) * D;
+      const int64_t kv_off = b * kv_batch_stride + g * kv_at.group;
+      forward_head(out + b * Tlen * out_stride + h * D, out_stride, lse + task * Tlen, q + q_off, q_at.row, k + kv_off,
+                   v + kv_off, kv_at.row, Tlen, pos_offset, D, static_cast<T>(scale), w);
     }
   }
 }
 
 template <typename T>
 void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const T* lse, const T* q, const T* k,
-                        const T* v, int64_t B, int64_t Tlen, int64_t Hq, int64_t Hkv, int64_t D, int64_t q_stride,
-                        int64_t kv_stride, double scale) {
+                        const T* v, int64_t B, int64_t Tlen, int64_t Hq, int64_t Hkv, int64_t D, HeadStrides q_at,
+                        HeadStrides kv_at, double scale) {
   MEGATON_CHECK(Hkv > 0 && Hq % Hkv == 0, "attention_backward: Hq=", Hq, " is not a multiple of Hkv=", Hkv);
   const int64_t group = Hq / Hkv, o_stride = Hq * D, ld = transposed_ld(Tlen);
   const T scale_t = static_cast<T>(scale);
@@ -291,18 +292,19 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const 
 #pragma omp for schedule(static)
     for (int64_t task = 0; task < B * Hkv; ++task) {
       const int64_t b = task / Hkv, g = task % Hkv;
-      const int64_t kv_off = (b * Tlen) * kv_stride + g * D;
-      transpose_head(w.kt.data(), ld, k + kv_off, kv_stride, Tlen, D);
-      transpose_head(w.vt.data(), ld, v + kv_off, kv_stride, Tlen, D);
+      const int64_t kv_off = b * Tlen * kv_at.row + g * kv_at.group;
+      transpose_head(w.kt.data(), ld, k + kv_off, kv_at.row, Tlen, D);
+      transpose_head(w.vt.data(), ld, v + kv_off, kv_at.row, Tlen, D);
       std::fill(w.dk.begin(), w.dk.end(), T(0));
       std::fill(w.dv.begin(), w.dv.end(), T(0));
-      for (int64_t h = g * group; h < (g + 1) * group; ++h) {
-        const int64_t q_off = b * Tlen * q_stride + h * D, o_off = b * Tlen * o_stride + h * D;
+      for (int64_t i = 0; i < group; ++i) {
+        const int64_t h = g * group + i;
+        const int64_t q_off = b * Tlen * q_at.row + g * q_at.group + i * D, o_off = b * Tlen * o_stride + h * D;
         const HeadRows<T> head{q + q_off, out + o_off, dout + o_off, lse + (b * Hq + h) * Tlen, dq + q_off};
-        backward_head(head, q_stride, o_stride, k + kv_off, kv_stride, Tlen, D, scale_t, w);
+        backward_head(head, q_at.row, o_stride, k + kv_off, kv_at.row, Tlen, D, scale_t, w);
       }
       for (int64_t t = 0; t < Tlen; ++t) {
-        T *dk_t = dk + kv_off + t * kv_stride, *dv_t = dv + kv_off + t * kv_stride;
+        T *dk_t = dk + kv_off + t * kv_at.row, *dv_t = dv + kv_off + t * kv_at.row;
         for (int64_t d = 0; d < D; ++d) {
           dk_t[d] = scale_t * w.dk[t * D + d];
           dv_t[d] = w.dv[t * D + d];
@@ -313,14 +315,14 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const 
 }
 
 template void attention_forward<float>(float*, float*, const float*, const float*, const float*, int64_t, int64_t,
-                                       int64_t, int64_t, int64_t, int64_t, int64_t, double, int64_t, int64_t);
+                                       int64_t, int64_t, int64_t, HeadStrides, HeadStrides, double, int64_t, int64_t);
 template void attention_forward<double>(double*, double*, const double*, const double*, const double*, int64_t, int64_t,
-                                        int64_t, int64_t, int64_t, int64_t, int64_t, double, int64_t, int64_t);
+                                        int64_t, int64_t, int64_t, HeadStrides, HeadStrides, double, int64_t, int64_t);
 template void attention_backward<float>(float*, float*, float*, const float*, const float*, const float*, const float*,
                                         const float*, const float*, int64_t, int64_t, int64_t, int64_t, int64_t,
-                                        int64_t, int64_t, double);
+                                        HeadStrides, HeadStrides, double);
 template void attention_backward<double>(double*, double*, double*, const double*, const double*, const double*,
                                          const double*, const double*, const double*, int64_t, int64_t, int64_t,
-                                         int64_t, int64_t, int64_t, int64_t, double);
+                                         int64_t, int64_t, HeadStrides, HeadStrides, double);
 
 }  // namespace megaton::kernels

@@ -39,15 +39,16 @@ void rotate_head(T* __restrict x, const T* __restrict cos, const T* __restrict s
 }
 
 template <RopeLayout L, typename T>
-void rotate_tokens(T* x, const T* cos, const T* sin, int64_t B, int64_t Tlen, int64_t H, int64_t D,
-                   int64_t token_stride, int64_t pos_offset, T sign) {
+void rotate_tokens(T* x, const T* cos, const T* sin, int64_t B, int64_t Tlen, int64_t groups, int64_t H, int64_t D,
+                   HeadStrides at, int64_t pos_offset, T sign) {
   const int64_t half = D / 2;
 #pragma omp parallel for collapse(2) schedule(static)
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t t = 0; t < Tlen; ++t) {
-      T* token = x + (b * Tlen + t) * token_stride;
+      T* token = x + (b * Tlen + t) * at.row;
       const int64_t row = (pos_offset + t) * half;
-      for (int64_t h = 0; h < H; ++h) rotate_head<L>(token + h * D, cos + row, sin + row, half, sign);
+      for (int64_t g = 0; g < groups; ++g)
+        for (int64_t h = 0; h < H; ++h) rotate_head<L>(token + g * at.group + h * D, cos + row, sin + row, half, sign);
     }
   }
 }
@@ -82,19 +83,19 @@ void rope_tables(T* cos, T* sin, int64_t Tlen, int64_t D, const std::vector<doub
 }
 
 template <typename T>
-void rope_apply(T* x, const T* cos, const T* sin, int64_t B, int64_t Tlen, int64_t H, int64_t D, int64_t token_stride,
-                int64_t pos_offset, RopeLayout layout, bool inverse) {
+void rope_apply(T* x, const T* cos, const T* sin, int64_t B, int64_t Tlen, int64_t groups, int64_t H, int64_t D,
+                HeadStrides at, int64_t pos_offset, RopeLayout layout, bool inverse) {
   const T sign = inverse ? T(-1) : T(1);
   if (layout == RopeLayout::Half)
-    rotate_tokens<RopeLayout::Half>(x, cos, sin, B, Tlen, H, D, token_stride, pos_offset, sign);
+    rotate_tokens<RopeLayout::Half>(x, cos, sin, B, Tlen, groups, H, D, at, pos_offset, sign);
   else
-    rotate_tokens<RopeLayout::Interleaved>(x, cos, sin, B, Tlen, H, D, token_stride, pos_offset, sign);
+    rotate_tokens<RopeLayout::Interleaved>(x, cos, sin, B, Tlen, groups, H, D, at, pos_offset, sign);
 }
 
-#define MEGATON_INSTANTIATE(T)                                                                              \
-  template void rope_tables<T>(T*, T*, int64_t, int64_t, const std::vector<double>&);                       \
-  template void rope_apply<T>(T*, const T*, const T*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, \
-                              RopeLayout, bool);
+#define MEGATON_INSTANTIATE(T)                                                                                  \
+  template void rope_tables<T>(T*, T*, int64_t, int64_t, const std::vector<double>&);                           \
+  template void rope_apply<T>(T*, const T*, const T*, int64_t, int64_t, int64_t, int64_t, int64_t, HeadStrides, \
+                              int64_t, RopeLayout, bool);
 MEGATON_INSTANTIATE(float)
 MEGATON_INSTANTIATE(double)
 #undef MEGATON_INSTANTIATE
