@@ -9,6 +9,7 @@
 #include "megaton/core/cpu_info.h"
 #include "megaton/core/rng.h"
 #include "megaton/core/threads.h"
+#include "megaton/kernels/cpu/gemm.h"
 #include "megaton/kernels/sgemm_ceiling.h"
 #include "megaton/models/transformer_model.h"
 #include "megaton/optim/adamw.h"
@@ -66,7 +67,7 @@ void add_bench_command(CLI::App& app) {
   static int64_t batch = 4, seq_len = 256;
   static int steps = 5, threads = 0;
   static bool json = false, gemm_shapes = false, cpu_only = false;
-  static std::string device_name = "cpu", dtype_text = "f32";
+  static std::string device_name = "cpu", dtype_text = "f32", cpu_gemm = "auto";
   cmd->add_option("--model", preset, "Model preset")->capture_default_str();
   cmd->add_option("--batch", batch, "Batch size")->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_option("--seq-len", seq_len, "Sequence length")->capture_default_str()->check(CLI::PositiveNumber);
@@ -76,17 +77,26 @@ void add_bench_command(CLI::App& app) {
   cmd->add_flag("--gemm-shapes", gemm_shapes,
                 "Instead of training steps, time each linear's forward / dgrad / wgrad GEMM at batch x seq-len rows");
   cmd->add_option("--device", device_name, "With --gemm-shapes: cpu, cuda or cuda:N")->capture_default_str();
-  cmd->add_option("--dtype", dtype_text, "With --gemm-shapes: f32, or bf16 on CUDA")->capture_default_str();
+  cmd->add_option("--dtype", dtype_text, "With --gemm-shapes: f32 or bf16")->capture_default_str();
+  cmd->add_option("--cpu-gemm", cpu_gemm,
+                  "The library of the CPU GEMMs: auto (OpenBLAS for f32; oneDNN for bf16 where the CPU has native "
+                  "bf16, else OpenBLAS on f32 copies), openblas or onednn")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "openblas", "onednn"}));
   cmd->add_flag("--cpu-info", cpu_only, "Only print the CPU line (model, features, threads) every benchmark starts with");
   cmd->callback([] {
     set_num_threads(threads);
+    if (cpu_gemm != "auto")
+      kernels::cpu::force_gemm_library(cpu_gemm == "onednn" ? kernels::cpu::GemmLibrary::OneDnn
+                                                            : kernels::cpu::GemmLibrary::OpenBlas);
     const CpuInfo cpu = cpu_info();
     if (!json || cpu_only) std::printf("cpu: %s, %d threads\n", describe(cpu).c_str(), num_threads());
     if (cpu_only) return;
     if (gemm_shapes) {
       const Device device = Device::parse(device_name);
       const DType dtype = dtype_from_name(dtype_text);
-      if (device.is_cpu() && dtype != DType::F32) fail("--dtype ", dtype_text, " on the cpu: the CPU GEMMs run f32");
+      if (device.is_cpu() && dtype != DType::F32 && dtype != DType::BF16)
+        fail("--dtype ", dtype_text, " on the cpu: the CPU GEMMs run f32 or bf16");
       print_gemm_shapes(models::preset(preset), batch * seq_len, steps, json, device, dtype);
       return;
     }

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "megaton/core/rng.h"
+#include "megaton/kernels/cpu/gemm.h"
 #include "megaton/kernels/linear.h"
 #include "megaton/kernels/sgemm_ceiling.h"
 
@@ -58,18 +59,20 @@ Tensor random_tensor(Shape shape, DType dtype, Device device, uint64_t seed, con
   return t;
 }
 
-// The ceiling the per-shape rates are compared with: on the cpu the measured sgemm rate; on CUDA the
-// best of ten square 8192^3 GEMMs through the same linear kernel and dtype (the device's measured
-// matrix rate, as MFU takes it).
+// The ceiling the per-shape rates are compared with. On the cpu in f32 the measured sgemm rate; in
+// every other case the best of ten square GEMMs through the same linear kernel and dtype (the
+// machine's measured matrix rate, as MFU takes it): 8192^3 on CUDA, 1536^3 on the cpu (the size
+// measure_sgemm_gflops uses; a bf16 GEMM on the cpu runs at the rate of whatever library serves it).
 double gemm_ceiling_gflops(Device device, DType dtype) {
-  if (device.is_cpu()) return kernels::measure_sgemm_gflops();
-  constexpr int64_t n = 8192;
+  if (device.is_cpu() && dtype == DType::F32) return kernels::measure_sgemm_gflops();
+  const int64_t n = device.is_cpu() ? 1536 : 8192;
   const Tensor a = random_tensor({n, n}, dtype, device, 1, "a"), b = random_tensor({n, n}, dtype, device, 2, "b");
   const Tensor c = random_tensor({n, n}, dtype, device, 3, "c");
   const kernels::ExecContext ctx{device, nullptr};
   double best = 0;
   for (int r = 0; r < 10; ++r) {
-    const double s = median_seconds(device, 1, 3, [&] { kernels::linear_forward(ctx, c, a, b, Tensor()); });
+    const double s = median_seconds(device, 1, device.is_cpu() ? 1 : 3,
+                                    [&] { kernels::linear_forward(ctx, c, a, b, Tensor()); });
     best = std::max(best, 2.0 * n * n * n / s / 1e9);
   }
   return best;
@@ -80,6 +83,9 @@ double gemm_ceiling_gflops(Device device, DType dtype) {
 void print_gemm_shapes(const models::TransformerConfig& cfg, int64_t tokens, int repeats, bool json, Device device,
                        DType dtype) {
   const double ceiling = gemm_ceiling_gflops(device, dtype);
+  // Which library ran the CPU GEMMs (the rule in kernels/cpu/gemm.h, or --cpu-gemm).
+  const std::string library = device.is_cpu() ? kernels::cpu::gemm_library_name(kernels::cpu::gemm_library(dtype)) : "cublaslt";
+  if (!json) std::printf("%s GEMMs on %s\n", std::string(dtype_name(dtype)).c_str(), library.c_str());
   const int calls = device.is_cpu() ? 1 : 20;  // device GEMMs take microseconds: time batches of them
   const kernels::ExecContext ctx{device, nullptr};
   for (const LinearShape& s : linear_shapes(cfg, tokens)) {
@@ -87,7 +93,8 @@ void print_gemm_shapes(const models::TransformerConfig& cfg, int64_t tokens, int
     const Tensor w = random_tensor({s.out_f, s.in_f}, dtype, device, 2, "w");
     const Tensor y = random_tensor({s.rows, s.out_f}, dtype, device, 3, "y");
     const Tensor dx = random_tensor({s.rows, s.in_f}, dtype, device, 4, "dx");
-    const Tensor dw = random_tensor({s.out_f, s.in_f}, dtype, device, 5, "dw");
+    // The CPU accumulates a bf16 linear's weight gradient into an fp32 main grad only.
+    const Tensor dw = random_tensor({s.out_f, s.in_f}, device.is_cpu() ? DType::F32 : dtype, device, 5, "dw");
     const auto time = [&](auto&& f) { return median_seconds(device, repeats, calls, f); };
     const struct {
       const char* pass;
@@ -101,7 +108,7 @@ void print_gemm_shapes(const models::TransformerConfig& cfg, int64_t tokens, int
       const double gflops = 2.0 * static_cast<double>(s.rows) * s.in_f * s.out_f / p.seconds / 1e9;
       if (json)
         std::printf("%s\n", nlohmann::json{{"linear", s.name}, {"pass", p.pass}, {"rows", s.rows}, {"in", s.in_f},
-                                           {"out", s.out_f}, {"device", device.str()}, {"dtype", dtype_name(dtype)},
+                                           {"out", s.out_f}, {"device", device.str()}, {"dtype", dtype_name(dtype)}, {"library", library},
                                            {"gflops", gflops}, {"ceiling_gflops", ceiling},
                                            {"fraction", gflops / ceiling}}
                                 .dump()

@@ -12,9 +12,8 @@
 
 namespace megaton::app {
 
-// Prints one line per (linear, pass) or, with json, one JSON object per line. On the cpu the dtype
-// is f32 and the ceiling the measured sgemm rate; on CUDA f32 or bf16 against the measured square
-// GEMM rate of the same dtype.
+// Prints one line per (linear, pass) or, with json, one JSON object per line. f32 or bf16 against
+// the measured square GEMM rate of the same dtype (on the cpu in f32: the sgemm rate).
 void print_gemm_shapes(const models::TransformerConfig& cfg, int64_t tokens, int repeats, bool json, Device device,
                        DType dtype);
 

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -48,6 +49,22 @@ inline std::vector<double> numeric_gradient(std::vector<double>& p, const std::f
   return grad;
 }
 
+// The failure for a size mismatch or the first non-finite element of either side, if any: what every
+// comparison below checks first.
+inline std::optional<::testing::AssertionResult> mismatch_or_non_finite(const std::vector<double>& got,
+                                                                        const std::vector<double>& want) {
+  if (got.size() != want.size())
+    return ::testing::AssertionFailure() << "size " << got.size() << ", the reference has " << want.size();
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (!std::isfinite(want[i]))
+      return ::testing::AssertionFailure() << "reference[" << i << "] = " << want[i] << " is not finite";
+    if (!std::isfinite(got[i]))
+      return ::testing::AssertionFailure()
+             << "got[" << i << "] = " << got[i] << " is not finite (reference " << want[i] << ")";
+  }
+  return std::nullopt;
+}
+
 // Succeeds when max |got - want| / max |want| < tol: relative to the result's scale, so entries
 // that are (nearly) zero cannot blow the ratio up. Every element is checked for finiteness first,
 // because a max-fold drops NaN (std::max(x, NaN) is x): a kernel that leaves its output NaN, or
@@ -55,17 +72,9 @@ inline std::vector<double> numeric_gradient(std::vector<double>& p, const std::f
 // names the offending index (the first non-finite one, else the largest error) and both values.
 //   EXPECT_TRUE(fd::close(analytic, numeric, 1e-8));
 inline ::testing::AssertionResult close(const std::vector<double>& got, const std::vector<double>& want, double tol) {
-  if (got.size() != want.size())
-    return ::testing::AssertionFailure() << "size " << got.size() << ", the reference has " << want.size();
+  if (auto failure = mismatch_or_non_finite(got, want)) return *failure;
   double scale = 0.0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    if (!std::isfinite(want[i]))
-      return ::testing::AssertionFailure() << "reference[" << i << "] = " << want[i] << " is not finite";
-    if (!std::isfinite(got[i]))
-      return ::testing::AssertionFailure()
-             << "got[" << i << "] = " << got[i] << " is not finite (reference " << want[i] << ")";
-    scale = std::max(scale, std::abs(want[i]));
-  }
+  for (size_t i = 0; i < want.size(); ++i) scale = std::max(scale, std::abs(want[i]));
   if (scale == 0.0) return ::testing::AssertionFailure() << "the reference is all zero: no scale to compare at";
   size_t worst = 0;
   for (size_t i = 0; i < want.size(); ++i)
@@ -74,6 +83,24 @@ inline ::testing::AssertionResult close(const std::vector<double>& got, const st
   if (err < tol) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure() << "relative error " << err << " >= " << tol << " at [" << worst << "]: got "
                                        << got[worst] << ", reference " << want[worst] << " (scale " << scale << ", "
+                                       << want.size() << " elements)";
+}
+
+// Succeeds when every |got - want| <= atol + rtol |want| (elementwise, as torch.testing and
+// TransformerEngine's tests compare: bf16 rtol 1.6e-2, atol 1e-5). A NaN or Inf in either fails, as
+// does a size mismatch; the message names the worst element relative to its bound.
+inline ::testing::AssertionResult close_elementwise(const std::vector<double>& got, const std::vector<double>& want,
+                                                    double rtol, double atol) {
+  if (auto failure = mismatch_or_non_finite(got, want)) return *failure;
+  size_t worst = 0;
+  double worst_ratio = 0.0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double ratio = std::abs(got[i] - want[i]) / (atol + rtol * std::abs(want[i]));
+    if (ratio > worst_ratio) worst_ratio = ratio, worst = i;
+  }
+  if (worst_ratio <= 1.0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "|got - reference| exceeds " << atol << " + " << rtol << " |reference| at ["
+                                       << worst << "]: got " << got[worst] << ", reference " << want[worst] << " ("
                                        << want.size() << " elements)";
 }
 

@@ -75,15 +75,21 @@ TEST(BadInput, BenchGemmShapesNamesABadDeviceOrDtype) {
   auto r = run_command(bench + "--device gpu");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("unknown device 'gpu'"), std::string::npos) << r.output;
-  r = run_command(bench + "--dtype bf16");
+  r = run_command(bench + "--dtype f16");
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.output.find("--dtype bf16 on the cpu"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--dtype f16 on the cpu: the CPU GEMMs run f32 or bf16"), std::string::npos) << r.output;
+  r = run_command(bench + "--cpu-gemm mkl");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("--cpu-gemm"), std::string::npos) << r.output;
   r = run_command(bench + "--dtype f17");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("f17"), std::string::npos) << r.output;
-  r = run_command(bench + "--batch 1 --seq-len 16");  // the cpu path still runs and prints every shape
-  EXPECT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("output_layer  wgrad"), std::string::npos) << r.output;
+  for (const char* dtype : {"f32", "bf16"}) {  // the cpu path still runs and prints every shape, in both dtypes
+    r = run_command(bench + "--batch 1 --seq-len 16 --dtype " + dtype);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find(std::string(dtype) + " GEMMs on "), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("output_layer  wgrad"), std::string::npos) << r.output;
+  }
 }
 
 TEST(BadInput, BadFaultSpecsAndResumePathsNameTheCulprit) {

@@ -13,10 +13,17 @@ size_t dtype_size(DType t);
 std::string_view dtype_name(DType t);          // "f32", "bf16", ...
 DType dtype_from_name(std::string_view name);  // throws Error naming the unknown dtype
 
+// A bf16 element as stored (the upper 16 bits of an IEEE float). A distinct type, not uint16_t, so
+// that Tensor::data<BFloat16>() and kernel templates tell bf16 storage from u16.
+struct BFloat16 {
+  uint16_t bits;
+};
+
 template <typename T>
 constexpr DType dtype_of();
 template <> constexpr DType dtype_of<float>() { return DType::F32; }
 template <> constexpr DType dtype_of<double>() { return DType::F64; }
+template <> constexpr DType dtype_of<BFloat16>() { return DType::BF16; }
 template <> constexpr DType dtype_of<int32_t>() { return DType::I32; }
 template <> constexpr DType dtype_of<int64_t>() { return DType::I64; }
 template <> constexpr DType dtype_of<uint8_t>() { return DType::U8; }

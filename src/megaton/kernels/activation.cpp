@@ -46,7 +46,7 @@ void gelu_forward(const ExecContext& ctx, const Tensor& out, const Tensor& x) {
 #endif
     fail_no_backend(ctx, op);
   }
-  dispatch_cpu_float(x.dtype(), op, [&]<typename T>(T) { cpu::gelu_forward(out.data<T>(), x.data<T>(), x.numel()); });
+  dispatch_cpu_io(x.dtype(), op, [&]<typename T>(T) { cpu::gelu_forward(out.data<T>(), x.data<T>(), x.numel()); });
 }
 
 void gelu_backward(const ExecContext& ctx, const Tensor& dx, const Tensor& dout, const Tensor& x) {
@@ -58,7 +58,7 @@ void gelu_backward(const ExecContext& ctx, const Tensor& dx, const Tensor& dout,
 #endif
     fail_no_backend(ctx, op);
   }
-  dispatch_cpu_float(x.dtype(), op, [&]<typename T>(T) {
+  dispatch_cpu_io(x.dtype(), op, [&]<typename T>(T) {
     cpu::gelu_backward(dx.data<T>(), dout.data<T>(), x.data<T>(), x.numel());
   });
 }
@@ -67,7 +67,7 @@ void swiglu_forward(const ExecContext& ctx, const Tensor& out, const Tensor& gu)
   constexpr std::string_view op = "swiglu_forward";
   const auto [N, H] = check_swiglu(ctx, op, gu, {&out});
   if (!ctx.device.is_cpu()) fail_no_backend(ctx, op);
-  dispatch_cpu_float(gu.dtype(), op, [&]<typename T>(T) { cpu::swiglu_forward(out.data<T>(), gu.data<T>(), N, H); });
+  dispatch_cpu_io(gu.dtype(), op, [&]<typename T>(T) { cpu::swiglu_forward(out.data<T>(), gu.data<T>(), N, H); });
 }
 
 void swiglu_backward(const ExecContext& ctx, const Tensor& dgu, const Tensor& dout, const Tensor& gu) {
@@ -77,7 +77,7 @@ void swiglu_backward(const ExecContext& ctx, const Tensor& dgu, const Tensor& do
   expect_matrix(op, dgu, N, 2 * H);
   if (!ctx.device.is_cpu()) fail_no_backend(ctx, op);
   expect_dtype(gu.dtype(), op, {&dgu});
-  dispatch_cpu_float(gu.dtype(), op, [&]<typename T>(T) {
+  dispatch_cpu_io(gu.dtype(), op, [&]<typename T>(T) {
     cpu::swiglu_backward(dgu.data<T>(), dout.data<T>(), gu.data<T>(), N, H);
   });
 }
@@ -86,7 +86,7 @@ void residual_forward(const ExecContext& ctx, const Tensor& out, const Tensor& a
   constexpr std::string_view op = "residual_forward";
   check_pointwise(ctx, op, a, {&out, &b});
   if (!ctx.device.is_cpu()) fail_no_backend(ctx, op);
-  dispatch_cpu_float(a.dtype(), op, [&]<typename T>(T) {
+  dispatch_cpu_io(a.dtype(), op, [&]<typename T>(T) {
     cpu::residual_forward(out.data<T>(), a.data<T>(), b.data<T>(), a.numel());
   });
 }

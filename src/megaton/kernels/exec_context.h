@@ -4,6 +4,7 @@
 #pragma once
 #include <initializer_list>
 #include <string_view>
+#include <type_traits>
 
 #include "megaton/core/device.h"
 #include "megaton/core/tensor.h"
@@ -37,6 +38,30 @@ void dispatch_cpu_float(DType dtype, std::string_view op, F&& f) {
   if (dtype == DType::F32) return f(float{});
   if (dtype == DType::F64) return f(double{});
   fail("kernel ", op, " on cpu does not support dtype ", dtype_name(dtype));
+}
+
+// dispatch_cpu_float plus f(BFloat16{}) for bf16: the activation types of the CPU kernels that take
+// bf16 (linear, norms, activations; computed in fp32).
+template <typename F>
+void dispatch_cpu_io(DType dtype, std::string_view op, F&& f) {
+  if (dtype == DType::BF16) return f(BFloat16{});
+  dispatch_cpu_float(dtype, op, f);
+}
+
+// Calls f(P{}) for the type P of a parameter-side tensor p (a weight, a bias, their gradients) of a
+// CPU kernel whose activations are T: T itself for f32 / f64; f32 or bf16 next to bf16 activations
+// (an fp32 master copy or a bf16 copy of the weights; an fp32 main grad or a bf16 gradient).
+template <typename T, typename F>
+void dispatch_cpu_param(std::string_view op, const Tensor& p, F&& f) {
+  if constexpr (std::is_same_v<T, BFloat16>) {
+    if (p.dtype() == DType::F32) return f(float{});
+    if (p.dtype() == DType::BF16) return f(BFloat16{});
+    fail("kernel ", op, ": tensor '", p.name(), "' holds ", dtype_name(p.dtype()),
+         ", expected f32 or bf16 next to bf16 activations");
+  } else {
+    expect_dtype(dtype_of<T>(), op, {&p});
+    f(T{});
+  }
 }
 
 // The op on a CUDA tensor in a build without CUDA, or with an op the CUDA backend lacks.

@@ -1,5 +1,7 @@
 #include "megaton/kernels/linear.h"
 
+#include <type_traits>
+
 #include "megaton/kernels/cpu/linear.h"
 #ifdef MEGATON_WITH_CUDA
 #include "megaton/kernels/cuda/linear.h"
@@ -39,10 +41,12 @@ void linear_forward(const ExecContext& ctx, const Tensor& out, const Tensor& x, 
     fail_no_backend(ctx, op);
   }
   expect_dtype(w.dtype(), op, {&out, &x});
-  if (bias.defined()) expect_dtype(w.dtype(), op, {&bias});
-  dispatch_cpu_float(w.dtype(), op, [&]<typename T>(T) {
-    cpu::linear_forward(out.data<T>(), x.data<T>(), w.data<T>(), data_or_null<T>(bias), s.rows,
-                        s.in, s.out);
+  dispatch_cpu_io(w.dtype(), op, [&]<typename T>(T) {
+    const auto run = [&]<typename B>(B) {
+      cpu::linear_forward(out.data<T>(), x.data<T>(), w.data<T>(), data_or_null<B>(bias), s.rows, s.in, s.out);
+    };
+    if (bias.defined()) return dispatch_cpu_param<T>(op, bias, run);
+    run(T{});
   });
 }
 
@@ -57,7 +61,7 @@ void linear_backward_input(const ExecContext& ctx, const Tensor& dx, const Tenso
     fail_no_backend(ctx, op);
   }
   expect_dtype(w.dtype(), op, {&dx, &dout});
-  dispatch_cpu_float(w.dtype(), op, [&]<typename T>(T) {
+  dispatch_cpu_io(w.dtype(), op, [&]<typename T>(T) {
     cpu::linear_backward_input(dx.data<T>(), dout.data<T>(), w.data<T>(), s.rows, s.in, s.out);
   });
 }
@@ -74,11 +78,15 @@ void linear_backward_weight(const ExecContext& ctx, const Tensor& dw, const Tens
 #endif
     fail_no_backend(ctx, op);
   }
-  expect_dtype(dw.dtype(), op, {&dout, &x});
-  if (dbias.defined()) expect_dtype(dw.dtype(), op, {&dbias});
-  dispatch_cpu_float(dw.dtype(), op, [&]<typename T>(T) {
-    cpu::linear_backward_weight(dw.data<T>(), data_or_null<T>(dbias), dout.data<T>(),
-                                x.data<T>(), s.rows, s.in, s.out);
+  expect_dtype(x.dtype(), op, {&dout});
+  dispatch_cpu_io(x.dtype(), op, [&]<typename T>(T) {
+    // The gradients of bf16 inputs accumulate into an fp32 main grad on the cpu (a bf16 dw would
+    // round every micro-batch's sum to 8 bits of mantissa).
+    using G = std::conditional_t<std::is_same_v<T, BFloat16>, float, T>;
+    expect_dtype(dtype_of<G>(), op, {&dw});
+    if (dbias.defined()) expect_dtype(dtype_of<G>(), op, {&dbias});
+    cpu::linear_backward_weight(dw.data<G>(), data_or_null<G>(dbias), dout.data<T>(), x.data<T>(), s.rows, s.in,
+                                s.out);
   });
 }
 

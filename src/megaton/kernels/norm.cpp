@@ -25,11 +25,21 @@ NormShape check_norm(std::string_view op, const Tensor& weight, const Tensor& x,
   return {N, C};
 }
 
-// Runs f(T{}) for the CPU element type after checking every tensor holds it.
+// Runs f(T{}, W{}) for the activation type T of x (f32, f64 or bf16; every tensor in `acts` holds
+// it) and the parameter type W of `param` (see dispatch_cpu_param; every tensor in `params` holds
+// it), after checking that the statistics hold compute_t<T> (f32 for bf16 activations).
 template <typename F>
-void on_cpu(std::string_view op, const Tensor& like, std::initializer_list<const Tensor*> tensors, F&& f) {
-  expect_dtype(like.dtype(), op, tensors);
-  dispatch_cpu_float(like.dtype(), op, f);
+void on_cpu(std::string_view op, const Tensor& x, std::initializer_list<const Tensor*> acts, const Tensor& param,
+            std::initializer_list<const Tensor*> params, std::initializer_list<const Tensor*> stats, F&& f) {
+  dispatch_cpu_io(x.dtype(), op, [&]<typename T>(T) {
+    expect_dtype(x.dtype(), op, acts);
+    expect_dtype(dtype_of<cpu::compute_t<T>>(), op, stats);
+    dispatch_cpu_param<T>(op, param, [&]<typename W>(W) {
+      for (const Tensor* t : params)
+        if (t->defined()) expect_dtype(param.dtype(), op, {t});
+      f(T{}, W{});
+    });
+  });
 }
 
 }  // namespace
@@ -41,10 +51,10 @@ void layernorm_forward(const ExecContext& ctx, const Tensor& out, const Tensor& 
   if (bias.defined()) expect_on_device(ctx, op, {&bias});
   const NormShape s = check_norm(op, weight, x, {&out}, {&mean, &rstd});
   if (!ctx.device.is_cpu()) fail_no_backend(ctx, op);
-  on_cpu(op, x, {&out, &mean, &rstd, &weight}, [&]<typename T>(T) {
-    if (bias.defined()) expect_dtype(x.dtype(), op, {&bias});
-    cpu::layernorm_forward(out.data<T>(), mean.data<T>(), rstd.data<T>(), x.data<T>(), weight.data<T>(),
-                           data_or_null<T>(bias), s.N, s.C, eps);
+  on_cpu(op, x, {&out}, weight, {&bias}, {&mean, &rstd}, [&]<typename T, typename W>(T, W) {
+    using S = cpu::compute_t<T>;
+    cpu::layernorm_forward(out.data<T>(), mean.data<S>(), rstd.data<S>(), x.data<T>(), weight.data<W>(),
+                           data_or_null<W>(bias), s.N, s.C, eps);
   });
 }
 
@@ -54,9 +64,10 @@ void layernorm_backward_input(const ExecContext& ctx, const Tensor& dx, const Te
   expect_on_device(ctx, op, {&dx, &dout, &x, &weight, &mean, &rstd});
   const NormShape s = check_norm(op, weight, x, {&dx, &dout}, {&mean, &rstd});
   if (!ctx.device.is_cpu()) fail_no_backend(ctx, op);
-  on_cpu(op, x, {&dx, &dout, &weight, &mean, &rstd}, [&]<typename T>(T) {
-    cpu::layernorm_backward_input(dx.data<T>(), dout.data<T>(), x.data<T>(), weight.data<T>(), mean.data<T>(),
-                                  rstd.data<T>(), s.N, s.C);
+  on_cpu(op, x, {&dx, &dout}, weight, {}, {&mean, &rstd}, [&]<typename T, typename W>(T, W) {
+    using S = cpu::compute_t<T>;
+    cpu::layernorm_backward_input(dx.data<T>(), dout.data<T>(), x.data<T>(), weight.data<W>(), mean.data<S>(),
+                                  rstd.data<S>(), s.N, s.C);
   });
 }
 
@@ -67,10 +78,10 @@ void layernorm_backward_weight(const ExecContext& ctx, const Tensor& dweight, co
   if (dbias.defined()) expect_on_device(ctx, op, {&dbias});
   const NormShape s = check_norm(op, dweight, x, {&dout}, {&mean, &rstd});
   if (!ctx.device.is_cpu()) fail_no_backend(ctx, op);
-  on_cpu(op, x, {&dweight, &dout, &mean, &rstd}, [&]<typename T>(T) {
-    if (dbias.defined()) expect_dtype(x.dtype(), op, {&dbias});
-    cpu::layernorm_backward_weight(dweight.data<T>(), data_or_null<T>(dbias), dout.data<T>(), x.data<T>(), mean.data<T>(),
-                                   rstd.data<T>(), s.N, s.C);
+  on_cpu(op, x, {&dout}, dweight, {&dbias}, {&mean, &rstd}, [&]<typename T, typename W>(T, W) {
+    using S = cpu::compute_t<T>;
+    cpu::layernorm_backward_weight(dweight.data<W>(), data_or_null<W>(dbias), dout.data<T>(), x.data<T>(),
+                                   mean.data<S>(), rstd.data<S>(), s.N, s.C);
   });
 }
 
@@ -85,8 +96,8 @@ void rmsnorm_forward(const ExecContext& ctx, const Tensor& out, const Tensor& rs
 #endif
     fail_no_backend(ctx, op);
   }
-  on_cpu(op, x, {&out, &rstd, &weight}, [&]<typename T>(T) {
-    cpu::rmsnorm_forward(out.data<T>(), rstd.data<T>(), x.data<T>(), weight.data<T>(), s.N, s.C, eps);
+  on_cpu(op, x, {&out}, weight, {}, {&rstd}, [&]<typename T, typename W>(T, W) {
+    cpu::rmsnorm_forward(out.data<T>(), rstd.data<cpu::compute_t<T>>(), x.data<T>(), weight.data<W>(), s.N, s.C, eps);
   });
 }
 
@@ -101,9 +112,9 @@ void rmsnorm_backward_input(const ExecContext& ctx, const Tensor& dx, const Tens
 #endif
     fail_no_backend(ctx, op);
   }
-  on_cpu(op, x, {&dx, &dout, &weight, &rstd}, [&]<typename T>(T) {
-    cpu::rmsnorm_backward_input(dx.data<T>(), dout.data<T>(), x.data<T>(), weight.data<T>(), rstd.data<T>(), s.N,
-                                s.C);
+  on_cpu(op, x, {&dx, &dout}, weight, {}, {&rstd}, [&]<typename T, typename W>(T, W) {
+    cpu::rmsnorm_backward_input(dx.data<T>(), dout.data<T>(), x.data<T>(), weight.data<W>(),
+                                rstd.data<cpu::compute_t<T>>(), s.N, s.C);
   });
 }
 
@@ -118,8 +129,9 @@ void rmsnorm_backward_weight(const ExecContext& ctx, const Tensor& dweight, cons
 #endif
     fail_no_backend(ctx, op);
   }
-  on_cpu(op, x, {&dweight, &dout, &rstd}, [&]<typename T>(T) {
-    cpu::rmsnorm_backward_weight(dweight.data<T>(), dout.data<T>(), x.data<T>(), rstd.data<T>(), s.N, s.C);
+  on_cpu(op, x, {&dout}, dweight, {}, {&rstd}, [&]<typename T, typename W>(T, W) {
+    cpu::rmsnorm_backward_weight(dweight.data<W>(), dout.data<T>(), x.data<T>(), rstd.data<cpu::compute_t<T>>(), s.N,
+                                 s.C);
   });
 }
 

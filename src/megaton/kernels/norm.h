@@ -1,7 +1,8 @@
 // LayerNorm and RMSNorm over the last dimension on tensors; backward split into input (B) and
 // weight (W). x, out, dout, dx: [..., C] with N = numel / C rows; weight, bias: [C]; mean, rstd:
-// [N] statistics saved by forward for backward. Dispatches to kernels::cpu (f32 / f64) or
-// kernels::cuda (RMSNorm: f32 / bf16 with fp32 statistics).
+// [N] statistics saved by forward for backward. Dispatches to kernels::cpu (f32 / f64, or bf16
+// activations with f32 or bf16 weights) or kernels::cuda (RMSNorm: f32 / bf16); bf16 activations
+// are normalized in fp32 with f32 statistics on both.
 #pragma once
 #include "megaton/kernels/exec_context.h"
 

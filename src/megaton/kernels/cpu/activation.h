@@ -1,4 +1,4 @@
-// Pointwise activations and the residual add.
+// Pointwise activations and the residual add. T is float, double or BFloat16 (computed in fp32).
 #pragma once
 #include <cstdint>
 

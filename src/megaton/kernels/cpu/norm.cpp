@@ -5,6 +5,8 @@
 #include <memory>
 #include <vector>
 
+#include "megaton/kernels/cpu/element.h"
+
 namespace megaton::kernels::cpu {
 
 namespace {
@@ -19,7 +21,7 @@ template <typename T>
 double row_mean(const T* x, int64_t C) {
   double s = 0.0;
 #pragma omp simd reduction(+ : s)
-  for (int64_t c = 0; c < C; ++c) s += static_cast<double>(x[c]);
+  for (int64_t c = 0; c < C; ++c) s += static_cast<double>(load(x[c]));
   return s / static_cast<double>(C);
 }
 
@@ -29,44 +31,45 @@ double row_mean_square(const T* x, double center, int64_t C) {
   double s = 0.0;
 #pragma omp simd reduction(+ : s)
   for (int64_t c = 0; c < C; ++c) {
-    const double d = static_cast<double>(x[c]) - center;
+    const double d = static_cast<double>(load(x[c])) - center;
     s += d * d;
   }
   return s / static_cast<double>(C);
 }
 
 // out = (x - mean) * rstd * weight (+ bias). RMSNorm is the case mean = 0, no bias.
-template <typename T>
-void normalize_row(T* __restrict out, const T* __restrict x, const T* __restrict weight, const T* __restrict bias,
-                   T mean, T rstd, int64_t C) {
+template <typename T, typename W>
+void normalize_row(T* __restrict out, const T* __restrict x, const W* __restrict weight, const W* __restrict bias,
+                   compute_t<T> mean, compute_t<T> rstd, int64_t C) {
   if (bias) {
 #pragma omp simd
-    for (int64_t c = 0; c < C; ++c) out[c] = (x[c] - mean) * rstd * weight[c] + bias[c];
+    for (int64_t c = 0; c < C; ++c) out[c] = store<T>((load(x[c]) - mean) * rstd * load(weight[c]) + load(bias[c]));
   } else {
 #pragma omp simd
-    for (int64_t c = 0; c < C; ++c) out[c] = (x[c] - mean) * rstd * weight[c];
+    for (int64_t c = 0; c < C; ++c) out[c] = store<T>((load(x[c]) - mean) * rstd * load(weight[c]));
   }
 }
 
 // Input gradient of one row of y = xhat * weight (+ bias), xhat = (x - mean) * rstd. With
 // g = dout * weight: dx = rstd * (g - mean(g) - xhat * mean(g * xhat)). For RMSNorm (mean = 0,
 // centered = false) the statistics do not depend on mean(x), so the mean(g) term drops out.
-template <typename T>
-void norm_backward_row(T* __restrict dx, const T* __restrict dout, const T* __restrict x, const T* __restrict weight,
-                       T mean, T rstd, int64_t C, bool centered) {
+template <typename T, typename W>
+void norm_backward_row(T* __restrict dx, const T* __restrict dout, const T* __restrict x, const W* __restrict weight,
+                       compute_t<T> mean, compute_t<T> rstd, int64_t C, bool centered) {
+  using S = compute_t<T>;
   double sum_g = 0.0, sum_gx = 0.0;
 #pragma omp simd reduction(+ : sum_g, sum_gx)
   for (int64_t c = 0; c < C; ++c) {
-    const double g = static_cast<double>(dout[c] * weight[c]);
+    const double g = static_cast<double>(load(dout[c]) * load(weight[c]));
     sum_g += g;
-    sum_gx += g * static_cast<double>((x[c] - mean) * rstd);
+    sum_gx += g * static_cast<double>((load(x[c]) - mean) * rstd);
   }
-  const T mean_g = centered ? static_cast<T>(sum_g / static_cast<double>(C)) : T(0);
-  const T mean_gx = static_cast<T>(sum_gx / static_cast<double>(C));
+  const S mean_g = centered ? static_cast<S>(sum_g / static_cast<double>(C)) : S(0);
+  const S mean_gx = static_cast<S>(sum_gx / static_cast<double>(C));
 #pragma omp simd
   for (int64_t c = 0; c < C; ++c) {
-    const T xhat = (x[c] - mean) * rstd;
-    dx[c] = rstd * (dout[c] * weight[c] - mean_g - xhat * mean_gx);
+    const S xhat = (load(x[c]) - mean) * rstd;
+    dx[c] = store<T>(rstd * (load(dout[c]) * load(weight[c]) - mean_g - xhat * mean_gx));
   }
 }
 
@@ -95,93 +98,110 @@ std::vector<double> column_sums(int64_t N, int64_t width, AddRow add_row) {
 }
 
 // dweight += sum_n dout * xhat, and dbias += sum_n dout when dbias is given.
-template <typename T>
-void norm_backward_weight(T* dweight, T* dbias, const T* dout, const T* x, const T* mean, const T* rstd, int64_t N,
-                          int64_t C) {
+template <typename T, typename W>
+void norm_backward_weight(W* dweight, W* dbias, const T* dout, const T* x, const compute_t<T>* mean,
+                          const compute_t<T>* rstd, int64_t N, int64_t C) {
+  using S = compute_t<T>;
+  using SW = compute_t<W>;
   const int64_t width = dbias ? 2 * C : C;
   const std::vector<double> sums = column_sums(N, width, [&](int64_t n, double* __restrict acc) {
     const T* d = dout + n * C;
     const T* xr = x + n * C;
-    const T m = mean ? mean[n] : T(0);
-    const T r = rstd[n];
+    const S m = mean ? mean[n] : S(0);
+    const S r = rstd[n];
 #pragma omp simd
-    for (int64_t c = 0; c < C; ++c) acc[c] += static_cast<double>(d[c]) * static_cast<double>((xr[c] - m) * r);
+    for (int64_t c = 0; c < C; ++c)
+      acc[c] += static_cast<double>(load(d[c])) * static_cast<double>((load(xr[c]) - m) * r);
     if (dbias) {
 #pragma omp simd
-      for (int64_t c = 0; c < C; ++c) acc[C + c] += static_cast<double>(d[c]);
+      for (int64_t c = 0; c < C; ++c) acc[C + c] += static_cast<double>(load(d[c]));
     }
   });
-  for (int64_t c = 0; c < C; ++c) dweight[c] += static_cast<T>(sums[c]);
+  for (int64_t c = 0; c < C; ++c) dweight[c] = store<W>(load(dweight[c]) + static_cast<SW>(sums[c]));
   if (dbias)
-    for (int64_t c = 0; c < C; ++c) dbias[c] += static_cast<T>(sums[C + c]);
+    for (int64_t c = 0; c < C; ++c) dbias[c] = store<W>(load(dbias[c]) + static_cast<SW>(sums[C + c]));
 }
 
-// rstd is rounded to T before use so that forward and backward see exactly the same value.
-template <typename T>
-T inverse_std(double mean_square, double eps) {
-  return static_cast<T>(1.0 / std::sqrt(mean_square + eps));
+// rstd is rounded to the statistics type S before use so that forward and backward see exactly the
+// same value.
+template <typename S>
+S inverse_std(double mean_square, double eps) {
+  return static_cast<S>(1.0 / std::sqrt(mean_square + eps));
 }
 
 }  // namespace
 
-template <typename T>
-void layernorm_forward(T* out, T* mean, T* rstd, const T* x, const T* weight, const T* bias, int64_t N, int64_t C,
-                       double eps) {
+template <typename T, typename W>
+void layernorm_forward(T* out, compute_t<T>* mean, compute_t<T>* rstd, const T* x, const W* weight, const W* bias,
+                       int64_t N, int64_t C, double eps) {
+  using S = compute_t<T>;
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     const T* xr = x + n * C;
     const double m = row_mean(xr, C);
-    mean[n] = static_cast<T>(m);
-    rstd[n] = inverse_std<T>(row_mean_square(xr, m, C), eps);
+    mean[n] = static_cast<S>(m);
+    rstd[n] = inverse_std<S>(row_mean_square(xr, m, C), eps);
     normalize_row(out + n * C, xr, weight, bias, mean[n], rstd[n], C);
   }
 }
 
-template <typename T>
-void layernorm_backward_input(T* dx, const T* dout, const T* x, const T* weight, const T* mean, const T* rstd,
-                              int64_t N, int64_t C) {
+template <typename T, typename W>
+void layernorm_backward_input(T* dx, const T* dout, const T* x, const W* weight, const compute_t<T>* mean,
+                              const compute_t<T>* rstd, int64_t N, int64_t C) {
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n)
     norm_backward_row(dx + n * C, dout + n * C, x + n * C, weight, mean[n], rstd[n], C, /*centered=*/true);
 }
 
-template <typename T>
-void layernorm_backward_weight(T* dweight, T* dbias, const T* dout, const T* x, const T* mean, const T* rstd, int64_t N,
-                               int64_t C) {
+template <typename T, typename W>
+void layernorm_backward_weight(W* dweight, W* dbias, const T* dout, const T* x, const compute_t<T>* mean,
+                               const compute_t<T>* rstd, int64_t N, int64_t C) {
   norm_backward_weight(dweight, dbias, dout, x, mean, rstd, N, C);
 }
 
-template <typename T>
-void rmsnorm_forward(T* out, T* rstd, const T* x, const T* weight, int64_t N, int64_t C, double eps) {
+template <typename T, typename W>
+void rmsnorm_forward(T* out, compute_t<T>* rstd, const T* x, const W* weight, int64_t N, int64_t C, double eps) {
+  using S = compute_t<T>;
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     const T* xr = x + n * C;
-    rstd[n] = inverse_std<T>(row_mean_square(xr, 0.0, C), eps);
-    normalize_row(out + n * C, xr, weight, static_cast<const T*>(nullptr), T(0), rstd[n], C);
+    rstd[n] = inverse_std<S>(row_mean_square(xr, 0.0, C), eps);
+    normalize_row(out + n * C, xr, weight, static_cast<const W*>(nullptr), S(0), rstd[n], C);
   }
 }
 
-template <typename T>
-void rmsnorm_backward_input(T* dx, const T* dout, const T* x, const T* weight, const T* rstd, int64_t N, int64_t C) {
+template <typename T, typename W>
+void rmsnorm_backward_input(T* dx, const T* dout, const T* x, const W* weight, const compute_t<T>* rstd, int64_t N,
+                            int64_t C) {
+  using S = compute_t<T>;
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n)
-    norm_backward_row(dx + n * C, dout + n * C, x + n * C, weight, T(0), rstd[n], C, /*centered=*/false);
+    norm_backward_row(dx + n * C, dout + n * C, x + n * C, weight, S(0), rstd[n], C, /*centered=*/false);
 }
 
-template <typename T>
-void rmsnorm_backward_weight(T* dweight, const T* dout, const T* x, const T* rstd, int64_t N, int64_t C) {
-  norm_backward_weight(dweight, static_cast<T*>(nullptr), dout, x, static_cast<const T*>(nullptr), rstd, N, C);
+template <typename T, typename W>
+void rmsnorm_backward_weight(W* dweight, const T* dout, const T* x, const compute_t<T>* rstd, int64_t N, int64_t C) {
+  norm_backward_weight(dweight, static_cast<W*>(nullptr), dout, x, static_cast<const compute_t<T>*>(nullptr), rstd,
+                       N, C);
 }
 
-#define MEGATON_INSTANTIATE(T)                                                                                       \
-  template void layernorm_forward<T>(T*, T*, T*, const T*, const T*, const T*, int64_t, int64_t, double);            \
-  template void layernorm_backward_input<T>(T*, const T*, const T*, const T*, const T*, const T*, int64_t, int64_t); \
-  template void layernorm_backward_weight<T>(T*, T*, const T*, const T*, const T*, const T*, int64_t, int64_t);      \
-  template void rmsnorm_forward<T>(T*, T*, const T*, const T*, int64_t, int64_t, double);                            \
-  template void rmsnorm_backward_input<T>(T*, const T*, const T*, const T*, const T*, int64_t, int64_t);             \
-  template void rmsnorm_backward_weight<T>(T*, const T*, const T*, const T*, int64_t, int64_t);
-MEGATON_INSTANTIATE(float)
-MEGATON_INSTANTIATE(double)
+// Activations T with parameters (weight, bias and their gradients) W: f32 and f64 alone, bf16
+// activations with an fp32 or a bf16 copy of the parameters.
+#define MEGATON_INSTANTIATE(T, W)                                                                            \
+  template void layernorm_forward<T, W>(T*, compute_t<T>*, compute_t<T>*, const T*, const W*, const W*, int64_t, \
+                                        int64_t, double);                                                    \
+  template void layernorm_backward_input<T, W>(T*, const T*, const T*, const W*, const compute_t<T>*,          \
+                                               const compute_t<T>*, int64_t, int64_t);                         \
+  template void layernorm_backward_weight<T, W>(W*, W*, const T*, const T*, const compute_t<T>*,               \
+                                                const compute_t<T>*, int64_t, int64_t);                        \
+  template void rmsnorm_forward<T, W>(T*, compute_t<T>*, const T*, const W*, int64_t, int64_t, double);        \
+  template void rmsnorm_backward_input<T, W>(T*, const T*, const T*, const W*, const compute_t<T>*, int64_t,   \
+                                             int64_t);                                                         \
+  template void rmsnorm_backward_weight<T, W>(W*, const T*, const T*, const compute_t<T>*, int64_t, int64_t);
+MEGATON_INSTANTIATE(float, float)
+MEGATON_INSTANTIATE(double, double)
+MEGATON_INSTANTIATE(BFloat16, float)
+MEGATON_INSTANTIATE(BFloat16, BFloat16)
 #undef MEGATON_INSTANTIATE
 
 }  // namespace megaton::kernels::cpu

@@ -1,27 +1,33 @@
 // LayerNorm and RMSNorm over the last dimension. Backward split into input (B) and weight (W).
+// Activations T (float, double or BFloat16) with parameters W (the same type, or float or BFloat16
+// for bf16 activations); the mean / rstd statistics are compute_t<T> (f32 for bf16) and all math
+// is done in compute_t<T> or wider.
 #pragma once
 #include <cstdint>
+
+#include "megaton/kernels/cpu/element.h"
 
 namespace megaton::kernels::cpu {
 
 // out = (x - mean) * rstd * weight + bias (bias may be null). mean/rstd: [N], saved for backward.
-template <typename T>
-void layernorm_forward(T* out, T* mean, T* rstd, const T* x, const T* weight, const T* bias, int64_t N, int64_t C,
-                       double eps);
-template <typename T>
-void layernorm_backward_input(T* dx, const T* dout, const T* x, const T* weight, const T* mean, const T* rstd,
-                              int64_t N, int64_t C);
+template <typename T, typename W>
+void layernorm_forward(T* out, compute_t<T>* mean, compute_t<T>* rstd, const T* x, const W* weight, const W* bias,
+                       int64_t N, int64_t C, double eps);
+template <typename T, typename W>
+void layernorm_backward_input(T* dx, const T* dout, const T* x, const W* weight, const compute_t<T>* mean,
+                              const compute_t<T>* rstd, int64_t N, int64_t C);
 // dweight += sum_n dout * xhat; dbias += sum_n dout (dbias may be null).
-template <typename T>
-void layernorm_backward_weight(T* dweight, T* dbias, const T* dout, const T* x, const T* mean, const T* rstd,
-                               int64_t N, int64_t C);
+template <typename T, typename W>
+void layernorm_backward_weight(W* dweight, W* dbias, const T* dout, const T* x, const compute_t<T>* mean,
+                               const compute_t<T>* rstd, int64_t N, int64_t C);
 
 // out = x * rstd * weight, rstd = 1/sqrt(mean(x^2) + eps). rstd: [N].
-template <typename T>
-void rmsnorm_forward(T* out, T* rstd, const T* x, const T* weight, int64_t N, int64_t C, double eps);
-template <typename T>
-void rmsnorm_backward_input(T* dx, const T* dout, const T* x, const T* weight, const T* rstd, int64_t N, int64_t C);
-template <typename T>
-void rmsnorm_backward_weight(T* dweight, const T* dout, const T* x, const T* rstd, int64_t N, int64_t C);
+template <typename T, typename W>
+void rmsnorm_forward(T* out, compute_t<T>* rstd, const T* x, const W* weight, int64_t N, int64_t C, double eps);
+template <typename T, typename W>
+void rmsnorm_backward_input(T* dx, const T* dout, const T* x, const W* weight, const compute_t<T>* rstd, int64_t N,
+                            int64_t C);
+template <typename T, typename W>
+void rmsnorm_backward_weight(W* dweight, const T* dout, const T* x, const compute_t<T>* rstd, int64_t N, int64_t C);
 
 }  // namespace megaton::kernels::cpu
