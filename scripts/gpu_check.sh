@@ -5,22 +5,25 @@
 # comes last.
 #
 # The device's image has CUDA, cmake and PyTorch but not the Debian packages Megaton links
-# (OpenBLAS, toml++, sentencepiece, gtest): build here with scripts/gpu_bundle.sh and carry .gpu/.
+# (OpenBLAS, oneDNN, toml++, sentencepiece, gtest): build here with scripts/gpu_bundle.sh and carry
+# .gpu/ (one compressed bundle).
 # Without .gpu/ this script builds in place, which works only where those packages are installed.
 #
 #   scripts/gpu_bundle.sh                  (here)
-#   scripts/gpu_check.sh                   (on the device machine, .gpu carried; ~2 minutes)
+#   scripts/gpu_check.sh                   (on the device machine, .gpu carried; ~3 minutes)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/megaton_gpu_check}
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv | tee "$out/gpu.txt"
 
-if [[ -d .gpu/bin ]]; then
-  bin=.gpu/bin
+if [[ -f .gpu/bundle.tar.gz ]]; then
+  bundle=$(mktemp -d)
+  tar -C "$bundle" -xzf .gpu/bundle.tar.gz
+  bin=$bundle/bin
   cublas=$(find /usr/local/cuda/ /usr/local/cuda*/ /opt /usr/lib -name 'libcublasLt.so.13' 2>/dev/null | head -1)
   [[ -n "$cublas" ]] || { echo "libcublasLt.so.13 not found on this machine"; exit 1; }
-  export LD_LIBRARY_PATH="$PWD/.gpu/lib:$(dirname "$cublas")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export LD_LIBRARY_PATH="$bundle/lib:$(dirname "$cublas")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   if ldd $bin/* | grep "not found"; then echo "a library the bundle needs is missing"; exit 1; fi
 else
   bin=build-gpu/bin-links
@@ -38,6 +41,15 @@ for t in device_test backend_test; do
   [[ ${PIPESTATUS[0]} == 0 ]] || { echo "$t FAILED"; status=1; }
   if grep -q "skipped:" "$out/$t.log"; then echo "$t: CUDA cases skipped on a GPU machine"; status=1; fi
 done
+
+# The CUDA kernels under compute-sanitizer: out-of-bounds accesses, reads of unwritten memory, races.
+if command -v compute-sanitizer > /dev/null; then
+  for tool in memcheck initcheck racecheck; do
+    compute-sanitizer --tool $tool --error-exitcode 3 $bin/backend_test > "$out/sanitizer_$tool.log" 2>&1 ||
+      { echo "compute-sanitizer $tool found errors:"; grep -m5 "=========" "$out/sanitizer_$tool.log"; status=1; }
+  done
+  echo "compute-sanitizer memcheck/initcheck/racecheck: done"
+fi
 
 # GEMM rates per linear shape: 8 x 1024 tokens, Megaton (cuBLASLt through the kernel API) vs torch.
 tables=""
