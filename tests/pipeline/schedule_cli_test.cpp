@@ -38,7 +38,8 @@ TEST(ScheduleCli, BadInputNamesWhatIsWrong) {
     const char* args;
     const char* message;
   } cases[] = {
-      {"--kind dualpipe", "unknown pipeline schedule 'dualpipe'"},
+      {"--kind dualpipe", "unknown pipeline schedule 'dualpipe' (known: none, 1f1b, interleaved, zb-h1, zb-h2, dualpipev)"},
+      {"--kind dualpipev --pp 4 --vpp 2 --microbatches 6", "at least twice as many micro-batches"},
       {"--kind 1f1b --vpp 2", "one model chunk per stage, not 2"},
       {"--kind interleaved --pp 4 --vpp 2 --microbatches 6", "multiple of the pipeline stages"},
       {"--kind none --pp 2", "runs on one pipeline stage"},

@@ -63,3 +63,21 @@ TEST(Schedule, OneFOneBAndZbH1OrderTheirOps) {
   EXPECT_THROW(one_f_one_b(0, 2), Error);
   EXPECT_THROW(zb_h1(2, 0), Error);
 }
+
+TEST(Schedule, ZbH2AndDualPipeVOrderTheirOps) {
+  // ZB-H2, p = 2, m = 3 (by hand, unit steps): stage 0 fills the wait for B0 with three forwards
+  // (2p-1 in flight); stage 1 runs F B F B F B and leaves every W to the tail.
+  EXPECT_EQ(describe(zb_h2(2, 3)), "stage 0: F0 F1 F2 B0 W0 B1 W1 B2 W2\n"
+                                   "stage 1: F0 B0 F1 B1 F2 B2 W0 W1 W2\n");
+  // DualPipeV, p = 2, m = 4: stage 0 holds model chunks 0 and 3, stage 1 chunks 1 and 2. Stage 0:
+  // 2 chunk-0 forwards, F0 F1 pair, B1 (W deferred, gradient sent first) W F1, one main
+  // F0 B1 F1 B0 round, B1 F1 B0, then B1 B0 with the last W deferred, W B0, W.
+  const Schedule v = dualpipev(2, 4);
+  EXPECT_EQ(describe(v),
+            "stage 0: F0 F1 F2 F0.1 B0.1 sendB0.1 W0.1 F1.1 F3 B1.1 W1.1 F2.1 B0 W0 B2.1 W2.1 F3.1 B1 W1 B3.1 W3.1 B2 W2 B3 W3\n"
+            "stage 1: F0 F0.1 F1 F1.1 F2 B0.1 W0.1 F2.1 B0 W0 F3 B1.1 W1.1 F3.1 B1 W1 B2.1 W2.1 B2 W2 B3.1 B3 W3.1 W3\n");
+  EXPECT_EQ(v.model_chunk, (std::vector<std::vector<int>>{{0, 3}, {1, 2}}));
+  EXPECT_THROW(zb_h2(0, 2), Error);
+  EXPECT_ERROR_CONTAINS(generate("dualpipev", 2, 1, 4), "two model chunks per stage");
+  EXPECT_EQ(generate("zb-h2", 2, 1, 3).name, "zb-h2");
+}

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "../support/temp_dir.h"
 #include "megaton/pipeline/generators.h"
 
@@ -79,4 +81,61 @@ TEST(Simulator, ADeadlockNamesEveryBlockedStage) {
            {{OpKind::Forward, 1}, {OpKind::BackwardInput, 1}, {OpKind::BackwardWeight, 1},
             {OpKind::Forward, 0}, {OpKind::BackwardInput, 0}, {OpKind::BackwardWeight, 0}}};
   EXPECT_ERROR_CONTAINS(simulate(s, {}), "schedule 'crossed' deadlocks: stage 0 waits at B0; stage 1 waits at F1;");
+}
+
+namespace {
+
+// The most idle time of any stage between its own first op's start and last op's end: the bubble
+// the Zero Bubble paper counts (with its optimizer post-validation a stage starts the next step
+// as soon as it is done, so the stages' start offsets overlap from step to step).
+double largest_stage_bubble(const Simulation& sim) {
+  double worst = 0;
+  for (const auto& ops : sim.timeline) {
+    double busy = 0;
+    for (const TimedOp& t : ops) busy += t.end - t.start;
+    worst = std::max(worst, ops.back().end - ops.front().start - busy);
+  }
+  return worst;
+}
+
+}  // namespace
+
+// ZB-H2 (Qi et al. 2023, "Zero Bubble Pipeline Parallelism", section 2.2 and figure 3): peak
+// memory (2p-1) micro-batches, zero bubble at F = B = W. Per stage the idle time within its own
+// span is (p-1)(F+B-2W) floored at 0, for m >= 2p-1 (fewer micro-batches cannot fill the
+// warm-up); the whole step is m(F+B+W) + (p-1)F, the (p-1)F being the last stage's wait for its
+// first input, which no schedule avoids.
+TEST(Simulator, ZbH2HasZeroBubbleWithinEachStage) {
+  for (int p : {2, 4, 8})
+    for (int64_t m : {int64_t{2 * p - 1}, int64_t{2 * p}, int64_t{3 * p + 1}, int64_t{4 * p}})
+      for (const OpCosts& c : {kCosts[0], kCosts[1], OpCosts{1, 2, 1, 0}, OpCosts{1, 1, 2, 0}, OpCosts{3, 2, 1, 0}}) {
+        const Schedule s = zb_h2(p, m);
+        expect_step(s, c, (p - 1) * c.forward);
+        const double per_stage = std::max(0.0, (p - 1) * (c.forward + c.backward_input - 2 * c.backward_weight));
+        EXPECT_DOUBLE_EQ(largest_stage_bubble(simulate(s, c)), per_stage) << "p=" << p << " m=" << m << " " << costs_str(c);
+        EXPECT_EQ(simulate(s, c).peak_activations.front(), 2 * p - 1) << "p=" << p << " m=" << m;
+      }
+  // 1F1B counted the same way keeps its whole bubble on the first stage.
+  EXPECT_DOUBLE_EQ(largest_stage_bubble(simulate(one_f_one_b(4, 8), {})), 3 * 3);
+}
+
+// DualPipeV (github.com/deepseek-ai/DualPipe README): bubble (PP/2-1)(F&B + B - 3W) with PP = 2p
+// pipeline stages (model chunks), B the full backward (our B + W) and F&B an overlapped forward and
+// backward pair; activations PP + 1 chunk units per device. The simulator runs the pair one after
+// the other (F&B = F + B + W here) and sends a deferred W's gradient before the W, as
+// dualpipev.py does; so measured, the bubble is (p-1)F when B = W, below the README's
+// (p-1)(F + 2B - W) for these costs. With B != W the step is not that simple (not tested).
+TEST(Simulator, DualPipeVBubbleAndActivations) {
+  for (int p : {2, 4, 8})
+    for (int64_t m : {int64_t{2 * p}, int64_t{2 * p + 1}, int64_t{3 * p}, int64_t{4 * p}}) {
+      const Schedule s = dualpipev(p, m);
+      for (const OpCosts& c : kCosts) {
+        expect_step(s, c, (p - 1) * c.forward);
+        const double readme = (p - 1) * (c.forward + 2 * c.backward_input - c.backward_weight);
+        EXPECT_LE(simulate(s, c).step_time, 2 * m * (c.forward + c.backward_input + c.backward_weight) + readme);
+      }
+      const Simulation sim = simulate(s, {});
+      for (int peak : sim.peak_activations) EXPECT_EQ(peak, 2 * p + 1) << "p=" << p << " m=" << m;
+    }
+  EXPECT_ERROR_CONTAINS(dualpipev(4, 7), "at least twice as many micro-batches");
 }

@@ -1,6 +1,7 @@
 #include "megaton/pipeline/generators.h"
 
 #include <algorithm>
+#include <deque>
 #include <string>
 
 #include "megaton/core/error.h"
@@ -105,7 +106,96 @@ Schedule interleaved_1f1b(int stages, int chunks, int64_t microbatches) {
   return s;
 }
 
-std::vector<std::string> schedule_kinds() { return {"none", "1f1b", "interleaved", "zb-h1"}; }
+Schedule zb_h2(int stages, int64_t microbatches) {
+  check_sizes(stages, 1, microbatches);
+  Schedule s{"zb-h2", stages, 1, microbatches, std::vector<std::vector<Op>>(static_cast<size_t>(stages)), {}};
+  // List scheduling in unit time steps (F = B = W = 1). end_f[r][i] / end_b[r][i]: the step at which
+  // stage r's F / B of micro-batch i has ended (-1: not yet run).
+  const int64_t limit = 2 * int64_t{stages} - 1, m = microbatches;
+  std::vector<std::vector<int64_t>> end_f(static_cast<size_t>(stages), std::vector<int64_t>(static_cast<size_t>(m), -1));
+  auto end_b = end_f;
+  std::vector<int64_t> next_f(static_cast<size_t>(stages), 0), next_b = next_f, next_w = next_f, in_flight = next_f;
+  size_t left = static_cast<size_t>(3 * m * stages);
+  for (int64_t t = 0; left > 0; ++t) {
+    MEGATON_CHECK(t < 3 * m * stages + 4 * int64_t{stages}, "zb-h2: list scheduling did not finish");  // cannot happen
+    for (int r = 0; r < stages; ++r) {
+      const auto R = static_cast<size_t>(r);
+      const auto done_by = [t](int64_t end) { return end >= 0 && end <= t; };
+      auto& ops = s.ops[R];
+      const int64_t b = next_b[R], f = next_f[R];
+      if (b < m && (r == stages - 1 ? done_by(end_f[R][static_cast<size_t>(b)])
+                                    : done_by(end_b[R + 1][static_cast<size_t>(b)]))) {
+        ops.push_back(backward_op(b));
+        end_b[R][static_cast<size_t>(b)] = t + 1, ++next_b[R];
+      } else if (f < m && in_flight[R] < limit && (r == 0 || done_by(end_f[R - 1][static_cast<size_t>(f)]))) {
+        ops.push_back(forward_op(f));
+        end_f[R][static_cast<size_t>(f)] = t + 1, ++next_f[R], ++in_flight[R];
+      } else if (next_w[R] < next_b[R]) {
+        ops.push_back({OpKind::BackwardWeight, next_w[R]++, 0});
+        --in_flight[R];
+      } else {
+        continue;  // idle this step
+      }
+      --left;
+    }
+  }
+  validate(s);
+  return s;
+}
+
+Schedule dualpipev(int stages, int64_t microbatches) {
+  check_sizes(stages, 2, microbatches);
+  MEGATON_CHECK(microbatches >= 2 * int64_t{stages}, "dualpipev needs at least twice as many micro-batches (",
+                microbatches, ") as pipeline stages (", stages, ")");
+  Schedule s{"dualpipev", stages, 2, microbatches, {}, {}};
+  const int p = stages;
+  for (int r = 0; r < p; ++r) {
+    s.model_chunk.push_back({r, 2 * p - 1 - r});
+    std::vector<Op> ops;
+    int64_t next_f[2] = {0, 0}, next_b[2] = {0, 0};
+    std::deque<Op> weights;  // deferred Ws, run oldest first
+    const auto F = [&](int c) { ops.push_back(forward_op(next_f[c]++, c)); };
+    // B of chunk c; its W right after (one call) or, with `defer`, queued for a later pop_w.
+    const auto B = [&](int c, bool defer) {
+      const Op b = backward_op(next_b[c]++, c);
+      ops.push_back(b);
+      const Op w{OpKind::BackwardWeight, b.microbatch, c};
+      if (defer) weights.push_back(w);
+      else ops.push_back(w);
+    };
+    const auto pop_w = [&] {
+      const Op w = weights.front();
+      weights.pop_front();
+      // A deferred W popped right after its own B: the gradient has already been sent (DualPipeV
+      // sends before it runs W), so say so, or the B and W would be one call. No send from model
+      // chunk 0, nor from stage p-1's chunk 1 (its gradient stays on the stage).
+      const bool sends = s.model_chunk_of(r, w.chunk) != 0 && !(r == p - 1 && w.chunk == 1);
+      if (sends && ops.back() == Op{OpKind::BackwardInput, w.microbatch, w.chunk})
+        ops.push_back({OpKind::SendBackward, w.microbatch, w.chunk});
+      ops.push_back(w);
+    };
+    for (int i = 0; i < 2 * (p - r - 1); ++i) F(0);          // 1: chunk-0 forwards
+    for (int i = 0; i < r + 1; ++i) F(0), F(1);               // 2: both chunks
+    for (int i = 0; i < p - r - 1; ++i) B(1, true), pop_w(), F(1);  // 3: B W F on chunk 1
+    for (int64_t i = 0; i < microbatches - 2 * p + r + 1; ++i)      // 4: main, F0 B1 F1 B0
+      F(0), B(1, false), F(1), B(0, false);
+    for (int i = 0; i < p - r - 1; ++i) B(1, false), F(1), B(0, false);  // 5: no more chunk-0 forwards
+    bool defer = false;  // 6: the backwards left; the second half defers W
+    for (int i = 0; i < r + 1; ++i) {
+      if (i == (r + 1) / 2 && r % 2 == 1) defer = true;
+      B(1, defer);
+      if (i == (r + 1) / 2 && r % 2 == 0) defer = true;
+      B(0, defer);
+    }
+    for (int i = 0; i < p - r - 1; ++i) pop_w(), B(0, true);  // 7: a W, then a chunk-0 B
+    while (!weights.empty()) pop_w();                          // 8: the Ws left
+    s.ops.push_back(std::move(ops));
+  }
+  validate(s);
+  return s;
+}
+
+std::vector<std::string> schedule_kinds() { return {"none", "1f1b", "interleaved", "zb-h1", "zb-h2", "dualpipev"}; }
 
 Schedule generate(const std::string& kind, int stages, int chunks, int64_t microbatches) {
   if (kind == "interleaved") return interleaved_1f1b(stages, chunks, microbatches);
@@ -113,9 +203,14 @@ Schedule generate(const std::string& kind, int stages, int chunks, int64_t micro
     if (stages != 1) fail("schedule 'none' runs on one pipeline stage, not ", stages);
     return no_pipelining(microbatches, false, chunks);
   }
-  if (kind == "1f1b" || kind == "zb-h1") {
+  if (kind == "1f1b" || kind == "zb-h1" || kind == "zb-h2") {
     if (chunks != 1) fail("schedule '", kind, "' has one model chunk per stage, not ", chunks, " (interleaved takes more)");
-    return kind == "1f1b" ? one_f_one_b(stages, microbatches) : zb_h1(stages, microbatches);
+    return kind == "1f1b" ? one_f_one_b(stages, microbatches)
+           : kind == "zb-h1" ? zb_h1(stages, microbatches) : zb_h2(stages, microbatches);
+  }
+  if (kind == "dualpipev") {
+    if (chunks != 2) fail("schedule 'dualpipev' has two model chunks per stage (a V), not ", chunks, "; pass --vpp 2");
+    return dualpipev(stages, microbatches);
   }
   std::string known;
   for (const auto& k : schedule_kinds()) known += (known.empty() ? "" : ", ") + k;

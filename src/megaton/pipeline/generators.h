@@ -33,9 +33,30 @@ Schedule interleaved_1f1b(int stages, int chunks, int64_t microbatches);
 // (p-1)(F+B-W) when W <= F; the same activation peak as 1F1B.
 Schedule zb_h1(int stages, int64_t microbatches);
 
-// The schedule named `kind` ("none", "1f1b", "interleaved", "zb-h1"; Megatron-style names for
+// ZB-H2 (Zero Bubble, Qi et al. 2023, section 2.2): up to 2p-1 micro-batches in flight per stage so
+// that warm-up forwards fill the wait for the first B, W fills every later gap and the Ws of the
+// warm-up move to the tail: a parallelogram. Built by list scheduling in unit steps (F = B = W):
+// each step a stage runs its next B if its input is there, else its next F if the input is there
+// and fewer than 2p-1 micro-batches are in flight, else its oldest deferred W, else idles. With
+// m >= 2p-1 the step is m(F+B+W) + (p-1)F, the least any schedule can take (the last stage cannot
+// start sooner), and each stage is idle (p-1)(F+B-2W), floored at 0, between its first op and its
+// last: the paper's zero bubble at F = B = W (its optimizer post-validation lets the next step
+// start as a stage finishes, so the (p-1)F start offsets overlap).
+Schedule zb_h2(int stages, int64_t microbatches);
+
+// DualPipeV (DeepSeek's DualPipe "cut in half", github.com/deepseek-ai/DualPipe dualpipev.py): two
+// chunks per stage in a V (stage r holds model chunks r and 2p-1-r, set in model_chunk); per stage
+// r the phases of dualpipev.py: 2(p-r-1) chunk-0 forwards; r+1 pairs F0 F1; p-r-1 of B1 W F1 (W
+// deferred but run at once, after the gradient is sent: a SendBackward marks it); m-2p+r+1 of
+// F0 B1 F1 B0 (the overlapped pairs, run one after the other here); p-r-1 of B1 F1 B0; r+1 of B1 B0
+// (the second half deferring W); p-r-1 of W B0; the Ws left. Needs m >= 2p. Peak activations 2p+1
+// chunk units (the README's PP+1 with PP = 2p pipeline stages).
+Schedule dualpipev(int stages, int64_t microbatches);
+
+// The schedule named `kind` ("none", "1f1b", "interleaved", "zb-h1", "zb-h2", "dualpipev"; Megatron-style names for
 // `[parallel] pipeline_schedule` and `megaton schedule --kind`). Throws naming an unknown kind
-// or sizes the kind does not take ("none" runs on one stage; only "interleaved" takes chunks > 1).
+// or sizes the kind does not take ("none" runs on one stage; "interleaved" takes chunks >= 1,
+// "dualpipev" exactly 2, the others 1).
 Schedule generate(const std::string& kind, int stages, int chunks, int64_t microbatches);
 std::vector<std::string> schedule_kinds();
 
