@@ -25,9 +25,10 @@ struct BenchResult {
 };
 
 // Full training steps (forward, backward, clip, AdamW) on random tokens; median step time.
-BenchResult run_bench(const std::string& preset, int64_t B, int64_t T, int steps) {
+BenchResult run_bench(const std::string& preset, int64_t B, int64_t T, int steps, DType precision) {
   models::TransformerModel model(models::preset(preset));
   model.init_weights(1);
+  model.set_compute_dtype(precision);
   optim::AdamW opt(model.parameters(), {});
   Tensor inputs = Tensor::empty({B, T}, DType::I32, MemCategory::Activations, "inputs");
   Tensor targets = Tensor::empty({B, T}, DType::I32, MemCategory::Activations, "targets");
@@ -42,6 +43,7 @@ BenchResult run_bench(const std::string& preset, int64_t B, int64_t T, int steps
   for (int s = 0; s < steps + 1; ++s) {  // step 0 warms up caches and the allocator
     auto t0 = std::chrono::steady_clock::now();
     nn::zero_grads(model.parameters());
+    model.refresh_compute_weights();  // as a training step does after the optimizer's update
     models::ModelCtx ctx;
     model.forward(ctx, inputs, targets, true);
     model.backward(ctx);
@@ -67,7 +69,7 @@ void add_bench_command(CLI::App& app) {
   static int64_t batch = 4, seq_len = 256;
   static int steps = 5, threads = 0;
   static bool json = false, gemm_shapes = false, cpu_only = false;
-  static std::string device_name = "cpu", dtype_text = "f32", cpu_gemm = "auto";
+  static std::string device_name = "cpu", dtype_text = "f32", cpu_gemm = "auto", precision = "fp32";
   cmd->add_option("--model", preset, "Model preset")->capture_default_str();
   cmd->add_option("--batch", batch, "Batch size")->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_option("--seq-len", seq_len, "Sequence length")->capture_default_str()->check(CLI::PositiveNumber);
@@ -83,6 +85,9 @@ void add_bench_command(CLI::App& app) {
                   "bf16, else OpenBLAS on f32 copies), openblas or onednn")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "openblas", "onednn"}));
+  cmd->add_option("--precision", precision, "Training steps in fp32, or bf16 mixed precision (Megatron's --bf16)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"fp32", "bf16"}));
   cmd->add_flag("--cpu-info", cpu_only, "Only print the CPU line (model, features, threads) every benchmark starts with");
   cmd->callback([] {
     set_num_threads(threads);
@@ -100,13 +105,14 @@ void add_bench_command(CLI::App& app) {
       print_gemm_shapes(models::preset(preset), batch * seq_len, steps, json, device, dtype);
       return;
     }
-    BenchResult r = run_bench(preset, batch, seq_len, steps);
+    BenchResult r = run_bench(preset, batch, seq_len, steps, precision == "bf16" ? DType::BF16 : DType::F32);
     nlohmann::json peak_mb;
     for (size_t c = 0; c < kNumMemCategories; ++c)
       peak_mb[std::string(mem_category_name(static_cast<MemCategory>(c)))] = static_cast<double>(r.memory.peak[c]) / 1e6;
     peak_mb["total"] = static_cast<double>(r.memory.total_peak) / 1e6;
     if (json) {
       std::printf("%s\n", nlohmann::json{{"model", preset},
+                                         {"precision", precision},
                                          {"batch", batch},
                                          {"seq_len", seq_len},
                                          {"threads", num_threads()},
@@ -120,9 +126,9 @@ void add_bench_command(CLI::App& app) {
                               .dump()
                               .c_str());
     } else {
-      std::printf("%s batch %ld x %ld, %d threads: median step %.3f s | %.0f tokens/s | %.1f GFLOP/s achieved | "
+      std::printf("%s %s batch %ld x %ld, %d threads: median step %.3f s | %.0f tokens/s | %.1f GFLOP/s achieved | "
                   "sgemm ceiling %.1f GFLOP/s | %.1f%% of ceiling\n",
-                  preset.c_str(), batch, seq_len, num_threads(), r.step_s, r.tokens_per_s, r.gflops, r.sgemm_gflops,
+                  preset.c_str(), precision.c_str(), batch, seq_len, num_threads(), r.step_s, r.tokens_per_s, r.gflops, r.sgemm_gflops,
                   100.0 * r.gflops / r.sgemm_gflops);
       std::printf("peak memory (MB): %s\n", peak_mb.dump().c_str());
     }

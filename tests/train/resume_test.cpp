@@ -36,6 +36,25 @@ TEST_P(Resume, StopAndResumeEqualsTrainingStraightBitwise) {
 
 INSTANTIATE_TEST_SUITE_P(Models, Resume, ::testing::Values("gpt-tiny", "llama-tiny"));
 
+// BF16 mixed precision resumes bitwise too: the compute copies are re-rounded from the restored
+// fp32 main weights before the first resumed step.
+TEST(Resume, Bf16StopAndResumeEqualsTrainingStraightBitwise) {
+  TinyRunDir d("llama-tiny");
+  const std::string bf16 = "--set precision.bf16=true ";
+  const Metrics a = d.train_ok("clean", bf16);
+  EXPECT_EQ(d.train_ok("stopped", bf16 + "--set training.exit_interval=25").losses.size(), 25u);
+  const Metrics b = d.train_ok("stopped", bf16 + "--resume auto");
+  ASSERT_EQ(a.losses.size(), 60u);
+  EXPECT_EQ(a.losses, b.losses);
+  expect_bitwise_equal(final_weights(d.run_dir("clean")), final_weights(d.run_dir("stopped")));
+  // The flag reached the model, and bf16 trains like f32 (stale compute copies would not learn).
+  const Metrics f = d.train_ok("f32");
+  EXPECT_NE(f.losses, a.losses);
+  const double last_bf16 = a.losses.rbegin()->second, last_f32 = f.losses.rbegin()->second;
+  EXPECT_NEAR(last_bf16, last_f32, 0.05 * last_f32);
+  EXPECT_LT(last_f32, 0.8 * f.losses.begin()->second);
+}
+
 TEST(Resume, CorruptCheckpointsAreReportedByNameAndThePreviousOneIsUsed) {
   TinyRunDir d;
   const Metrics clean = d.train_ok("clean");

@@ -49,6 +49,7 @@ std::vector<int32_t> generate(models::TransformerModel& model, const std::vector
   const int64_t total = std::min<int64_t>(static_cast<int64_t>(prompt.size()) + opts.max_new_tokens, max_len);
   if (static_cast<int64_t>(prompt.size()) >= max_len)
     fail("generate: prompt of ", prompt.size(), " tokens leaves no room in the model's ", max_len, " positions");
+  model.refresh_compute_weights();
   auto caches = model.new_kv_caches(1, total);
   const int64_t V = model.config().vocab_size;
   std::vector<int32_t> out;

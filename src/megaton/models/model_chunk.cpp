@@ -14,7 +14,7 @@ Tensor ModelChunk::forward(ChunkCtx& ctx, const Tensor& input, int64_t B, int64_
   Tensor h = input;
   if (is_first()) {
     ctx.tokens = input;
-    h = embedding_->forward(input);
+    h = embedding_->forward(input, 0, compute_dtype_);
   }
   for (size_t i = 0; i < layers_.size(); ++i) h = layers_[i]->forward(ctx.blocks[i], h, B, T);
   return is_last() ? final_norm_->forward(ctx.final_norm, h) : h;

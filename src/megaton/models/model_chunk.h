@@ -33,6 +33,8 @@ class ModelChunk {
   // embedding: non-null on the first chunk; final_norm and head: non-null on the last.
   ModelChunk(nn::Embedding* embedding, Layers layers, nn::Norm* final_norm, nn::OutputHead* head);
 
+  // The dtype the embedding output is converted to and every layer then computes in.
+  void set_compute_dtype(DType dtype) { compute_dtype_ = dtype; }
   bool is_first() const { return embedding_ != nullptr; }
   bool is_last() const { return head_ != nullptr; }
   size_t num_layers() const { return layers_.size(); }
@@ -65,6 +67,7 @@ class ModelChunk {
   Layers layers_;
   nn::Norm* final_norm_;
   nn::OutputHead* head_;
+  DType compute_dtype_ = DType::F32;
 };
 
 }  // namespace megaton::models

@@ -82,6 +82,23 @@ void TransformerModel::init_weights(uint64_t seed) {
   }
 }
 
+void TransformerModel::set_compute_dtype(DType dtype) {
+  if (dtype != DType::F32 && dtype != DType::BF16)
+    fail("compute dtype ", dtype_name(dtype), " is not supported (f32 or bf16)");
+  compute_dtype_ = dtype;
+  for (ModelChunk& c : chunks_) c.set_compute_dtype(dtype);
+  std::vector<nn::Parameter*> gemm_weights = {&head_.weight()};
+  for (auto& l : layers_)
+    for (nn::Linear* lin : {&l->attention.qkv, &l->attention.proj, &l->mlp.fc1, &l->mlp.fc2})
+      gemm_weights.push_back(&lin->weight);
+  for (nn::Parameter* p : gemm_weights) {
+    if (dtype == DType::F32)
+      p->compute = {};
+    else
+      nn::add_compute_copy(*p, dtype);
+  }
+}
+
 LossResult TransformerModel::forward(ModelCtx& ctx, const Tensor& tokens, const Tensor& targets, bool compute_grad,
                                      float loss_scale, bool defer_head_weight_grad) {
   const int64_t B = tokens.size(0), T = tokens.size(1);
@@ -130,11 +147,12 @@ std::vector<nn::KVCache> TransformerModel::new_kv_caches(int64_t B, int64_t max_
 
 Tensor TransformerModel::forward_cached(std::vector<nn::KVCache>& caches, const Tensor& tokens) {
   const int64_t B = tokens.size(0), T = tokens.size(1), C = config_.hidden_size;
-  Tensor h = embedding_.forward(tokens, caches.at(0).len);
+  Tensor h = embedding_.forward(tokens, caches.at(0).len, compute_dtype_);
   for (size_t i = 0; i < layers_.size(); ++i) h = layers_[i]->forward_cached(caches[i], h, B, T);
   // Only the last position of each sequence needs logits.
   Tensor last = nn::new_activation({B, C}, "last_hidden");
-  kernels::copy_rows(kernels::ExecContext::on(h), {last.view({B, 1, C}), 0, 0}, {h.view({B, T, C}), T - 1, 0}, 1, C);
+  const Tensor hf = nn::as_dtype(h, DType::F32);  // the gather (and so the head) in f32
+  kernels::copy_rows(kernels::ExecContext::on(hf), {last.view({B, 1, C}), 0, 0}, {hf.view({B, T, C}), T - 1, 0}, 1, C);
   nn::NormCtx scratch;
   return head_.logits(final_norm_.forward(scratch, last));
 }

@@ -36,6 +36,15 @@ class TransformerModel {
   // its own Philox stream keyed by its name, so init is independent of order and threads.
   void init_weights(uint64_t seed);
 
+  // Mixed precision (Megatron's --bf16): bf16 activations and GEMMs with fp32 main weights, grads
+  // and optimizer state. Gives every weight a linear or the head reads a compute copy in `dtype`;
+  // f32 drops them.
+  void set_compute_dtype(DType dtype);
+  DType compute_dtype() const { return compute_dtype_; }
+  // Re-rounds the compute copies from the main weights. Call after the weights change (init, a
+  // load, an optimizer step) and before the next forward; nothing to do in f32.
+  void refresh_compute_weights() { nn::refresh_compute_copies(params_); }
+
   // tokens, targets: [B, T] i32 (targets may hold kernels::kIgnoreIndex). With
   // compute_grad, the loss head also produces the gradient of loss_scale * mean loss at the
   // final hidden state and the head's weight gradient (kept for backward_weight with
@@ -76,6 +85,7 @@ class TransformerModel {
   nn::OutputHead head_;
   nn::ParameterList params_;
   std::vector<ModelChunk> chunks_;
+  DType compute_dtype_ = DType::F32;
 };
 
 }  // namespace megaton::models

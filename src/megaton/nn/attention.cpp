@@ -37,31 +37,43 @@ void SelfAttention::rotate(Tensor& buf, int64_t B, int64_t T, int64_t pos_offset
 kernels::HeadStrides SelfAttention::fused_strides() const { return {shape_.qkv_size(), shape_.group_size()}; }
 
 Tensor SelfAttention::forward(AttentionCtx& ctx, const Tensor& x, int64_t B, int64_t T) {
-  ctx.qkv = qkv.forward(ctx.qkv_ctx, x);
-  rotate(ctx.qkv, B, T, 0, false);
-  const float* q = ctx.qkv.data<float>();
-  ctx.out = new_activation({B * T, shape_.q_size()}, qkv.weight.name + ".attn_out");
+  // RoPE and attention compute in f32 (fp32 softmax statistics, as TransformerEngine's bf16
+  // attention): a bf16 qkv is converted, and the output converted back for the projection.
+  const Tensor qkv_x = qkv.forward(ctx.qkv_ctx, x);
+  const Tensor q32 = rotated_f32(qkv_x, B, T);
+  const float* q = q32.data<float>();
+  Tensor out32 = new_activation({B * T, shape_.q_size()}, qkv.weight.name + ".attn_out");
   ctx.lse = new_activation({B, shape_.heads, T}, qkv.weight.name + ".lse");
-  kernels::attention_forward(ctx.out.data<float>(), ctx.lse.data<float>(), q, q + shape_.k_offset(),
+  kernels::attention_forward(out32.data<float>(), ctx.lse.data<float>(), q, q + shape_.k_offset(),
                              q + shape_.v_offset(), B, T, shape_.heads, shape_.groups, shape_.head_dim, fused_strides(),
                              fused_strides(), scale_);
+  ctx.out = as_dtype(out32, x.dtype());
+  ctx.qkv = x.dtype() == DType::F32 ? q32 : qkv_x;
   return proj.forward(ctx.proj_ctx, ctx.out);
 }
 
+Tensor SelfAttention::rotated_f32(const Tensor& qkv_x, int64_t B, int64_t T) const {
+  Tensor q32 = as_dtype(qkv_x, DType::F32);  // f32: the same storage
+  rotate(q32, B, T, 0, false);
+  return q32;
+}
+
 Tensor SelfAttention::backward_input(AttentionCtx& ctx, const Tensor& dy, int64_t B, int64_t T) {
-  Tensor dout = proj.backward_input(ctx.proj_ctx, dy);
+  const Tensor dout = as_dtype(proj.backward_input(ctx.proj_ctx, dy), DType::F32);
   Tensor dqkv = new_activation({B * T, shape_.qkv_size()}, qkv.weight.name + ".dqkv");
   const int64_t ko = shape_.k_offset(), vo = shape_.v_offset();
-  const float* q = ctx.qkv.data<float>();
+  const Tensor q32 = ctx.qkv.dtype() == DType::F32 ? ctx.qkv : rotated_f32(ctx.qkv, B, T);
+  const Tensor out32 = as_dtype(ctx.out, DType::F32);
+  const float* q = q32.data<float>();
   float* dq = dqkv.data<float>();
-  kernels::attention_backward(dq, dq + ko, dq + vo, dout.data<float>(), ctx.out.data<float>(), ctx.lse.data<float>(), q,
+  kernels::attention_backward(dq, dq + ko, dq + vo, dout.data<float>(), out32.data<float>(), ctx.lse.data<float>(), q,
                               q + ko, q + vo, B, T, shape_.heads, shape_.groups, shape_.head_dim, fused_strides(),
                               fused_strides(), scale_);
   rotate(dqkv, B, T, 0, true);  // the rotation is orthogonal: its backward is the inverse rotation
   ctx.qkv = {};
   ctx.out = {};
   ctx.lse = {};
-  return qkv.backward_input(ctx.qkv_ctx, dqkv);
+  return qkv.backward_input(ctx.qkv_ctx, as_dtype(dqkv, dy.dtype()));
 }
 
 void SelfAttention::backward_weight(AttentionCtx& ctx) {
@@ -80,7 +92,7 @@ Tensor SelfAttention::forward_cached(KVCache& cache, const Tensor& x, int64_t B,
   const int64_t max_len = cache.k.size(1), ks = shape_.kv_size(), G = shape_.groups, D = shape_.head_dim;
   if (cache.len + T > max_len) fail("KV cache of ", max_len, " positions is full (", cache.len, " + ", T, " tokens)");
   LinearCtx scratch;
-  Tensor qkv_buf = qkv.forward(scratch, x);
+  Tensor qkv_buf = as_dtype(qkv.forward(scratch, x), DType::F32);
   rotate(qkv_buf, B, T, cache.len, false);
   // Viewed with one group per row, the fused rows' k (or v) heads form a column block of width D,
   // and so do the cache's kv heads: one block copy each appends every group's k or v head.
@@ -96,7 +108,7 @@ Tensor SelfAttention::forward_cached(KVCache& cache, const Tensor& x, int64_t B,
                              cache.len, max_len * ks);
   cache.len += T;
   LinearCtx proj_scratch;
-  return proj.forward(proj_scratch, out);
+  return proj.forward(proj_scratch, as_dtype(out, x.dtype()));
 }
 
 void SelfAttention::parameters(ParameterList& out) {

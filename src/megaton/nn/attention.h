@@ -31,7 +31,10 @@ struct AttentionShape {
 
 struct AttentionCtx {
   LinearCtx qkv_ctx;
-  Tensor qkv;  // [N, qkv_size], q and k already rotated
+  // In f32 the kernels' own buffers: qkv with q and k already rotated, and the attention output.
+  // In bf16 the layer's bf16 tensors instead (qkv as the linear produced it, not yet rotated; the
+  // output as the projection reads it), half the bytes; backward converts and rotates again.
+  Tensor qkv;  // [N, qkv_size]
   Tensor out;  // [N, heads * head_dim] attention output before the projection
   Tensor lse;  // [B, heads, T]
   LinearCtx proj_ctx;
@@ -59,6 +62,9 @@ class SelfAttention {
 
  private:
   void rotate(Tensor& qkv_buf, int64_t B, int64_t T, int64_t pos_offset, bool inverse) const;
+  // qkv in f32 with q and k rotated: an f32 qkv_x rotated in place (and returned), a bf16 one
+  // converted into a new tensor and rotated there.
+  Tensor rotated_f32(const Tensor& qkv_x, int64_t B, int64_t T) const;
   kernels::HeadStrides fused_strides() const;  // q, k and v heads in the fused QKV rows
   AttentionShape shape_;
   const RopeTables* rope_;

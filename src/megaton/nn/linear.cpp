@@ -6,8 +6,12 @@ namespace megaton::nn {
 
 int64_t rows_of(const Tensor& t) { return t.numel() / t.size(-1); }
 
-Tensor new_activation(Shape shape, const std::string& name) {
-  return Tensor::empty(std::move(shape), DType::F32, MemCategory::Activations, name);
+Tensor new_activation(Shape shape, const std::string& name, DType dtype) {
+  return Tensor::empty(std::move(shape), dtype, MemCategory::Activations, name);
+}
+
+Tensor as_dtype(const Tensor& t, DType dtype) {
+  return t.dtype() == dtype ? t : t.to(dtype, MemCategory::Activations);
 }
 
 Linear::Linear(const std::string& name, int64_t in_features, int64_t out_features, bool has_bias,
@@ -25,16 +29,16 @@ Tensor Linear::forward(LinearCtx& ctx, const Tensor& x) {
   if (x.size(-1) != in_)
     fail("linear '", weight.name, "': input '", x.name(), "' has ", x.size(-1), " features, expected ", in_);
   const int64_t N = rows_of(x);
-  Tensor y = new_activation({N, out_}, weight.name + ".out");
-  kernels::linear_forward(kernels::ExecContext::on(x), y, x, weight.value, bias.value);
+  Tensor y = new_activation({N, out_}, weight.name + ".out", x.dtype());
+  kernels::linear_forward(kernels::ExecContext::on(x), y, x, weight.weight_in(x.dtype()), bias.value);
   ctx.x = x;
   return y;
 }
 
 Tensor Linear::backward_input(LinearCtx& ctx, const Tensor& dy) {
   const int64_t N = rows_of(dy);
-  Tensor dx = new_activation({N, in_}, weight.name + ".dx");
-  kernels::linear_backward_input(kernels::ExecContext::on(dy), dx, dy, weight.value);
+  Tensor dx = new_activation({N, in_}, weight.name + ".dx", dy.dtype());
+  kernels::linear_backward_input(kernels::ExecContext::on(dy), dx, dy, weight.weight_in(dy.dtype()));
   ctx.dy = dy;
   return dx;
 }

@@ -33,6 +33,11 @@ class Linear {
 
 // Rows of an activation tensor viewed as a matrix [N, last_dim].
 int64_t rows_of(const Tensor& t);
-Tensor new_activation(Shape shape, const std::string& name);
+// An activation (MemCategory::Activations) of the given dtype: a module's outputs take the dtype
+// of its input, so the model's compute dtype flows from the embedding output through every layer.
+Tensor new_activation(Shape shape, const std::string& name, DType dtype = DType::F32);
+// t itself when it already holds `dtype`, else a converted copy (for kernels that compute in f32
+// only, and back).
+Tensor as_dtype(const Tensor& t, DType dtype);
 
 }  // namespace megaton::nn

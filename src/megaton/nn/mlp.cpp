@@ -13,7 +13,7 @@ Mlp::Mlp(const std::string& name, int64_t hidden, int64_t ffn_hidden, bool swigl
 Tensor Mlp::forward(MlpCtx& ctx, const Tensor& x) {
   ctx.h = fc1.forward(ctx.fc1_ctx, x);
   const int64_t N = rows_of(x);
-  Tensor a = new_activation({N, ffn_}, fc1.weight.name + ".act");
+  Tensor a = new_activation({N, ffn_}, fc1.weight.name + ".act", ctx.h.dtype());
   if (swiglu_)
     kernels::swiglu_forward(kernels::ExecContext::on(x), a, ctx.h);
   else
@@ -23,7 +23,7 @@ Tensor Mlp::forward(MlpCtx& ctx, const Tensor& x) {
 
 Tensor Mlp::backward_input(MlpCtx& ctx, const Tensor& dy) {
   Tensor da = fc2.backward_input(ctx.fc2_ctx, dy);
-  Tensor dh = new_activation(ctx.h.shape(), fc1.weight.name + ".dact");
+  Tensor dh = new_activation(ctx.h.shape(), fc1.weight.name + ".dact", da.dtype());
   if (swiglu_)
     kernels::swiglu_backward(kernels::ExecContext::on(dy), dh, da, ctx.h);
   else

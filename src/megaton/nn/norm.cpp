@@ -12,7 +12,7 @@ Norm::Norm(const std::string& name, int64_t hidden, bool rms, double eps)
 
 Tensor Norm::forward(NormCtx& ctx, const Tensor& x) {
   const int64_t N = rows_of(x);
-  Tensor y = new_activation({N, hidden_}, weight.name + ".out");
+  Tensor y = new_activation({N, hidden_}, weight.name + ".out", x.dtype());  // statistics stay f32
   ctx.x = x;
   ctx.rstd = new_activation({N}, weight.name + ".rstd");
   const auto on = kernels::ExecContext::on(x);
@@ -27,7 +27,7 @@ Tensor Norm::forward(NormCtx& ctx, const Tensor& x) {
 
 Tensor Norm::backward_input(NormCtx& ctx, const Tensor& dy) {
   const int64_t N = rows_of(dy);
-  Tensor dx = new_activation({N, hidden_}, weight.name + ".dx");
+  Tensor dx = new_activation({N, hidden_}, weight.name + ".dx", dy.dtype());
   const auto on = kernels::ExecContext::on(dy);
   if (rms_)
     kernels::rmsnorm_backward_input(on, dx, dy, ctx.x, weight.value, ctx.rstd);

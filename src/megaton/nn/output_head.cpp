@@ -35,11 +35,19 @@ LossSum OutputHead::run(const Tensor& x, const Tensor& targets, float grad_scale
     fail("target id ", targets.data<int32_t>()[bad], " at row ", bad, " is outside the model's vocabulary of ", vocab_);
   const Tensor flat_targets = targets.view({N});
   const Tensor x2 = x.view({N, hidden_});
-  Parameter& w = weight();
+  const DType dt = x.dtype();
+  const Tensor& w = weight().weight_in(dt);
   const int64_t chunk = std::min(N, kChunkRows);
-  // Deferred, the logits of every chunk become that chunk's dlogits in the kept buffer.
-  Tensor logits = deferred ? Tensor::empty({N, vocab_}, DType::F32, MemCategory::Activations, "output_layer.dlogits")
-                           : Tensor::empty({chunk, vocab_}, DType::F32, MemCategory::Workspace, "output_layer.logits");
+  // The GEMMs run in x's dtype; the cross-entropy always in f32 (with bf16 x, Megatron's upcast of
+  // the logits): a low-precision chunk is converted to f32 logits and its f32 dlogits back.
+  // Deferred, every chunk's dlogits (in x's dtype) stays in the kept buffer for W.
+  const bool low = dt != DType::F32;
+  Tensor gemm_buf = deferred ? Tensor::empty({N, vocab_}, dt, MemCategory::Activations, "output_layer.dlogits")
+                    : low    ? Tensor::empty({chunk, vocab_}, dt, MemCategory::Workspace, "output_layer.logits_lp")
+                             : Tensor();
+  Tensor f32_buf = deferred && !low ? gemm_buf
+                                    : Tensor::empty({chunk, vocab_}, DType::F32, MemCategory::Workspace,
+                                                    "output_layer.logits");
   const auto per_row = [&](const char* name) { return Tensor::empty({chunk}, DType::F32, MemCategory::Workspace, name); };
   const Tensor losses = per_row("output_layer.losses"), lse = per_row("output_layer.lse");
   const Tensor row_max = per_row("output_layer.row_max"), sum_exp = per_row("output_layer.sum_exp");
@@ -48,10 +56,12 @@ LossSum OutputHead::run(const Tensor& x, const Tensor& targets, float grad_scale
   for (int64_t r0 = 0; r0 < N; r0 += chunk) {
     const int64_t n = std::min(chunk, N - r0);
     const Tensor xr = x2.slice_rows(r0, r0 + n);
-    const Tensor lgt = deferred ? logits.slice_rows(r0, r0 + n) : logits.slice_rows(0, n);
+    Tensor lgt = deferred && !low ? f32_buf.slice_rows(r0, r0 + n) : f32_buf.slice_rows(0, n);  // f32 logits
+    Tensor g = !gemm_buf.defined() ? lgt : deferred ? gemm_buf.slice_rows(r0, r0 + n) : gemm_buf.slice_rows(0, n);
     const Tensor tg = flat_targets.slice_rows(r0, r0 + n);
     const auto rows = [n](const Tensor& t) { return t.slice_rows(0, n); };
-    kernels::linear_forward(on, lgt, xr, w.value, Tensor());
+    kernels::linear_forward(on, g, xr, w, Tensor());
+    if (low) lgt.copy_from(g);
     // With the vocabulary split over tensor-parallel ranks, an all-reduce (MAX) of row_max goes
     // here and one (SUM) of sum_exp and target_logit after the next kernel.
     kernels::cross_entropy_row_max(on, rows(row_max), lgt);
@@ -61,13 +71,14 @@ LossSum OutputHead::run(const Tensor& x, const Tensor& targets, float grad_scale
     total.count += count_targets(tg);
     if (!dx) continue;
     kernels::cross_entropy_backward(on, lgt, lgt, rows(lse), tg, 0, grad_scale);
-    kernels::linear_backward_input(on, dx->view({N, hidden_}).slice_rows(r0, r0 + n), lgt, w.value);
-    if (!deferred) kernels::linear_backward_weight(on, w.grad, Tensor(), lgt, xr);
+    if (low) g.copy_from(lgt);
+    kernels::linear_backward_input(on, dx->view({N, hidden_}).slice_rows(r0, r0 + n), g, w);
+    if (!deferred) kernels::linear_backward_weight(on, weight().grad, Tensor(), g, xr);
   }
   if (deferred)
-    *deferred = {x2, logits};
+    *deferred = {x2, gemm_buf};
   else if (dx)
-    w.grad_accumulated();
+    weight().grad_accumulated();
   return total;
 }
 
@@ -89,15 +100,15 @@ LossSum OutputHead::loss(const Tensor& x, const Tensor& targets) { return run(x,
 
 LossSum OutputHead::loss_and_grad(const Tensor& x, const Tensor& targets, float grad_scale, Tensor& dx,
                                   HeadCtx* deferred) {
-  dx = new_activation(x.shape(), "output_layer.dx");
+  dx = new_activation(x.shape(), "output_layer.dx", x.dtype());
   return run(x, targets, grad_scale, &dx, deferred);
 }
 
 Tensor OutputHead::logits(const Tensor& x) {
   const int64_t N = rows_of(x);
-  Tensor out = new_activation({N, vocab_}, "output_layer.logits");
-  kernels::linear_forward(kernels::ExecContext::on(x), out, x, weight().value, Tensor());
-  return out;
+  Tensor out = new_activation({N, vocab_}, "output_layer.logits", x.dtype());
+  kernels::linear_forward(kernels::ExecContext::on(x), out, x, weight().weight_in(x.dtype()), Tensor());
+  return as_dtype(out, DType::F32);  // sampling reads f32 logits
 }
 
 void OutputHead::parameters(ParameterList& out) {

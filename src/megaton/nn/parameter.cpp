@@ -9,6 +9,16 @@ Parameter::Parameter(std::string n, Shape shape, bool decay, ShardSpec shard_spe
       weight_decay(decay),
       shard(shard_spec) {}
 
+void add_compute_copy(Parameter& p, DType dtype) {
+  p.compute = Tensor::empty(p.value.shape(), dtype, MemCategory::Params, p.name + ".compute", p.value.device());
+  p.compute.copy_from(p.value);
+}
+
+void refresh_compute_copies(const ParameterList& params) {
+  for (Parameter* p : params)
+    if (p->compute.defined()) p->compute.copy_from(p->value);
+}
+
 void zero_grads(const ParameterList& params) {
   for (auto* p : params) p->grad.zero_();
 }

@@ -1,6 +1,8 @@
 // A trainable parameter as Megatron keeps it: an fp32 main weight and an fp32 main gradient
-// accumulator (both views into the flat ParamAndGradBuffer once the model is wrapped in one), the
-// weight-decay flag, and how the parameter is sharded across a parallel group.
+// accumulator (both views into the flat ParamAndGradBuffer once the model is wrapped in one), an
+// optional copy of the weight in the compute dtype (bf16 mixed precision: what the GEMMs read,
+// refreshed from the main weight after it changes), the weight-decay flag, and how the parameter
+// is sharded across a parallel group.
 #pragma once
 #include <functional>
 #include <string>
@@ -32,6 +34,7 @@ struct Parameter {
   std::string name;           // Megatron-style name, e.g. "decoder.layers.0.self_attention.linear_qkv.weight"
   Tensor value;               // fp32 main weight, MemCategory::Params
   Tensor grad;                // fp32 main grad, MemCategory::Grads, same shape, accumulated by backward-W
+  Tensor compute;             // the weight in the compute dtype (bf16), or undefined: see refresh_compute_copies
   bool weight_decay = true;   // false for norms, biases and embeddings by default
   ShardSpec shard;
   // Modules that accumulate into `grad` per micro-batch: 2 for a word embedding tied to the output
@@ -42,6 +45,9 @@ struct Parameter {
 
   Parameter() = default;
   Parameter(std::string n, Shape shape, bool decay, ShardSpec shard_spec = {});
+  // The weight a kernel computing in `dtype` reads: the compute copy when there is one in that
+  // dtype, else the main weight (a kernel then names any dtype mismatch).
+  const Tensor& weight_in(DType dtype) const { return compute.defined() && compute.dtype() == dtype ? compute : value; }
   // Backward-W calls this right after it has added one micro-batch's gradient to `grad`.
   void grad_accumulated() {
     if (grad_hook) grad_hook(*this);
@@ -51,6 +57,11 @@ struct Parameter {
 using ParameterList = std::vector<Parameter*>;
 
 void zero_grads(const ParameterList& params);
+// Gives p a compute copy in `dtype` (MemCategory::Params) holding its main weight rounded to dtype.
+void add_compute_copy(Parameter& p, DType dtype);
+// Re-rounds every compute copy from its main weight: after init, a load or an optimizer step, and
+// before the next forward.
+void refresh_compute_copies(const ParameterList& params);
 int64_t count_parameters(const ParameterList& params);
 
 }  // namespace megaton::nn

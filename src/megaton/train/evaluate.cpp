@@ -16,6 +16,7 @@ EvalResult evaluate(models::TransformerModel& model, const data::SampleSource& s
   r.samples = n;
   double sum = 0;
   const int64_t total_tokens = n * T;  // every position of a sample has a target
+  model.refresh_compute_weights();
   for (int64_t s0 = 0; s0 < n; s0 += batch) {
     const int64_t B = std::min(batch, n - s0);
     Tensor inputs = Tensor::empty({B, T}, DType::I32, MemCategory::Activations, "inputs");

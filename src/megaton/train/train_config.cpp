@@ -104,6 +104,7 @@ const std::vector<Field>& fields() {
       field("training.seed", &TC::seed),
       field("training.threads", &TC::threads),
       field("training.exit_interval", &TC::exit_interval),
+      field("precision.bf16", &TC::bf16),
       field("optimizer.lr", &TC::lr),
       field("optimizer.min_lr", &TC::min_lr),
       field("optimizer.lr_warmup_iters", &TC::lr_warmup_iters),

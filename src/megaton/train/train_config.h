@@ -1,5 +1,5 @@
 // Everything `megaton train` reads from its TOML file and --set overrides. Keys are grouped in
-// sections ([model], [data], [training], [optimizer], [logging], [checkpoint], [rewind], [sample]) and named after
+// sections ([model], [data], [training], [precision], [optimizer], [logging], [checkpoint], [rewind], [sample]) and named after
 // Megatron-LM's arguments. Unknown keys, wrong types and inconsistent values are errors that
 // name the key (and suggest the nearest known one).
 #pragma once
@@ -38,6 +38,10 @@ struct TrainConfig {
   int64_t train_iters = 100;
   int64_t seed = 1234;
   int64_t threads = 0;  // 0: OMP_NUM_THREADS or all cores
+
+  // [precision]: Megatron's --bf16: bf16 activations and GEMMs (fp32 accumulation), fp32 main
+  // weights, gradients and optimizer state, norms and softmax statistics in fp32.
+  bool bf16 = false;
   int64_t exit_interval = 0;  // stop (after saving a checkpoint) once step % exit_interval == 0; 0: never
 
   // [optimizer]

@@ -37,6 +37,7 @@ Trainer::Trainer(TrainConfig config, RunOptions options)
     model_ = std::make_unique<models::TransformerModel>(cfg_.model);
     model_->init_weights(static_cast<uint64_t>(cfg_.seed));
   }
+  if (cfg_.bf16) model_->set_compute_dtype(DType::BF16);
   step_ = std::make_unique<TrainingStep>(*model_, cfg_, data_.train);
   step_->on_gradients([this](int64_t step, const Tensor& grads, double& loss) { faults_.corrupt_gradients(step, grads, loss); });
   optimizer_ = std::make_unique<optim::AdamW>(

@@ -28,6 +28,7 @@ TrainingStep::TrainingStep(models::TransformerModel& model, const TrainConfig& c
 TrainingStep::Result TrainingStep::forward_backward(int64_t step, int64_t first_sample) {
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t mbs = cfg_.micro_batch_size;
+  model_.refresh_compute_weights();  // the main weights changed since: optimizer step, resume, rewind
   buffer_->begin_step(schedule_.microbatches);
   if (!loader_ || loader_position_ != first_sample) {
     loader_.reset();  // stop the old workers before the new loader starts its own

@@ -1,0 +1,99 @@
+// BF16 mixed precision at the model level: the same weights run in f32 and in bf16 give the loss
+// and every gradient to bf16 accuracy, the gradients stay fp32 main grads, the compute copies
+// follow the main weights only when refreshed, and the activations take half the memory.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "../support/temp_dir.h"
+#include "../support/tiny_model.h"
+#include "megaton/core/allocator.h"
+#include "megaton/models/transformer_model.h"
+
+using namespace megaton;
+
+namespace {
+
+std::pair<Tensor, Tensor> batch(int64_t B, int64_t T) {
+  Tensor in = Tensor::empty({B, T}, DType::I32), tg = Tensor::empty({B, T}, DType::I32);
+  for (int64_t i = 0; i < B * T; ++i) {
+    in.data<int32_t>()[i] = static_cast<int32_t>((i * 7 + 3) % 257);
+    tg.data<int32_t>()[i] = static_cast<int32_t>((i * 13 + 5) % 257);
+  }
+  return {in, tg};
+}
+
+struct Result {
+  double loss;
+  std::vector<std::vector<double>> grads;  // per parameter
+  int64_t activation_peak;
+};
+
+Result run(const std::string& preset, DType dtype, bool defer_head = false) {
+  models::TransformerModel m(megaton::testing::tiny_config(preset));
+  m.init_weights(5);
+  m.set_compute_dtype(dtype);
+  nn::zero_grads(m.parameters());
+  auto [in, tg] = batch(2, 32);
+  Allocator::host().reset_peaks();
+  const int64_t before = Allocator::host().stats().live[static_cast<size_t>(MemCategory::Activations)];
+  models::ModelCtx ctx;
+  const double loss = m.forward(ctx, in, tg, true, 1.0f, defer_head).loss;
+  m.backward(ctx);
+  Result r{loss, {}, Allocator::host().stats().peak[static_cast<size_t>(MemCategory::Activations)] - before};
+  for (const nn::Parameter* p : m.parameters()) {
+    EXPECT_EQ(p->grad.dtype(), DType::F32) << p->name;
+    const float* g = p->grad.data<float>();
+    r.grads.emplace_back(g, g + p->grad.numel());
+  }
+  return r;
+}
+
+// ||a - b|| / ||b||, NaN-safe (a NaN makes it NaN, which fails any < comparison).
+double relative_error(const std::vector<double>& a, const std::vector<double>& b) {
+  double diff = 0, ref = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff += (a[i] - b[i]) * (a[i] - b[i]), ref += b[i] * b[i];
+  return std::sqrt(diff / ref);
+}
+
+}  // namespace
+
+TEST(Bf16Model, LossAndEveryGradientMatchF32ToBf16Accuracy) {
+  for (const std::string preset : {"gpt-tiny", "llama-tiny"}) {
+    SCOPED_TRACE(preset);
+    const Result f32 = run(preset, DType::F32), bf16 = run(preset, DType::BF16);
+    ASSERT_TRUE(std::isfinite(bf16.loss));
+    EXPECT_NEAR(bf16.loss, f32.loss, 1e-2 * f32.loss);
+    EXPECT_NE(bf16.loss, f32.loss);  // bf16 really ran
+    models::TransformerModel names(megaton::testing::tiny_config(preset));
+    for (size_t i = 0; i < f32.grads.size(); ++i)
+      EXPECT_LT(relative_error(bf16.grads[i], f32.grads[i]), 3e-2) << names.parameters()[i]->name;
+    // The activations (kept between forward and backward) take about half the bytes.
+    EXPECT_LT(bf16.activation_peak, 0.7 * static_cast<double>(f32.activation_peak))
+        << bf16.activation_peak << " vs " << f32.activation_peak;
+    // The head's deferred W keeps bf16 dlogits and gives the same gradients.
+    const Result deferred = run(preset, DType::BF16, true);
+    for (size_t i = 0; i < f32.grads.size(); ++i) EXPECT_EQ(deferred.grads[i], bf16.grads[i]) << i;
+  }
+}
+
+TEST(Bf16Model, ComputeCopiesFollowTheMainWeightsWhenRefreshed) {
+  models::TransformerModel m(megaton::testing::tiny_config("llama-tiny"));
+  m.init_weights(5);
+  m.set_compute_dtype(DType::BF16);
+  auto [in, tg] = batch(2, 32);
+  auto loss = [&] {
+    models::ModelCtx ctx;
+    return m.forward(ctx, in, tg, false).loss;
+  };
+  const double before = loss();
+  for (nn::Parameter* p : m.parameters())  // scale every matrix: the loss must move
+    if (p->compute.defined())
+      for (int64_t i = 0; i < p->value.numel(); ++i) p->value.data<float>()[i] *= 2.0f;
+  EXPECT_EQ(loss(), before) << "the compute copies are what the GEMMs read";
+  m.refresh_compute_weights();
+  EXPECT_NE(loss(), before);
+  EXPECT_ERROR_CONTAINS(m.set_compute_dtype(DType::F64), "compute dtype f64 is not supported");
+  m.set_compute_dtype(DType::F32);  // back to f32: no copies left
+  for (nn::Parameter* p : m.parameters()) EXPECT_FALSE(p->compute.defined()) << p->name;
+}
