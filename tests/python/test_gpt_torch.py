@@ -29,6 +29,7 @@ CASES = [
     Case(name="gpt2", config=tiny_gpt2(), seed=1234, micro_batches=(4, 2)),
     Case(name="gpt2_untied", config=tiny_gpt2(tie_word_embeddings=False), seed=2345, micro_batches=(2,),
          data="shuffled", train=TrainSettings(min_lr=1e-4, warmup=2, decay_style="cosine")),
+    Case(name="gpt2_bf16", config=tiny_gpt2(), seed=4567, micro_batches=(2,), bf16=True),
     Case(name="gpt2_blend", config=tiny_gpt2(), seed=3456, data="blend",
          train=TrainSettings(min_lr=2e-4, warmup=1, decay_style="linear", decay_iters=4)),
 ]

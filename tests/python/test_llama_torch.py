@@ -34,6 +34,7 @@ CASES = [
     Case(name="llama_tied_rope3",
          config=tiny_llama(tie_word_embeddings=True, rope_scaling=LLAMA3_SCALING, max_position_embeddings=1024),
          seed=8765),
+    Case(name="llama_bf16", config=tiny_llama(), seed=5432, micro_batches=(2,), bf16=True),
     Case(name="llama_interleaved", config=tiny_llama(rope_layout="interleaved"), micro_batches=(2,),
          data="shuffled", train=TrainSettings(warmup=3)),
 ]

@@ -659,16 +659,19 @@ def scheduled_lr(s: TrainSettings, update: int) -> float:
     return floor + (peak - floor) * left
 
 
-def train_reference(model: nn.Module, samples, s: TrainSettings) -> list[dict]:
+def train_reference(model: nn.Module, samples, s: TrainSettings, bf16: bool = False) -> list[dict]:
     """Step k (0-based) trains on samples k*B .. k*B+B-1 of `samples` (TokenSamples or RowSamples) as
     one batch, at the scheduled lr. Returns per-step {"step", "loss" (before the update), "grad_norm"
-    (before clipping), "lr"}."""
+    (before clipping), "lr"}. bf16: the forward under PyTorch's CPU autocast to bfloat16 (its GEMMs in
+    bf16, the loss in fp32 on fp32 logits), fp32 parameters, gradients and AdamW state."""
     opt = AdamW(model, s.lr, s.betas, s.eps, s.weight_decay)
     history = []
     for k in range(s.steps):
         inputs, labels = samples.batch(range(k * s.batch, (k + 1) * s.batch))
         model.zero_grad(set_to_none=True)
-        loss = lm_loss(model(inputs), labels)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            logits = model(inputs)
+        loss = lm_loss(logits.float(), labels)
         loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), s.clip)
         opt.lr = scheduled_lr(s, k + 1)
