@@ -38,16 +38,16 @@ LossSum OutputHead::run(const Tensor& x, const Tensor& targets, float grad_scale
   const DType dt = x.dtype();
   const Tensor& w = weight().weight_in(dt);
   const int64_t chunk = std::min(N, kChunkRows);
-  // The GEMMs run in x's dtype; the cross-entropy always in f32 (with bf16 x, Megatron's upcast of
-  // the logits): a low-precision chunk is converted to f32 logits and its f32 dlogits back.
-  // Deferred, every chunk's dlogits (in x's dtype) stays in the kept buffer for W.
+  // The GEMM writes logits in x's dtype, into a buffer of every row when W is deferred (each
+  // chunk's dlogits stay there for W) or of one chunk. The cross-entropy always runs in f32 (with
+  // bf16 x, Megatron's upcast of the logits): on an f32 copy of a low-precision chunk, whose f32
+  // dlogits are converted back.
   const bool low = dt != DType::F32;
-  Tensor gemm_buf = deferred ? Tensor::empty({N, vocab_}, dt, MemCategory::Activations, "output_layer.dlogits")
-                    : low    ? Tensor::empty({chunk, vocab_}, dt, MemCategory::Workspace, "output_layer.logits_lp")
-                             : Tensor();
-  Tensor f32_buf = deferred && !low ? gemm_buf
-                                    : Tensor::empty({chunk, vocab_}, DType::F32, MemCategory::Workspace,
-                                                    "output_layer.logits");
+  const Tensor gemm_buf = Tensor::empty({deferred ? N : chunk, vocab_}, dt,
+                                        deferred ? MemCategory::Activations : MemCategory::Workspace,
+                                        deferred ? "output_layer.dlogits" : "output_layer.logits");
+  const Tensor f32_buf =
+      low ? Tensor::empty({chunk, vocab_}, DType::F32, MemCategory::Workspace, "output_layer.logits_f32") : Tensor();
   const auto per_row = [&](const char* name) { return Tensor::empty({chunk}, DType::F32, MemCategory::Workspace, name); };
   const Tensor losses = per_row("output_layer.losses"), lse = per_row("output_layer.lse");
   const Tensor row_max = per_row("output_layer.row_max"), sum_exp = per_row("output_layer.sum_exp");
@@ -56,8 +56,9 @@ LossSum OutputHead::run(const Tensor& x, const Tensor& targets, float grad_scale
   for (int64_t r0 = 0; r0 < N; r0 += chunk) {
     const int64_t n = std::min(chunk, N - r0);
     const Tensor xr = x2.slice_rows(r0, r0 + n);
-    Tensor lgt = deferred && !low ? f32_buf.slice_rows(r0, r0 + n) : f32_buf.slice_rows(0, n);  // f32 logits
-    Tensor g = !gemm_buf.defined() ? lgt : deferred ? gemm_buf.slice_rows(r0, r0 + n) : gemm_buf.slice_rows(0, n);
+    const int64_t at = deferred ? r0 : 0;  // this chunk's first row in gemm_buf
+    Tensor g = gemm_buf.slice_rows(at, at + n);
+    Tensor lgt = low ? f32_buf.slice_rows(0, n) : g;  // f32 logits
     const Tensor tg = flat_targets.slice_rows(r0, r0 + n);
     const auto rows = [n](const Tensor& t) { return t.slice_rows(0, n); };
     kernels::linear_forward(on, g, xr, w, Tensor());

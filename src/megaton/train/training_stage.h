@@ -39,7 +39,7 @@ class TrainingStage : public pipeline::StageRunner {
     models::ModelCtx ctx;
     Tensor targets;
     int64_t B = 0, T = 0;
-    Tensor output;  // the last forwarded chunk's output: the next chunk's input
+    Tensor output;  // the next chunk's input: the token ids, then each forwarded chunk's output
     Tensor dinput;  // the last B's input gradient: the previous chunk's output gradient
     int forwarded = 0, backwarded = 0, weight_grads = 0;  // chunks through F, B, W
   };
