@@ -90,7 +90,7 @@ TEST_P(HfLinearQkv, RowsArePerQueryGroup) {
       for (int64_t d = 0; d < D; ++d) order.emplace_back(part, g * D + d);
   }
   ASSERT_EQ(static_cast<int64_t>(order.size()), cfg.qkv_size());
-  auto& qkv = m.layers()[1]->attention.qkv;
+  auto& qkv = m.layers()[1]->self_attention().qkv;
   if (gpt2)  // init_weights zeroes biases; distinct values make the bias permutation visible
     for (int64_t row = 0; row < cfg.qkv_size(); ++row) qkv.bias.value.data<float>()[row] = 0.5f + float(row);
   auto exported = models::to_hf_tensors(m);
@@ -130,7 +130,7 @@ TEST(HfFormat, Gpt2UsesConv1DLayoutAndAcceptsBareNames) {
     if (name == "transformer.h.0.attn.c_attn.weight") {
       EXPECT_EQ(t.shape(), (Shape{48, 3 * 48}));  // [in, out]
       // Conv1D is transposed: column 7 (q head 0, which leads linear_qkv's first group too) is row 7.
-      const float* w = m.layers()[0]->attention.qkv.weight.value.data<float>();
+      const float* w = m.layers()[0]->self_attention().qkv.weight.value.data<float>();
       EXPECT_EQ(t.data<float>()[1 * 144 + 7], w[7 * 48 + 1]);
     }
     bare[name.substr(name.rfind("transformer.", 0) == 0 ? 12 : 0)] = t;

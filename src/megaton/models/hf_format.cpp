@@ -86,6 +86,9 @@ TransformerConfig config_from_hf(const json& j, const std::string& source) {
 }
 
 json config_to_hf(const TransformerConfig& c) {
+  if (c.attention_type != "self_attention" || c.mlp_type != "dense")
+    fail("model '", c.name, "' has attention_type '", c.attention_type, "' and mlp_type '", c.mlp_type,
+         "'; the HF formats (GPT-2, Llama) need self_attention and dense");
   const bool gpt2 = c.position_embedding == PositionEmbedding::LearnedAbsolute;
   if (gpt2) {
     if (c.normalization != Normalization::LayerNorm || c.activation != Activation::GeLU || !c.add_bias_linear ||
@@ -163,16 +166,16 @@ std::vector<Binding> bindings(TransformerModel& m) {
       const std::string p = "transformer.h." + std::to_string(i) + ".";
       out.push_back({p + "ln_1.weight", &l.input_norm.weight});
       out.push_back({p + "ln_1.bias", &l.input_norm.bias});
-      out.push_back({p + "attn.c_attn.weight", &l.attention.qkv.weight, 0, -1, true, 0, attn});
-      out.push_back({p + "attn.c_attn.bias", &l.attention.qkv.bias, 0, -1, false, 0, attn});
-      out.push_back({p + "attn.c_proj.weight", &l.attention.proj.weight, 0, -1, true});
-      out.push_back({p + "attn.c_proj.bias", &l.attention.proj.bias});
+      out.push_back({p + "attn.c_attn.weight", &l.self_attention().qkv.weight, 0, -1, true, 0, attn});
+      out.push_back({p + "attn.c_attn.bias", &l.self_attention().qkv.bias, 0, -1, false, 0, attn});
+      out.push_back({p + "attn.c_proj.weight", &l.self_attention().proj.weight, 0, -1, true});
+      out.push_back({p + "attn.c_proj.bias", &l.self_attention().proj.bias});
       out.push_back({p + "ln_2.weight", &l.pre_mlp_norm.weight});
       out.push_back({p + "ln_2.bias", &l.pre_mlp_norm.bias});
-      out.push_back({p + "mlp.c_fc.weight", &l.mlp.fc1.weight, 0, -1, true});
-      out.push_back({p + "mlp.c_fc.bias", &l.mlp.fc1.bias});
-      out.push_back({p + "mlp.c_proj.weight", &l.mlp.fc2.weight, 0, -1, true});
-      out.push_back({p + "mlp.c_proj.bias", &l.mlp.fc2.bias});
+      out.push_back({p + "mlp.c_fc.weight", &l.dense_mlp().fc1.weight, 0, -1, true});
+      out.push_back({p + "mlp.c_fc.bias", &l.dense_mlp().fc1.bias});
+      out.push_back({p + "mlp.c_proj.weight", &l.dense_mlp().fc2.weight, 0, -1, true});
+      out.push_back({p + "mlp.c_proj.bias", &l.dense_mlp().fc2.bias});
     }
     out.push_back({"transformer.ln_f.weight", &m.final_norm().weight});
     out.push_back({"transformer.ln_f.bias", &m.final_norm().bias});
@@ -185,14 +188,14 @@ std::vector<Binding> bindings(TransformerModel& m) {
       auto& l = *m.layers()[i];
       const std::string p = "model.layers." + std::to_string(i) + ".";
       out.push_back({p + "input_layernorm.weight", &l.input_norm.weight});
-      out.push_back({p + "self_attn.q_proj.weight", &l.attention.qkv.weight, 0, q, false, rope, attn});
-      out.push_back({p + "self_attn.k_proj.weight", &l.attention.qkv.weight, q, kv, false, rope, attn});
-      out.push_back({p + "self_attn.v_proj.weight", &l.attention.qkv.weight, q + kv, kv, false, 0, attn});
-      out.push_back({p + "self_attn.o_proj.weight", &l.attention.proj.weight});
+      out.push_back({p + "self_attn.q_proj.weight", &l.self_attention().qkv.weight, 0, q, false, rope, attn});
+      out.push_back({p + "self_attn.k_proj.weight", &l.self_attention().qkv.weight, q, kv, false, rope, attn});
+      out.push_back({p + "self_attn.v_proj.weight", &l.self_attention().qkv.weight, q + kv, kv, false, 0, attn});
+      out.push_back({p + "self_attn.o_proj.weight", &l.self_attention().proj.weight});
       out.push_back({p + "post_attention_layernorm.weight", &l.pre_mlp_norm.weight});
-      out.push_back({p + "mlp.gate_proj.weight", &l.mlp.fc1.weight, 0, F});
-      out.push_back({p + "mlp.up_proj.weight", &l.mlp.fc1.weight, F, F});
-      out.push_back({p + "mlp.down_proj.weight", &l.mlp.fc2.weight});
+      out.push_back({p + "mlp.gate_proj.weight", &l.dense_mlp().fc1.weight, 0, F});
+      out.push_back({p + "mlp.up_proj.weight", &l.dense_mlp().fc1.weight, F, F});
+      out.push_back({p + "mlp.down_proj.weight", &l.dense_mlp().fc2.weight});
     }
     out.push_back({"model.norm.weight", &m.final_norm().weight});
   }

@@ -1,6 +1,9 @@
 #include "megaton/models/transformer_config.h"
 
+#include <algorithm>
+
 #include "megaton/core/error.h"
+#include "megaton/nn/block_spec.h"
 
 namespace megaton::models {
 
@@ -21,6 +24,14 @@ void TransformerConfig::validate() const {
   if (num_attention_heads % num_query_groups != 0)
     fail("model config: num_attention_heads ", num_attention_heads, " is not divisible by num_query_groups ",
          num_query_groups);
+  auto known_kind = [](const char* key, const std::string& kind, const std::vector<std::string>& kinds) {
+    if (std::find(kinds.begin(), kinds.end(), kind) != kinds.end()) return;
+    std::string known;
+    for (const auto& k : kinds) known += (known.empty() ? "" : ", ") + k;
+    fail("model config: unknown ", key, " '", kind, "' (known: ", known, ")");
+  };
+  known_kind("attention_type", attention_type, nn::attention_kinds());
+  known_kind("mlp_type", mlp_type, nn::mlp_kinds());
   if (position_embedding == PositionEmbedding::Rope && head_dim() % 2 != 0)
     fail("model config: rotary embeddings need an even head dim, got ", head_dim());
 }

@@ -6,11 +6,12 @@
 #include <vector>
 
 #include "megaton/kernels/rope.h"
+#include "megaton/nn/layer_kinds.h"
 
 namespace megaton::models {
 
-enum class Normalization { LayerNorm, RMSNorm };
-enum class Activation { GeLU, SwiGLU };
+using nn::Activation;
+using nn::Normalization;
 enum class PositionEmbedding { LearnedAbsolute, Rope };
 
 struct TransformerConfig {
@@ -23,6 +24,9 @@ struct TransformerConfig {
   int64_t ffn_hidden_size = 256;
   int64_t vocab_size = 257;
   int64_t max_position_embeddings = 256;
+  // The block's sublayer kinds (nn/block_spec.h: Megatron's ModuleSpec idea).
+  std::string attention_type = "self_attention";
+  std::string mlp_type = "dense";
   Normalization normalization = Normalization::LayerNorm;
   Activation activation = Activation::GeLU;
   PositionEmbedding position_embedding = PositionEmbedding::LearnedAbsolute;

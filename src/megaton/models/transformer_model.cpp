@@ -11,11 +11,13 @@ namespace megaton::models {
 namespace {
 nn::BlockSpec block_spec(const TransformerConfig& c) {
   nn::BlockSpec s;
+  s.attention = c.attention_type;
+  s.mlp = c.mlp_type;
+  s.norm = c.normalization;
+  s.norm_eps = c.norm_epsilon;
   s.attn = {c.hidden_size, c.num_attention_heads, c.num_query_groups, c.head_dim()};
   s.ffn_hidden = c.ffn_hidden_size;
-  s.rms_norm = c.normalization == Normalization::RMSNorm;
-  s.norm_eps = c.norm_epsilon;
-  s.swiglu = c.activation == Activation::SwiGLU;
+  s.activation = c.activation;
   s.bias = c.add_bias_linear;
   return s;
 }
@@ -30,8 +32,7 @@ TransformerModel::TransformerModel(const TransformerConfig& config, int64_t num_
     : config_(validated(config)),
       embedding_(config.vocab_size, config.hidden_size, config.max_position_embeddings,
                  config.position_embedding == PositionEmbedding::LearnedAbsolute),
-      final_norm_("decoder.final_layernorm", config.hidden_size, config.normalization == Normalization::RMSNorm,
-                  config.norm_epsilon),
+      final_norm_("decoder.final_layernorm", config.hidden_size, config.normalization, config.norm_epsilon),
       head_(config.hidden_size, config.vocab_size, config.tie_embeddings ? &embedding_.word : nullptr) {
   const bool rope = config.position_embedding == PositionEmbedding::Rope;
   if (rope) {
@@ -87,10 +88,8 @@ void TransformerModel::set_compute_dtype(DType dtype) {
     fail("compute dtype ", dtype_name(dtype), " is not supported (f32 or bf16)");
   compute_dtype_ = dtype;
   for (ModelChunk& c : chunks_) c.set_compute_dtype(dtype);
-  std::vector<nn::Parameter*> gemm_weights = {&head_.weight()};
-  for (auto& l : layers_)
-    for (nn::Linear* lin : {&l->attention.qkv, &l->attention.proj, &l->mlp.fc1, &l->mlp.fc2})
-      gemm_weights.push_back(&lin->weight);
+  nn::ParameterList gemm_weights = {&head_.weight()};
+  for (auto& l : layers_) l->gemm_weights(gemm_weights);
   for (nn::Parameter* p : gemm_weights) {
     if (dtype == DType::F32)
       p->compute = {};
@@ -103,7 +102,8 @@ LossResult TransformerModel::forward(ModelCtx& ctx, const Tensor& tokens, const 
                                      float loss_scale, bool defer_head_weight_grad) {
   const int64_t B = tokens.size(0), T = tokens.size(1);
   targets.expect_shape(tokens.shape());
-  ctx.chunks.assign(chunks_.size(), {});
+  ctx.chunks.clear();  // contexts are move-only: start from fresh ones
+  ctx.chunks.resize(chunks_.size());
   Tensor h = tokens;
   for (size_t c = 0; c < chunks_.size(); ++c) h = chunks_[c].forward(ctx.chunks[c], h, B, T);
   return loss(ctx, h, targets, compute_grad, loss_scale, defer_head_weight_grad);
@@ -141,7 +141,7 @@ void TransformerModel::backward_weight(ModelCtx& ctx) {
 
 std::vector<nn::KVCache> TransformerModel::new_kv_caches(int64_t B, int64_t max_len) const {
   std::vector<nn::KVCache> caches;
-  for (const auto& l : layers_) caches.push_back(l->attention.new_cache(B, max_len));
+  for (const auto& l : layers_) caches.push_back(l->attention->new_cache(B, max_len));
   return caches;
 }
 

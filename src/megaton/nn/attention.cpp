@@ -36,7 +36,8 @@ void SelfAttention::rotate(Tensor& buf, int64_t B, int64_t T, int64_t pos_offset
 
 kernels::HeadStrides SelfAttention::fused_strides() const { return {shape_.qkv_size(), shape_.group_size()}; }
 
-Tensor SelfAttention::forward(AttentionCtx& ctx, const Tensor& x, int64_t B, int64_t T) {
+Tensor SelfAttention::forward(SublayerCtx& c, const Tensor& x, int64_t B, int64_t T) {
+  auto& ctx = ctx_as<AttentionCtx>(c);
   // RoPE and attention compute in f32 (fp32 softmax statistics, as TransformerEngine's bf16
   // attention): a bf16 qkv is converted, and the output converted back for the projection.
   const Tensor qkv_x = qkv.forward(ctx.qkv_ctx, x);
@@ -58,7 +59,8 @@ Tensor SelfAttention::rotated_f32(const Tensor& qkv_x, int64_t B, int64_t T) con
   return q32;
 }
 
-Tensor SelfAttention::backward_input(AttentionCtx& ctx, const Tensor& dy, int64_t B, int64_t T) {
+Tensor SelfAttention::backward_input(SublayerCtx& c, const Tensor& dy, int64_t B, int64_t T) {
+  auto& ctx = ctx_as<AttentionCtx>(c);
   const Tensor dout = as_dtype(proj.backward_input(ctx.proj_ctx, dy), DType::F32);
   Tensor dqkv = new_activation({B * T, shape_.qkv_size()}, qkv.weight.name + ".dqkv");
   const int64_t ko = shape_.k_offset(), vo = shape_.v_offset();
@@ -76,7 +78,8 @@ Tensor SelfAttention::backward_input(AttentionCtx& ctx, const Tensor& dy, int64_
   return qkv.backward_input(ctx.qkv_ctx, as_dtype(dqkv, dy.dtype()));
 }
 
-void SelfAttention::backward_weight(AttentionCtx& ctx) {
+void SelfAttention::backward_weight(SublayerCtx& c) {
+  auto& ctx = ctx_as<AttentionCtx>(c);
   proj.backward_weight(ctx.proj_ctx);
   qkv.backward_weight(ctx.qkv_ctx);
 }
@@ -115,5 +118,7 @@ void SelfAttention::parameters(ParameterList& out) {
   qkv.parameters(out);
   proj.parameters(out);
 }
+
+void SelfAttention::gemm_weights(ParameterList& out) { out.insert(out.end(), {&qkv.weight, &proj.weight}); }
 
 }  // namespace megaton::nn

@@ -6,6 +6,7 @@
 #pragma once
 #include "megaton/kernels/rope.h"
 #include "megaton/nn/linear.h"
+#include "megaton/nn/sublayer.h"
 
 namespace megaton::nn {
 
@@ -29,7 +30,7 @@ struct AttentionShape {
   int64_t fused_row(int64_t r) const;
 };
 
-struct AttentionCtx {
+struct AttentionCtx : SublayerCtx {
   LinearCtx qkv_ctx;
   // In f32 the kernels' own buffers: qkv with q and k already rotated, and the attention output.
   // In bf16 the layer's bf16 tensors instead (qkv as the linear produced it, not yet rotated; the
@@ -40,22 +41,18 @@ struct AttentionCtx {
   LinearCtx proj_ctx;
 };
 
-// Keys and values of the tokens seen so far, for incremental decoding: [B, max_len, groups*head_dim].
-struct KVCache {
-  Tensor k, v;
-  int64_t len = 0;
-};
-
-class SelfAttention {
+// The "self_attention" kind of block_spec.h.
+class SelfAttention final : public AttentionLayer {
  public:
   SelfAttention(const std::string& name, AttentionShape shape, bool bias, const RopeTables* rope);
-  Tensor forward(AttentionCtx& ctx, const Tensor& x, int64_t B, int64_t T);
-  Tensor backward_input(AttentionCtx& ctx, const Tensor& dy, int64_t B, int64_t T);
-  void backward_weight(AttentionCtx& ctx);
-  // Inference: x holds T new tokens per sequence at positions cache.len ...; appends to the cache.
-  Tensor forward_cached(KVCache& cache, const Tensor& x, int64_t B, int64_t T);
-  KVCache new_cache(int64_t B, int64_t max_len) const;
-  void parameters(ParameterList& out);
+  std::unique_ptr<SublayerCtx> new_ctx() const override { return std::make_unique<AttentionCtx>(); }
+  Tensor forward(SublayerCtx& ctx, const Tensor& x, int64_t B, int64_t T) override;
+  Tensor backward_input(SublayerCtx& ctx, const Tensor& dy, int64_t B, int64_t T) override;
+  void backward_weight(SublayerCtx& ctx) override;
+  Tensor forward_cached(KVCache& cache, const Tensor& x, int64_t B, int64_t T) override;
+  KVCache new_cache(int64_t B, int64_t max_len) const override;
+  void parameters(ParameterList& out) override;
+  void gemm_weights(ParameterList& out) override;
 
   Linear qkv;
   Linear proj;

@@ -4,13 +4,14 @@
 
 namespace megaton::nn {
 
-Mlp::Mlp(const std::string& name, int64_t hidden, int64_t ffn_hidden, bool swiglu, bool bias)
-    : fc1(name + ".linear_fc1", hidden, swiglu ? 2 * ffn_hidden : ffn_hidden, bias, LinearParallel::Column),
+Mlp::Mlp(const std::string& name, int64_t hidden, int64_t ffn_hidden, Activation activation, bool bias)
+    : fc1(name + ".linear_fc1", hidden, activation == Activation::SwiGLU ? 2 * ffn_hidden : ffn_hidden, bias, LinearParallel::Column),
       fc2(name + ".linear_fc2", ffn_hidden, hidden, bias, LinearParallel::Row),
       ffn_(ffn_hidden),
-      swiglu_(swiglu) {}
+      swiglu_(activation == Activation::SwiGLU) {}
 
-Tensor Mlp::forward(MlpCtx& ctx, const Tensor& x) {
+Tensor Mlp::forward(SublayerCtx& c, const Tensor& x, int64_t, int64_t) {
+  auto& ctx = ctx_as<MlpCtx>(c);
   ctx.h = fc1.forward(ctx.fc1_ctx, x);
   const int64_t N = rows_of(x);
   Tensor a = new_activation({N, ffn_}, fc1.weight.name + ".act", ctx.h.dtype());
@@ -21,7 +22,8 @@ Tensor Mlp::forward(MlpCtx& ctx, const Tensor& x) {
   return fc2.forward(ctx.fc2_ctx, a);
 }
 
-Tensor Mlp::backward_input(MlpCtx& ctx, const Tensor& dy) {
+Tensor Mlp::backward_input(SublayerCtx& c, const Tensor& dy, int64_t, int64_t) {
+  auto& ctx = ctx_as<MlpCtx>(c);
   Tensor da = fc2.backward_input(ctx.fc2_ctx, dy);
   Tensor dh = new_activation(ctx.h.shape(), fc1.weight.name + ".dact", da.dtype());
   if (swiglu_)
@@ -32,7 +34,8 @@ Tensor Mlp::backward_input(MlpCtx& ctx, const Tensor& dy) {
   return fc1.backward_input(ctx.fc1_ctx, dh);
 }
 
-void Mlp::backward_weight(MlpCtx& ctx) {
+void Mlp::backward_weight(SublayerCtx& c) {
+  auto& ctx = ctx_as<MlpCtx>(c);
   fc2.backward_weight(ctx.fc2_ctx);
   fc1.backward_weight(ctx.fc1_ctx);
 }
@@ -41,5 +44,7 @@ void Mlp::parameters(ParameterList& out) {
   fc1.parameters(out);
   fc2.parameters(out);
 }
+
+void Mlp::gemm_weights(ParameterList& out) { out.insert(out.end(), {&fc1.weight, &fc2.weight}); }
 
 }  // namespace megaton::nn

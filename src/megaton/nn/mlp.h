@@ -1,23 +1,29 @@
-// Feed-forward block: linear_fc1 -> GeLU or SwiGLU -> linear_fc2. For SwiGLU, fc1 produces
-// [gate | up] (2 x ffn_hidden outputs) in one GEMM, as Megatron's gated linear units do.
+// Feed-forward block, the "dense" MLP kind of block_spec.h: linear_fc1 -> GeLU or SwiGLU ->
+// linear_fc2. For SwiGLU, fc1 produces [gate | up] (2 x ffn_hidden outputs) in one GEMM, as
+// Megatron's gated linear units do.
 #pragma once
+#include "megaton/nn/layer_kinds.h"
 #include "megaton/nn/linear.h"
+#include "megaton/nn/sublayer.h"
 
 namespace megaton::nn {
 
-struct MlpCtx {
+struct MlpCtx : SublayerCtx {
   LinearCtx fc1_ctx;
   Tensor h;  // fc1 output (activation input)
   LinearCtx fc2_ctx;
 };
 
-class Mlp {
+class Mlp final : public MlpLayer {
  public:
-  Mlp(const std::string& name, int64_t hidden, int64_t ffn_hidden, bool swiglu, bool bias);
-  Tensor forward(MlpCtx& ctx, const Tensor& x);
-  Tensor backward_input(MlpCtx& ctx, const Tensor& dy);
-  void backward_weight(MlpCtx& ctx);
-  void parameters(ParameterList& out);
+  Mlp(const std::string& name, int64_t hidden, int64_t ffn_hidden, Activation activation, bool bias);
+  std::unique_ptr<SublayerCtx> new_ctx() const override { return std::make_unique<MlpCtx>(); }
+  // Rows are independent tokens: B and T are not used.
+  Tensor forward(SublayerCtx& ctx, const Tensor& x, int64_t B, int64_t T) override;
+  Tensor backward_input(SublayerCtx& ctx, const Tensor& dy, int64_t B, int64_t T) override;
+  void backward_weight(SublayerCtx& ctx) override;
+  void parameters(ParameterList& out) override;
+  void gemm_weights(ParameterList& out) override;
 
   Linear fc1;
   Linear fc2;

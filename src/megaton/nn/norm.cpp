@@ -5,9 +5,9 @@
 
 namespace megaton::nn {
 
-Norm::Norm(const std::string& name, int64_t hidden, bool rms, double eps)
-    : weight(name + ".weight", {hidden}, false), hidden_(hidden), rms_(rms), eps_(eps) {
-  if (!rms) bias = Parameter(name + ".bias", {hidden}, false);
+Norm::Norm(const std::string& name, int64_t hidden, Normalization kind, double eps)
+    : weight(name + ".weight", {hidden}, false), hidden_(hidden), rms_(kind == Normalization::RMSNorm), eps_(eps) {
+  if (!rms_) bias = Parameter(name + ".bias", {hidden}, false);
 }
 
 Tensor Norm::forward(NormCtx& ctx, const Tensor& x) {

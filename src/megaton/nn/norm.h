@@ -1,5 +1,6 @@
 // LayerNorm or RMSNorm over the hidden dimension, chosen by the model config.
 #pragma once
+#include "megaton/nn/layer_kinds.h"
 #include "megaton/nn/parameter.h"
 
 namespace megaton::nn {
@@ -13,7 +14,7 @@ struct NormCtx {
 
 class Norm {
  public:
-  Norm(const std::string& name, int64_t hidden, bool rms, double eps);
+  Norm(const std::string& name, int64_t hidden, Normalization kind, double eps);
   Tensor forward(NormCtx& ctx, const Tensor& x);
   Tensor backward_input(NormCtx& ctx, const Tensor& dy);
   void backward_weight(NormCtx& ctx);

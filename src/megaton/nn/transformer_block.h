@@ -1,24 +1,17 @@
-// Pre-norm decoder block: x + attn(norm1(x)), then + mlp(norm2(.)).
+// Pre-norm decoder block: x + attention(norm1(x)), then + mlp(norm2(.)), with the attention and
+// MLP kinds and the norm named by a BlockSpec (block_spec.h).
 #pragma once
-#include "megaton/nn/attention.h"
+#include "megaton/nn/block_spec.h"
 #include "megaton/nn/mlp.h"
 #include "megaton/nn/norm.h"
 
 namespace megaton::nn {
 
-struct BlockSpec {
-  AttentionShape attn;
-  int64_t ffn_hidden;
-  bool rms_norm;
-  double norm_eps;
-  bool swiglu;
-  bool bias;
-};
-
+// One micro-batch's activations of one block; the sublayer contexts are created on the first
+// forward by the sublayers themselves (their type depends on the kind).
 struct BlockCtx {
   NormCtx norm1, norm2;
-  AttentionCtx attn;
-  MlpCtx mlp;
+  std::unique_ptr<SublayerCtx> attn, mlp;
 };
 
 class TransformerBlock {
@@ -29,11 +22,21 @@ class TransformerBlock {
   void backward_weight(BlockCtx& ctx);
   Tensor forward_cached(KVCache& cache, const Tensor& x, int64_t B, int64_t T);
   void parameters(ParameterList& out);
+  void gemm_weights(ParameterList& out);
 
+  // The sublayers as their concrete kind, for code that knows the layout of one kind (the HF
+  // import/export of GPT-2 and Llama); throws naming the layer and its kind when it is another.
+  SelfAttention& self_attention();
+  Mlp& dense_mlp();
+
+  const BlockSpec spec;
   Norm input_norm;
-  SelfAttention attention;
+  std::unique_ptr<AttentionLayer> attention;
   Norm pre_mlp_norm;
-  Mlp mlp;
+  std::unique_ptr<MlpLayer> mlp;
+
+ private:
+  std::string name_;
 };
 
 }  // namespace megaton::nn

@@ -79,6 +79,8 @@ const std::vector<Field>& fields() {
       model_field("model.ffn_hidden_size", &MC::ffn_hidden_size),
       model_field("model.vocab_size", &MC::vocab_size),
       model_field("model.max_position_embeddings", &MC::max_position_embeddings),
+      model_field("model.attention_type", &MC::attention_type),
+      model_field("model.mlp_type", &MC::mlp_type),
       model_enum("model.normalization", &MC::normalization, &models::normalization_from_name,
                  &models::normalization_name),
       model_enum("model.activation", &MC::activation, &models::activation_from_name, &models::activation_name),

@@ -32,7 +32,8 @@ void TrainingStage::forward(int64_t microbatch, int chunk) {
     mb.targets = Tensor::empty({mb.B, mb.T}, DType::I32, MemCategory::Activations, "targets");
     std::copy(batch.inputs.begin(), batch.inputs.end(), mb.output.data<int32_t>());
     std::copy(batch.targets.begin(), batch.targets.end(), mb.targets.data<int32_t>());
-    mb.ctx.chunks.assign(model_.chunks().size(), {});
+    mb.ctx.chunks.clear();  // contexts are move-only: start from fresh ones
+    mb.ctx.chunks.resize(model_.chunks().size());
     ++forwards_;
   }
   InFlight& mb = in_flight(microbatch, "F");

@@ -1,0 +1,60 @@
+// What a decoder block calls on its two sublayers, whatever their kind: the attention (today
+// SelfAttention for MHA / GQA; multi-latent attention next) and the MLP (today the dense Mlp; a
+// mixture of experts next). Each kind keeps its per-micro-batch activations in its own context type,
+// created by the sublayer itself, so a block stays the same when a kind is added.
+#pragma once
+#include <memory>
+#include <typeinfo>
+
+#include "megaton/core/error.h"
+#include "megaton/nn/parameter.h"
+
+namespace megaton::nn {
+
+// Base of every sublayer's per-micro-batch context (AttentionCtx, MlpCtx, ...).
+struct SublayerCtx {
+  virtual ~SublayerCtx() = default;
+};
+
+// The context a sublayer of kind C expects; throws if a context of another kind was passed (a
+// context from another block or a swapped attention/MLP context), which would otherwise be
+// read as the wrong layout.
+template <typename C>
+C& ctx_as(SublayerCtx& ctx) {
+  C* c = dynamic_cast<C*>(&ctx);
+  MEGATON_CHECK(c != nullptr, "sublayer context of the wrong kind (expected ", typeid(C).name(), ")");
+  return *c;
+}
+
+class Sublayer {
+ public:
+  virtual ~Sublayer() = default;
+  virtual std::unique_ptr<SublayerCtx> new_ctx() const = 0;
+  // x: [B*T, hidden] -> [B*T, hidden]. B and T are the micro-batch's batch and sequence sizes
+  // (attention needs them; an MLP treats the rows as independent tokens).
+  virtual Tensor forward(SublayerCtx& ctx, const Tensor& x, int64_t B, int64_t T) = 0;
+  // B: the input gradient; keeps in ctx what W needs.
+  virtual Tensor backward_input(SublayerCtx& ctx, const Tensor& dy, int64_t B, int64_t T) = 0;
+  // W: accumulates every weight gradient and frees the rest of ctx.
+  virtual void backward_weight(SublayerCtx& ctx) = 0;
+  virtual void parameters(ParameterList& out) = 0;
+  // The weights a GEMM reads (these get a compute copy under bf16 mixed precision).
+  virtual void gemm_weights(ParameterList& out) = 0;
+};
+
+// Keys and values of the tokens seen so far, for incremental decoding: [B, max_len, groups*head_dim].
+struct KVCache {
+  Tensor k, v;
+  int64_t len = 0;
+};
+
+class AttentionLayer : public Sublayer {
+ public:
+  virtual KVCache new_cache(int64_t B, int64_t max_len) const = 0;
+  // Inference: x holds T new tokens per sequence at positions cache.len ...; appends to the cache.
+  virtual Tensor forward_cached(KVCache& cache, const Tensor& x, int64_t B, int64_t T) = 0;
+};
+
+using MlpLayer = Sublayer;
+
+}  // namespace megaton::nn
