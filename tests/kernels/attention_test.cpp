@@ -1,3 +1,6 @@
+// Attention: the CPU templates (kernels::cpu, float and double) against a naive T x T attention
+// and finite differences, and the tensor API (kernels::attention_forward / attention_backward)
+// against the float template, bit for bit, with its checks.
 #include "megaton/kernels/attention.h"
 
 #include <gtest/gtest.h>
@@ -7,7 +10,12 @@
 #include <limits>
 #include <vector>
 
+#include "../support/temp_dir.h"
 #include "finite_diff.h"
+#include "megaton/kernels/cpu/attention.h"
+#ifdef MEGATON_WITH_CUDA
+#include "megaton/core/cuda/cuda_memory.h"
+#endif
 
 using namespace megaton;
 using namespace megaton::kernels;
@@ -17,7 +25,7 @@ namespace {
 // q, k and v of each token in one fused buffer in Megatron's per-query-group layout, as a fused QKV
 // projection produces them: per kv group a block of [Hq / Hkv q heads | k head | v head] (+ pad).
 // pad > 0 leaves unused columns after each group's heads, so the group stride is not implied by D.
-struct Shape {
+struct AttnShape {
   int64_t B, T, Hq, Hkv, D, pad = 0;
   int64_t q_per_group() const { return Hq / Hkv; }
   int64_t group_stride() const { return (q_per_group() + 2) * D + pad; }
@@ -47,7 +55,7 @@ struct Result {
 
 // Full T x T causal softmax attention and its backward, in double, one query row at a time.
 template <typename T>
-Result naive_attention(const std::vector<T>& qkv, const std::vector<T>& dout, const Shape& s) {
+Result naive_attention(const std::vector<T>& qkv, const std::vector<T>& dout, const AttnShape& s) {
   Result r{std::vector<double>(s.out_size()), std::vector<double>(s.lse_size()), std::vector<double>(qkv.size())};
   auto at = [&](int64_t b, int64_t t, int64_t offset) { return (b * s.T + t) * s.stride() + offset; };
   for (int64_t b = 0; b < s.B; ++b)
@@ -90,28 +98,29 @@ Result naive_attention(const std::vector<T>& qkv, const std::vector<T>& dout, co
 }
 
 template <typename T>
-void forward(std::vector<T>& out, std::vector<T>& lse, const std::vector<T>& qkv, const Shape& s) {
+void forward(std::vector<T>& out, std::vector<T>& lse, const std::vector<T>& qkv, const AttnShape& s) {
   const T* q = qkv.data();
-  attention_forward(out.data(), lse.data(), q, q + s.k_offset(), q + s.v_offset(), s.B, s.T, s.Hq, s.Hkv, s.D,
-                    s.fused(), s.fused(), s.scale());
+  cpu::attention_forward(out.data(), lse.data(), q, q + s.k_offset(), q + s.v_offset(), s.B, s.T, s.Hq, s.Hkv, s.D,
+                         s.fused(), s.fused(), s.scale());
 }
 
 // Kernel forward and backward; dqkv starts as NaN so that any element the backward should write but
 // does not shows up.
 template <typename T>
-Result run_kernel(const std::vector<T>& qkv, const std::vector<T>& dout, const Shape& s) {
+Result run_kernel(const std::vector<T>& qkv, const std::vector<T>& dout, const AttnShape& s) {
   std::vector<T> out(s.out_size()), lse(s.lse_size());
   std::vector<T> dqkv(qkv.size(), std::numeric_limits<T>::quiet_NaN());
   forward(out, lse, qkv, s);
   const T* q = qkv.data();
   T* dq = dqkv.data();
-  attention_backward(dq, dq + s.k_offset(), dq + s.v_offset(), dout.data(), out.data(), lse.data(), q, q + s.k_offset(),
-                     q + s.v_offset(), s.B, s.T, s.Hq, s.Hkv, s.D, s.fused(), s.fused(), s.scale());
+  cpu::attention_backward(dq, dq + s.k_offset(), dq + s.v_offset(), dout.data(), out.data(), lse.data(), q,
+                          q + s.k_offset(), q + s.v_offset(), s.B, s.T, s.Hq, s.Hkv, s.D, s.fused(), s.fused(),
+                          s.scale());
   return {convert<double>(out), convert<double>(lse), convert<double>(dqkv)};
 }
 
 // The padding columns of dqkv must be untouched (still NaN); zero them so the rest can be compared.
-void expect_pad_untouched_then_clear(std::vector<double>& dqkv, const Shape& s) {
+void expect_pad_untouched_then_clear(std::vector<double>& dqkv, const AttnShape& s) {
   for (size_t i = 0; i < dqkv.size(); ++i) {
     if (!s.is_pad(i)) continue;
     ASSERT_TRUE(std::isnan(dqkv[i])) << "padding element " << i << " was written";
@@ -122,7 +131,7 @@ void expect_pad_untouched_then_clear(std::vector<double>& dqkv, const Shape& s) 
 // Loss = sum(dout * out); the gradient w.r.t. the whole fused buffer, q, k and v at once. The ~10^4
 // tiny forwards run on one thread, where OpenMP fork/join cannot dominate on a busy machine (thread
 // independence is tested separately).
-void check_gradients(const Shape& s) {
+void check_gradients(const AttnShape& s) {
   auto qkv = fd::random_vector(s.qkv_size(), 1, -2.0, 2.0);
   auto dout = fd::random_vector(s.out_size(), 2);
   std::vector<double> out(s.out_size()), lse(s.lse_size());
@@ -136,7 +145,7 @@ void check_gradients(const Shape& s) {
   EXPECT_TRUE(fd::close(r.dqkv, numeric, 1e-7));
 }
 
-void check_against_naive(const Shape& s, double tol, bool single) {
+void check_against_naive(const AttnShape& s, double tol, bool single) {
   auto qkv = fd::random_vector(s.qkv_size(), 3, -2.0, 2.0);
   auto dout = fd::random_vector(s.out_size(), 4);
   Result want = naive_attention(qkv, dout, s);
@@ -148,7 +157,32 @@ void check_against_naive(const Shape& s, double tol, bool single) {
 }
 
 // T = 150 spans three 64-row tiles, the last one partial; pad checks that only head slots are written.
-const Shape kLongGqa{.B = 2, .T = 150, .Hq = 4, .Hkv = 2, .D = 64, .pad = 3};
+const AttnShape kLongGqa{.B = 2, .T = 150, .Hq = 4, .Hkv = 2, .D = 64, .pad = 3};
+
+Tensor tensor_of(const std::vector<float>& v, Shape shape, const std::string& name) {
+  Tensor t = Tensor::empty(std::move(shape), DType::F32, MemCategory::Other, name);
+  EXPECT_EQ(static_cast<size_t>(t.numel()), v.size());
+  std::copy(v.begin(), v.end(), t.data<float>());
+  return t;
+}
+
+std::vector<float> values(const Tensor& t) { return {t.data<float>(), t.data<float>() + t.numel()}; }
+
+Tensor zeros(Shape shape, const std::string& name, DType dtype = DType::F32) {
+  return Tensor::zeros(std::move(shape), dtype, MemCategory::Other, name);
+}
+
+// The tensor API's training calls on a fused QKV tensor of shape s, as nn/attention.cpp makes them.
+void forward_tensor(const ExecContext& ctx, const Tensor& out, const Tensor& lse, const Tensor& qkv,
+                    const AttnShape& s) {
+  attention_forward(ctx, out, lse, qkv, {qkv, s.k_offset()}, {qkv, s.v_offset()}, s.B, s.T, s.Hq, s.Hkv, s.D, s.fused(),
+                    s.fused(), s.scale());
+}
+void backward_tensor(const ExecContext& ctx, const Tensor& dqkv, const Tensor& dout, const Tensor& out,
+                     const Tensor& lse, const Tensor& qkv, const AttnShape& s) {
+  attention_backward(ctx, dqkv, {dqkv, s.k_offset()}, {dqkv, s.v_offset()}, dout, out, lse, qkv, {qkv, s.k_offset()},
+                     {qkv, s.v_offset()}, s.B, s.T, s.Hq, s.Hkv, s.D, s.fused(), s.fused(), s.scale());
+}
 
 }  // namespace
 
@@ -164,7 +198,7 @@ TEST(Attention, MatchesNaiveInFloat) { check_against_naive(kLongGqa, 5e-6, true)
 // queries gathered into their own contiguous [len, Hq, D] buffer and k/v read from the full fused
 // buffer at pos_offset.
 TEST(Attention, PosOffsetChunksMatchFullCausalForward) {
-  const Shape s = kLongGqa;
+  const AttnShape s = kLongGqa;
   auto qkv = fd::random_vector<float>(s.qkv_size(), 5, -2.0, 2.0);
   std::vector<float> full_out(s.out_size()), full_lse(s.lse_size());
   forward(full_out, full_lse, qkv, s);
@@ -178,8 +212,8 @@ TEST(Attention, PosOffsetChunksMatchFullCausalForward) {
         for (int64_t h = 0; h < s.Hq; ++h)
           std::copy_n(&qkv[(b * s.T + t0 + t) * s.stride() + s.q_at(h)], s.D, &q[((b * len + t) * s.Hq + h) * s.D]);
     const float* k = qkv.data() + s.k_offset();
-    attention_forward(chunk_out.data(), chunk_lse.data(), q.data(), k, qkv.data() + s.v_offset(), s.B, len, s.Hq, s.Hkv,
-                      s.D, {qw, s.q_per_group() * s.D}, s.fused(), s.scale(), t0, s.T * s.stride());
+    cpu::attention_forward(chunk_out.data(), chunk_lse.data(), q.data(), k, qkv.data() + s.v_offset(), s.B, len, s.Hq,
+                           s.Hkv, s.D, {qw, s.q_per_group() * s.D}, s.fused(), s.scale(), t0, s.T * s.stride());
     for (int64_t b = 0; b < s.B; ++b) {
       std::copy_n(&chunk_out[b * len * qw], len * qw, &out[(b * s.T + t0) * qw]);
       for (int64_t h = 0; h < s.Hq; ++h)
@@ -206,4 +240,139 @@ TEST(Attention, BitwiseIdenticalForOneAndTwoThreads) {
   EXPECT_TRUE(fd::same_bits(one.lse, two.lse));
   // NaN padding compares bitwise equal too (same payload), so the whole buffer can be compared.
   EXPECT_TRUE(fd::same_bits(one.dqkv, two.dqkv));
+}
+
+// The tensor API computes exactly what the float template computes: forward and backward in a fused
+// QKV tensor with padding (dqkv starts as NaN, so the padding must stay NaN in both), and the KV
+// cache's forward: q in its own tensor, k / v in caches with room for more tokens, at pos_offset.
+TEST(Attention, TensorApiEqualsTheFloatTemplate) {
+  const ExecContext cpu_ctx;
+  const AttnShape s = kLongGqa;
+  const auto qkv = fd::random_vector<float>(s.qkv_size(), 8, -2.0, 2.0);
+  const auto dout = fd::random_vector<float>(s.out_size(), 9);
+  std::vector<float> out_ref(s.out_size()), lse_ref(s.lse_size());
+  std::vector<float> dqkv_ref(qkv.size(), std::numeric_limits<float>::quiet_NaN());
+  forward(out_ref, lse_ref, qkv, s);
+  float* dq = dqkv_ref.data();
+  const float* q = qkv.data();
+  cpu::attention_backward(dq, dq + s.k_offset(), dq + s.v_offset(), dout.data(), out_ref.data(), lse_ref.data(), q,
+                          q + s.k_offset(), q + s.v_offset(), s.B, s.T, s.Hq, s.Hkv, s.D, s.fused(), s.fused(),
+                          s.scale());
+
+  const Tensor QKV = tensor_of(qkv, {s.B * s.T, s.stride()}, "qkv"),
+               DOUT = tensor_of(dout, {s.B * s.T, s.Hq * s.D}, "dout");
+  Tensor OUT = zeros({s.B * s.T, s.Hq * s.D}, "out"), LSE = zeros({s.B, s.Hq, s.T}, "lse");
+  Tensor DQKV = tensor_of(std::vector<float>(qkv.size(), std::numeric_limits<float>::quiet_NaN()),
+                          {s.B * s.T, s.stride()}, "dqkv");
+  forward_tensor(cpu_ctx, OUT, LSE, QKV, s);
+  backward_tensor(cpu_ctx, DQKV, DOUT, OUT, LSE, QKV, s);
+  EXPECT_TRUE(fd::same_bits(values(OUT), out_ref));
+  EXPECT_TRUE(fd::same_bits(values(LSE), lse_ref));
+  EXPECT_TRUE(fd::same_bits(values(DQKV), dqkv_ref));
+
+  // Decoding: 5 new tokens at position 40 of a cache of 64.
+  const int64_t len = 5, pos = 40, cap = 64, qw = s.Hq * s.D, kw = s.Hkv * s.D;
+  const auto qn = fd::random_vector<float>(s.B * len * qw, 10, -2.0, 2.0);
+  const auto kc = fd::random_vector<float>(s.B * cap * kw, 11, -2.0, 2.0);
+  const auto vc = fd::random_vector<float>(s.B * cap * kw, 12, -2.0, 2.0);
+  const HeadStrides q_at{qw, s.q_per_group() * s.D}, kv_at{kw, s.D};
+  std::vector<float> cout_ref(s.B * len * qw), clse_ref(s.B * s.Hq * len);
+  cpu::attention_forward(cout_ref.data(), clse_ref.data(), qn.data(), kc.data(), vc.data(), s.B, len, s.Hq, s.Hkv, s.D,
+                         q_at, kv_at, s.scale(), pos, cap * kw);
+  Tensor COUT = zeros({s.B * len, qw}, "out"), CLSE = zeros({s.B, s.Hq, len}, "lse");
+  attention_forward(cpu_ctx, COUT, CLSE, tensor_of(qn, {s.B * len, qw}, "q"), tensor_of(kc, {s.B, cap, kw}, "k_cache"),
+                    tensor_of(vc, {s.B, cap, kw}, "v_cache"), s.B, len, s.Hq, s.Hkv, s.D, q_at, kv_at, s.scale(), pos,
+                    cap * kw);
+  EXPECT_TRUE(fd::same_bits(values(COUT), cout_ref));
+  EXPECT_TRUE(fd::same_bits(values(CLSE), clse_ref));
+}
+
+// Errors name the op and the tensor: a dtype mismatch, a dtype the cpu lacks, a tensor on another
+// device, a fused tensor one element short (without padding the last v head ends the buffer, so
+// exactly B*T*stride elements fit), a KV cache too short for pos_offset + T or for its batch
+// stride, out / lse of the wrong shape, Hq not a multiple of Hkv, an overflowing stride, an
+// undefined tensor; the same for the backward's gradients.
+TEST(Attention, TensorApiRejectsBadTensors) {
+  const ExecContext cpu_ctx, gpu{Device::cuda(0), nullptr};
+  const AttnShape s{.B = 2, .T = 5, .Hq = 4, .Hkv = 2, .D = 8};
+  const int64_t N = s.B * s.T, qw = s.Hq * s.D, kw = s.Hkv * s.D, n = static_cast<int64_t>(s.qkv_size());
+  const Tensor qkv = zeros({N, s.stride()}, "qkv"), out = zeros({N, qw}, "out"), lse = zeros({s.B, s.Hq, s.T}, "lse");
+  const Tensor dqkv = zeros({N, s.stride()}, "dqkv"), dout = zeros({N, qw}, "dout");
+  EXPECT_NO_THROW(forward_tensor(cpu_ctx, out, lse, qkv, s));
+  EXPECT_NO_THROW(backward_tensor(cpu_ctx, dqkv, dout, out, lse, qkv, s));
+  EXPECT_NO_THROW(forward_tensor(cpu_ctx, out, lse, zeros({n}, "exact_qkv"), s));
+
+  const char* fwd = "kernel attention_forward";
+  EXPECT_ERROR_CONTAINS(forward_tensor(cpu_ctx, out, zeros({s.B, s.Hq, s.T}, "lse64", DType::F64), qkv, s), fwd,
+                        "'lse64' holds f64, expected f32");
+  EXPECT_ERROR_CONTAINS(
+      forward_tensor(cpu_ctx, zeros({N, qw}, "out_bf16", DType::BF16), zeros({s.B, s.Hq, s.T}, "lse_bf16", DType::BF16),
+                     zeros({N, s.stride()}, "qkv_bf16", DType::BF16), s),
+      "kernel attention_forward on cpu does not support dtype bf16");
+  EXPECT_ERROR_CONTAINS(forward_tensor(gpu, out, lse, qkv, s), fwd, "tensor 'out' is on cpu, the call runs on cuda:0");
+  EXPECT_ERROR_CONTAINS(forward_tensor(cpu_ctx, out, lse, zeros({n - 1}, "short_qkv"), s), fwd,
+                        "tensor 'short_qkv' has " + std::to_string(n - 1) + " elements", "need " + std::to_string(n));
+  EXPECT_ERROR_CONTAINS(forward_tensor(cpu_ctx, zeros({N, qw + 1}, "wide_out"), lse, qkv, s), fwd,
+                        "'wide_out' has shape");
+  EXPECT_ERROR_CONTAINS(forward_tensor(cpu_ctx, out, zeros({s.B, s.Hq, s.T - 1}, "short_lse"), qkv, s), fwd,
+                        "'short_lse' has shape");
+  AttnShape odd = s;
+  odd.Hq = 3;
+  EXPECT_ERROR_CONTAINS(forward_tensor(cpu_ctx, zeros({N, 3 * s.D}, "out3"), zeros({s.B, 3, s.T}, "lse3"), qkv, odd),
+                        fwd, "Hq must be a positive multiple of Hkv");
+  EXPECT_ERROR_CONTAINS(
+      attention_forward(cpu_ctx, out, lse, qkv, {qkv, s.k_offset()}, {qkv, s.v_offset()}, s.B, s.T, s.Hq, s.Hkv, s.D,
+                        {std::numeric_limits<int64_t>::max() / 4, s.group_stride()}, s.fused(), s.scale()),
+      fwd, "strides given for tensor 'qkv' overflow int64");
+  EXPECT_ERROR_CONTAINS(forward_tensor(cpu_ctx, out, lse, Tensor(), s), fwd, "undefined");
+
+  // The KV cache path: q [N, qw], caches [B, cap, kw]; 3 tokens at position 5 need 8 rows per batch row.
+  const int64_t cap = 8, len = 3, pos = cap - len;
+  const Tensor q = zeros({s.B * len, qw}, "q"), k = zeros({s.B, cap, kw}, "k_cache"),
+               v = zeros({s.B, cap, kw}, "v_cache");
+  const Tensor cout = zeros({s.B * len, qw}, "out"), clse = zeros({s.B, s.Hq, len}, "lse");
+  const HeadStrides q_at{qw, s.q_per_group() * s.D}, kv_at{kw, s.D};
+  const auto cached = [&](const Tensor& kc, int64_t p, int64_t batch_stride) {
+    attention_forward(cpu_ctx, cout, clse, q, kc, v, s.B, len, s.Hq, s.Hkv, s.D, q_at, kv_at, s.scale(), p,
+                      batch_stride);
+  };
+  EXPECT_NO_THROW(cached(k, pos, cap * kw));
+  EXPECT_ERROR_CONTAINS(cached(k, pos + 1, cap * kw), fwd, "'k_cache' has");
+  EXPECT_ERROR_CONTAINS(cached(k, pos, (cap + 1) * kw), fwd, "'k_cache' has");
+  EXPECT_ERROR_CONTAINS(cached(zeros({s.B, cap - 1, kw}, "short_k_cache"), pos - 1, cap * kw), fwd,
+                        "'short_k_cache' has");
+  EXPECT_ERROR_CONTAINS(cached(k, -1, cap * kw), fwd, "invalid sizes");
+
+  const char* bwd = "kernel attention_backward";
+  EXPECT_ERROR_CONTAINS(backward_tensor(cpu_ctx, zeros({N, s.stride()}, "dqkv64", DType::F64), dout, out, lse, qkv, s),
+                        bwd, "'dqkv64' holds f64, expected f32");
+  EXPECT_ERROR_CONTAINS(backward_tensor(cpu_ctx, zeros({n - 1}, "short_dqkv"), dout, out, lse, qkv, s), bwd,
+                        "tensor 'short_dqkv' has");
+  EXPECT_ERROR_CONTAINS(backward_tensor(cpu_ctx, dqkv, dout, out, lse, zeros({n - 1}, "short_qkv"), s), bwd,
+                        "tensor 'short_qkv' has");
+  EXPECT_ERROR_CONTAINS(backward_tensor(cpu_ctx, dqkv, zeros({N, qw - 1}, "narrow_dout"), out, lse, qkv, s), bwd,
+                        "'narrow_dout' has shape");
+  EXPECT_ERROR_CONTAINS(backward_tensor(gpu, dqkv, dout, out, lse, qkv, s), bwd, "tensor 'dqkv' is on cpu");
+}
+
+// On a CUDA device the tensor API has no backend yet: its error names the op.
+TEST(Attention, TensorApiOnCudaHasNoBackendYet) {
+#ifdef MEGATON_WITH_CUDA
+  if (megaton::cuda::device_count() == 0) GTEST_SKIP() << "skipped: no CUDA device";
+  const ExecContext gpu{Device::cuda(0), nullptr};
+  const AttnShape s{.B = 1, .T = 3, .Hq = 2, .Hkv = 1, .D = 8};
+  const auto on_gpu = [](Shape shape, const std::string& name) {
+    Tensor t = zeros(std::move(shape), name).to(Device::cuda(0));
+    t.set_name(name);
+    return t;
+  };
+  const Tensor qkv = on_gpu({s.T, s.stride()}, "qkv"), out = on_gpu({s.T, s.Hq * s.D}, "out");
+  const Tensor lse = on_gpu({1, s.Hq, s.T}, "lse");
+  EXPECT_ERROR_CONTAINS(forward_tensor(gpu, out, lse, qkv, s),
+                        "kernel attention_forward has no implementation for cuda:0");
+  EXPECT_ERROR_CONTAINS(backward_tensor(gpu, on_gpu({s.T, s.stride()}, "dqkv"), out, out, lse, qkv, s),
+                        "kernel attention_backward has no implementation for cuda:0");
+#else
+  GTEST_SKIP() << "skipped: built without CUDA";
+#endif
 }

@@ -1,13 +1,22 @@
+// RoPE: the CPU templates (kernels::cpu, float and double) against an explicit complex rotation and
+// finite differences, and the tensor API (kernels::rope_tables / rope_apply) against the float
+// template, bit for bit, with its checks.
 #include "megaton/kernels/rope.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <complex>
+#include <limits>
 #include <numbers>
 #include <vector>
 
+#include "../support/temp_dir.h"
 #include "finite_diff.h"
+#include "megaton/kernels/cpu/rope.h"
+#ifdef MEGATON_WITH_CUDA
+#include "megaton/core/cuda/cuda_memory.h"
+#endif
 
 using namespace megaton;
 using namespace megaton::kernels;
@@ -44,7 +53,7 @@ struct Tables {
 
 Tables make_tables(const std::vector<double>& inv_freq) {
   Tables tab{std::vector<double>((kOffset + kT) * kD / 2), std::vector<double>((kOffset + kT) * kD / 2)};
-  rope_tables(tab.cos.data(), tab.sin.data(), kOffset + kT, kD, inv_freq);
+  cpu::rope_tables(tab.cos.data(), tab.sin.data(), kOffset + kT, kD, inv_freq);
   return tab;
 }
 
@@ -53,7 +62,26 @@ Tables make_tables(const std::vector<double>& inv_freq) {
 template <typename T>
 void apply_qk(std::vector<T>& qkv, const T* cos, const T* sin, RopeLayout layout, bool inverse) {
   const int64_t B = static_cast<int64_t>(qkv.size()) / (kT * kStride);
-  rope_apply(qkv.data(), cos, sin, B, kT, kHkv, kH / kHkv + 1, kD, {kStride, kGroup}, kOffset, layout, inverse);
+  cpu::rope_apply(qkv.data(), cos, sin, B, kT, kHkv, kH / kHkv + 1, kD, {kStride, kGroup}, kOffset, layout, inverse);
+}
+
+// The tensor API's call on the fused QKV tensor of the tests above.
+void apply_tensor(const ExecContext& ctx, const Tensor& x, const Tensor& cos, const Tensor& sin, RopeLayout layout,
+                  bool inverse, int64_t pos_offset = kOffset, HeadStrides at = {kStride, kGroup}) {
+  rope_apply(ctx, x, cos, sin, kB, kT, kHkv, kH / kHkv + 1, kD, at, pos_offset, layout, inverse);
+}
+
+Tensor tensor_of(const std::vector<float>& v, Shape shape, const std::string& name) {
+  Tensor t = Tensor::empty(std::move(shape), DType::F32, MemCategory::Other, name);
+  EXPECT_EQ(static_cast<size_t>(t.numel()), v.size());
+  std::copy(v.begin(), v.end(), t.data<float>());
+  return t;
+}
+
+std::vector<float> values(const Tensor& t) { return {t.data<float>(), t.data<float>() + t.numel()}; }
+
+Tensor zeros(Shape shape, const std::string& name, DType dtype = DType::F32) {
+  return Tensor::zeros(std::move(shape), dtype, MemCategory::Other, name);
 }
 
 }  // namespace
@@ -149,4 +177,91 @@ TEST(Rope, InverseIsGradientByFiniteDifferences) {
     apply_qk(dx, tab.cos.data(), tab.sin.data(), layout, /*inverse=*/true);
     EXPECT_TRUE(fd::close(dx, fd::numeric_gradient(x, loss), 1e-8));
   }
+}
+
+// The tensor API computes exactly what the float template computes: the tables (with more rows than
+// a call uses), then both layouts forward and inverse at a position offset, in a fused QKV tensor.
+TEST(Rope, TensorApiEqualsTheFloatTemplate) {
+  const ExecContext cpu_ctx;
+  const auto inv = rope_inv_freq(kD, 500000.0, RopeScaling{8.0, 1.0, 4.0, 64.0});
+  const int64_t P = kOffset + kT + 3;
+  std::vector<float> cos_ref(P * kD / 2), sin_ref(P * kD / 2);
+  cpu::rope_tables(cos_ref.data(), sin_ref.data(), P, kD, inv);
+  Tensor cos = zeros({P, kD / 2}, "cos"), sin = zeros({P, kD / 2}, "sin");
+  rope_tables(cpu_ctx, cos, sin, inv);
+  EXPECT_TRUE(fd::same_bits(values(cos), cos_ref));
+  EXPECT_TRUE(fd::same_bits(values(sin), sin_ref));
+
+  const auto input = fd::random_vector<float>(kB * kT * kStride, 4);
+  for (RopeLayout layout : {RopeLayout::Half, RopeLayout::Interleaved})
+    for (bool inverse : {false, true}) {
+      std::vector<float> want = input;
+      apply_qk(want, cos_ref.data(), sin_ref.data(), layout, inverse);
+      Tensor x = tensor_of(input, {kB * kT, kStride}, "qkv");
+      apply_tensor(cpu_ctx, x, cos, sin, layout, inverse);
+      EXPECT_TRUE(fd::same_bits(values(x), want)) << "layout " << int(layout) << ", inverse " << inverse;
+    }
+}
+
+// Errors name the op and the tensor: a dtype mismatch, a dtype the cpu lacks, a tensor on another
+// device, too few elements for the shape and strides (the last rotated k head ends D elements
+// before the last row does, so that many elements are exactly enough), tables too short or of
+// another width, a stride whose extent overflows int64, an undefined tensor.
+TEST(Rope, TensorApiRejectsBadTensors) {
+  const ExecContext cpu_ctx, gpu{Device::cuda(0), nullptr};
+  const auto inv = rope_inv_freq(kD, 10000.0, RopeScaling{});
+  const int64_t P = kOffset + kT, half = kD / 2;
+  Tensor cos = zeros({P, half}, "cos"), sin = zeros({P, half}, "sin"), x = zeros({kB * kT, kStride}, "qkv");
+  EXPECT_NO_THROW(rope_tables(cpu_ctx, cos, sin, inv));
+  EXPECT_NO_THROW(apply_tensor(cpu_ctx, x, cos, sin, RopeLayout::Half, false));
+  const Tensor fits = zeros({kB * kT * kStride - kD}, "fits");
+  EXPECT_NO_THROW(apply_tensor(cpu_ctx, fits, cos, sin, RopeLayout::Interleaved, true));
+
+  EXPECT_ERROR_CONTAINS(
+      apply_tensor(cpu_ctx, zeros({kB * kT, kStride}, "qkv64", DType::F64), cos, sin, RopeLayout::Half, false),
+      "kernel rope_apply", "'cos' holds f32, expected f64");
+  EXPECT_ERROR_CONTAINS(apply_tensor(cpu_ctx, zeros({kB * kT, kStride}, "qkv_bf16", DType::BF16),
+                                     zeros({P, half}, "cos_bf16", DType::BF16),
+                                     zeros({P, half}, "sin_bf16", DType::BF16), RopeLayout::Half, false),
+                        "kernel rope_apply on cpu does not support dtype bf16");
+  EXPECT_ERROR_CONTAINS(apply_tensor(gpu, x, cos, sin, RopeLayout::Half, false),
+                        "kernel rope_apply: tensor 'qkv' is on cpu, the call runs on cuda:0");
+  EXPECT_ERROR_CONTAINS(
+      apply_tensor(cpu_ctx, zeros({kB * kT * kStride - kD - 1}, "short_qkv"), cos, sin, RopeLayout::Half, false),
+      "kernel rope_apply: tensor 'short_qkv' has", "need " + std::to_string(kB * kT * kStride - kD));
+  EXPECT_ERROR_CONTAINS(apply_tensor(cpu_ctx, x, cos, sin, RopeLayout::Half, false, kOffset + 1), "kernel rope_apply",
+                        "rows of table 'cos', it has " + std::to_string(P));
+  EXPECT_ERROR_CONTAINS(apply_tensor(cpu_ctx, x, cos, zeros({P - 1, half}, "short_sin"), RopeLayout::Half, false),
+                        "kernel rope_apply", "'short_sin' has shape");
+  EXPECT_ERROR_CONTAINS(apply_tensor(cpu_ctx, x, cos, sin, RopeLayout::Half, false, kOffset,
+                                     {std::numeric_limits<int64_t>::max() / 8, kGroup}),
+                        "kernel rope_apply", "strides given for tensor 'qkv' overflow int64");
+  EXPECT_ERROR_CONTAINS(apply_tensor(cpu_ctx, Tensor(), cos, sin, RopeLayout::Half, false), "kernel rope_apply",
+                        "undefined");
+
+  EXPECT_ERROR_CONTAINS(rope_tables(cpu_ctx, cos, zeros({P, half}, "sin64", DType::F64), inv), "kernel rope_tables",
+                        "'sin64' holds f64, expected f32");
+  EXPECT_ERROR_CONTAINS(rope_tables(cpu_ctx, zeros({P, half + 1}, "wide_cos"), sin, inv), "kernel rope_tables",
+                        "'wide_cos' has shape [" + std::to_string(P) + ", " + std::to_string(half + 1) + "]");
+  EXPECT_ERROR_CONTAINS(rope_tables(gpu, cos, sin, inv), "kernel rope_tables: tensor 'cos' is on cpu");
+}
+
+// On a CUDA device the tensor API has no backend yet: its error names the op.
+TEST(Rope, TensorApiOnCudaHasNoBackendYet) {
+#ifdef MEGATON_WITH_CUDA
+  if (megaton::cuda::device_count() == 0) GTEST_SKIP() << "skipped: no CUDA device";
+  const ExecContext gpu{Device::cuda(0), nullptr};
+  const auto on_gpu = [](Shape shape, const std::string& name) {
+    Tensor t = zeros(std::move(shape), name).to(Device::cuda(0));
+    t.set_name(name);
+    return t;
+  };
+  const Tensor cos = on_gpu({kOffset + kT, kD / 2}, "cos"), sin = on_gpu({kOffset + kT, kD / 2}, "sin");
+  EXPECT_ERROR_CONTAINS(rope_tables(gpu, cos, sin, rope_inv_freq(kD, 10000.0, RopeScaling{})),
+                        "kernel rope_tables has no implementation for cuda:0");
+  EXPECT_ERROR_CONTAINS(apply_tensor(gpu, on_gpu({kB * kT, kStride}, "qkv"), cos, sin, RopeLayout::Half, false),
+                        "kernel rope_apply has no implementation for cuda:0");
+#else
+  GTEST_SKIP() << "skipped: built without CUDA";
+#endif
 }

@@ -1,30 +1,44 @@
-// Causal self-attention, MHA and GQA, computed flash-style: online softmax over key blocks, and
-// only the log-sum-exp per query row is kept for backward (no T x T matrix is ever stored).
+// Causal self-attention on tensors, MHA and GQA, flash-style (kernels::cpu, cpu/attention.h): only
+// the log-sum-exp per query row is kept for backward. q, k and v are read in place where they lie,
+// e.g. inside one fused QKV tensor, or q there and k / v in a KV cache: each is a tensor plus the
+// element at which its heads start, addressed by HeadStrides (head_strides.h). Dispatches to
+// kernels::cpu (f32 / f64; bf16 training computes attention on an f32 copy of its qkv, see
+// nn/attention.cpp); there is no CUDA kernel yet.
 #pragma once
 #include <cstdint>
 
+#include "megaton/kernels/exec_context.h"
 #include "megaton/kernels/head_strides.h"
 
 namespace megaton::kernels {
 
-// Layouts: query head h belongs to query group g = h / (Hq/Hkv) and attends with kv head g; q is
-// addressed by q_at (head h is head h % (Hq/Hkv) of its group), k and v by kv_at (one head per
-// group), so q/k/v may live inside one fused QKV buffer (see head_strides.h). out is contiguous
-// [B, Tlen, Hq, D]; lse is [B, Hq, Tlen].
-// pos_offset: q token t sits at absolute position pos_offset + t and sees keys 0..pos_offset+t
-// (k/v then hold Tk = pos_offset + Tlen tokens per batch row; used by the KV cache). Training
-// passes 0. kv_batch_stride: elements between batch rows of k/v; -1 means Tk * kv_at.row (a KV
-// cache with room for more tokens passes its capacity * kv_at.row).
-template <typename T>
-void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, int64_t B, int64_t Tlen, int64_t Hq,
-                       int64_t Hkv, int64_t D, HeadStrides q_at, HeadStrides kv_at, double scale,
-                       int64_t pos_offset = 0, int64_t kv_batch_stride = -1);
+// A tensor and the element of it at which a set of heads starts: in a fused QKV tensor q, k and v
+// are {qkv, 0}, {qkv, k_offset} and {qkv, v_offset}; a tensor alone is {t, 0}. It refers to the
+// tensor (like copy.h's BlockAt): a parameter type, built in the call.
+struct TensorAt {
+  TensorAt(const Tensor& tensor, int64_t at = 0) : t(tensor), offset(at) {}  // implicit: a Tensor is {t, 0}
+  const Tensor& t;
+  int64_t offset;
+};
 
-// Gradients written at the same places as q/k/v (so they land in a fused dQKV buffer).
-// dk/dv sum over the query heads of each group. pos_offset is 0 (training only).
-template <typename T>
-void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const T* lse, const T* q, const T* k,
-                        const T* v, int64_t B, int64_t Tlen, int64_t Hq, int64_t Hkv, int64_t D, HeadStrides q_at,
-                        HeadStrides kv_at, double scale);
+// out [B*Tlen, Hq*D] (contiguous [B, Tlen, Hq, D]) and lse [B, Hq, Tlen] are written. Query head h
+// belongs to group g = h / (Hq/Hkv) and attends with kv head g. q (and dq) are addressed by q_at
+// (head h is head h % (Hq/Hkv) of its group; batch rows Tlen * q_at.row apart), k and v by kv_at
+// (one head per group). pos_offset: q token t sits at absolute position pos_offset + t and sees
+// keys 0..pos_offset+t, so k / v hold Tk = pos_offset + Tlen tokens per batch row (the KV cache;
+// training passes 0). kv_batch_stride: elements between the batch rows of k / v; -1 means
+// Tk * kv_at.row (a KV cache with room for more tokens passes capacity * kv_at.row).
+// Every tensor must hold the elements its layout reaches; all share one dtype.
+void attention_forward(const ExecContext& ctx, const Tensor& out, const Tensor& lse, TensorAt q, TensorAt k, TensorAt v,
+                       int64_t B, int64_t Tlen, int64_t Hq, int64_t Hkv, int64_t D, HeadStrides q_at, HeadStrides kv_at,
+                       double scale, int64_t pos_offset = 0, int64_t kv_batch_stride = -1);
+
+// dq, dk, dv are written in the layouts of q, k, v (dq by q_at, dk / dv by kv_at), so that they land
+// in a fused dQKV tensor; dk / dv sum over the query heads of each group. dout is laid out as out.
+// Training only: pos_offset 0, k / v batch rows Tlen * kv_at.row apart.
+void attention_backward(const ExecContext& ctx, TensorAt dq, TensorAt dk, TensorAt dv, const Tensor& dout,
+                        const Tensor& out, const Tensor& lse, TensorAt q, TensorAt k, TensorAt v, int64_t B,
+                        int64_t Tlen, int64_t Hq, int64_t Hkv, int64_t D, HeadStrides q_at, HeadStrides kv_at,
+                        double scale);
 
 }  // namespace megaton::kernels

@@ -23,6 +23,42 @@ void expect_matrix(std::string_view op, const Tensor& t, int64_t rows, int64_t c
          cols);
 }
 
+int64_t checked_mul(std::string_view op, int64_t a, int64_t b) {
+  int64_t r;
+  if (__builtin_mul_overflow(a, b, &r)) fail("kernel ", op, ": size ", a, " * ", b, " overflows int64");
+  return r;
+}
+
+int64_t checked_add(std::string_view op, int64_t a, int64_t b) {
+  int64_t r;
+  if (__builtin_add_overflow(a, b, &r)) fail("kernel ", op, ": size ", a, " + ", b, " overflows int64");
+  return r;
+}
+
+void expect_holds(std::string_view op, const Tensor& t, int64_t offset, std::initializer_list<Strided> levels,
+                  int64_t len) {
+  bool empty = len == 0;
+  for (const Strided& l : levels) {
+    if (l.count < 0 || l.stride < 0)
+      fail("kernel ", op, ": tensor '", t.name(), "' addressed with a negative count or stride (", l.count, ", ",
+           l.stride, ")");
+    empty = empty || l.count == 0;
+  }
+  if (offset < 0 || len < 0)
+    fail("kernel ", op, ": tensor '", t.name(), "' addressed with a negative offset or length (", offset, ", ", len,
+         ")");
+  if (empty) return;
+  int64_t end = 0, span = 0;  // one past the last element touched
+  bool overflow = __builtin_add_overflow(offset, len, &end);
+  for (const Strided& l : levels)
+    overflow =
+        overflow || __builtin_mul_overflow(l.count - 1, l.stride, &span) || __builtin_add_overflow(end, span, &end);
+  if (overflow) fail("kernel ", op, ": the shape and strides given for tensor '", t.name(), "' overflow int64");
+  if (end > t.numel())
+    fail("kernel ", op, ": tensor '", t.name(), "' has ", t.numel(), " elements (shape ", shape_str(t.shape()),
+         "), the shape and strides given need ", end);
+}
+
 void fail_no_backend(const ExecContext& ctx, std::string_view op) {
 #ifdef MEGATON_WITH_CUDA
   fail("kernel ", op, " has no implementation for ", ctx.device.str());

@@ -25,6 +25,21 @@ void expect_dtype(DType dtype, std::string_view op, std::initializer_list<const 
 // Throws naming the op and the tensor unless t has numel() == rows * cols (any leading shape).
 void expect_matrix(std::string_view op, const Tensor& t, int64_t rows, int64_t cols);
 
+// Size arithmetic that throws naming the op when a * b or a + b does not fit in int64.
+int64_t checked_mul(std::string_view op, int64_t a, int64_t b);
+int64_t checked_add(std::string_view op, int64_t a, int64_t b);
+
+// One level of a strided access: `count` items, `stride` elements apart.
+struct Strided {
+  int64_t count, stride;
+};
+// Throws naming the op and the tensor unless t holds every element of a strided access: `len`
+// contiguous elements at offset + sum_i k_i * levels[i].stride for every 0 <= k_i < levels[i].count
+// (no element when a count or len is 0). Negative arguments are errors; the extent is computed
+// with overflow checks, so huge strides fail here instead of wrapping around.
+void expect_holds(std::string_view op, const Tensor& t, int64_t offset, std::initializer_list<Strided> levels,
+                  int64_t len);
+
 // The data of an optional tensor (a bias, a position table): null when it is undefined.
 template <typename T>
 T* data_or_null(const Tensor& t) {

@@ -1,8 +1,12 @@
-// Rotary position embedding (RoPE), applied in place to the q and k heads of a fused QKV buffer.
+// Rotary position embedding (RoPE) on tensors, applied in place to the q and k heads of a fused QKV
+// tensor, and the plain helpers that set it up (layouts, inverse frequencies with Llama-3 scaling).
+// Dispatches to kernels::cpu (f32 / f64; bf16 training rotates an f32 copy of its qkv, see
+// nn/attention.cpp); there is no CUDA kernel yet.
 #pragma once
 #include <cstdint>
 #include <vector>
 
+#include "megaton/kernels/exec_context.h"
 #include "megaton/kernels/head_strides.h"
 
 namespace megaton::kernels {
@@ -23,17 +27,18 @@ struct RopeScaling {
 // inv_freq[i] = theta^(-2i/D), i < D/2, with the optional Llama-3 scaling applied.
 std::vector<double> rope_inv_freq(int64_t D, double theta, const RopeScaling& scaling);
 
-// cos/sin tables [Tlen, D/2] for positions 0..Tlen-1: angle = pos * inv_freq[i].
-template <typename T>
-void rope_tables(T* cos, T* sin, int64_t Tlen, int64_t D, const std::vector<double>& inv_freq);
+// Fills the cos / sin tables [P, D/2] (D = 2 * inv_freq.size()) for positions 0..P-1:
+// angle = pos * inv_freq[i], evaluated in double.
+void rope_tables(const ExecContext& ctx, const Tensor& cos, const Tensor& sin, const std::vector<double>& inv_freq);
 
-// Rotate x in place: in every token, heads 0..H-1 of each of the `groups` groups, placed as `at`
-// says (head_strides.h). In Megatron's fused QKV row a group's q heads are followed by its k head,
-// so H = Hq / Hkv + 1 rotates q and k in one call and leaves v alone. Token t uses position
-// pos_offset + t, i.e. row (pos_offset + t) of the tables. inverse=true rotates by the negative
-// angle, which is exactly the backward pass (the rotation is orthogonal).
-template <typename T>
-void rope_apply(T* x, const T* cos, const T* sin, int64_t B, int64_t Tlen, int64_t groups, int64_t H, int64_t D,
-                HeadStrides at, int64_t pos_offset, RopeLayout layout, bool inverse);
+// Rotates x in place: in every token of a [B, Tlen] batch, heads 0..H-1 of each of the `groups`
+// groups, placed as `at` says (head_strides.h) from element 0 of x. For Megatron's fused QKV
+// tensor [B*Tlen, qkv_size]: at = {qkv_size, (Hq/Hkv + 2) * D}, groups = Hkv and H = Hq/Hkv + 1
+// rotate every q and k head and leave v alone. Token t uses position pos_offset + t, i.e. row
+// pos_offset + t of the tables cos / sin [P, D/2] (P >= pos_offset + Tlen). inverse = true rotates
+// by the negative angle: the backward pass.
+void rope_apply(const ExecContext& ctx, const Tensor& x, const Tensor& cos, const Tensor& sin, int64_t B, int64_t Tlen,
+                int64_t groups, int64_t H, int64_t D, HeadStrides at, int64_t pos_offset, RopeLayout layout,
+                bool inverse);
 
 }  // namespace megaton::kernels

@@ -40,7 +40,7 @@ TransformerModel::TransformerModel(const TransformerConfig& config, int64_t num_
     rope_.cos = Tensor::empty({P, D / 2}, DType::F32, MemCategory::Workspace, "rope.cos");
     rope_.sin = Tensor::empty({P, D / 2}, DType::F32, MemCategory::Workspace, "rope.sin");
     rope_.layout = config.rope_layout;
-    kernels::rope_tables(rope_.cos.data<float>(), rope_.sin.data<float>(), P, D,
+    kernels::rope_tables(kernels::ExecContext::on(rope_.cos), rope_.cos, rope_.sin,
                          kernels::rope_inv_freq(D, config.rotary_base, config.rope_scaling));
   }
   const nn::BlockSpec spec = block_spec(config);

@@ -29,7 +29,7 @@ void SelfAttention::rotate(Tensor& buf, int64_t B, int64_t T, int64_t pos_offset
     fail("attention '", qkv.weight.name, "': position ", pos_offset + T, " beyond the ", rope_->cos.size(0),
          " positions of the rotary tables (max_position_embeddings)");
   // A group's q heads and its k head are adjacent: one call rotates them all and skips v.
-  kernels::rope_apply(buf.data<float>(), rope_->cos.data<float>(), rope_->sin.data<float>(), B, T, shape_.groups,
+  kernels::rope_apply(kernels::ExecContext::on(buf), buf, rope_->cos, rope_->sin, B, T, shape_.groups,
                       shape_.heads / shape_.groups + 1, shape_.head_dim, fused_strides(), pos_offset, rope_->layout,
                       inverse);
 }
@@ -42,12 +42,11 @@ Tensor SelfAttention::forward(SublayerCtx& c, const Tensor& x, int64_t B, int64_
   // attention): a bf16 qkv is converted, and the output converted back for the projection.
   const Tensor qkv_x = qkv.forward(ctx.qkv_ctx, x);
   const Tensor q32 = rotated_f32(qkv_x, B, T);
-  const float* q = q32.data<float>();
   Tensor out32 = new_activation({B * T, shape_.q_size()}, qkv.weight.name + ".attn_out");
   ctx.lse = new_activation({B, shape_.heads, T}, qkv.weight.name + ".lse");
-  kernels::attention_forward(out32.data<float>(), ctx.lse.data<float>(), q, q + shape_.k_offset(),
-                             q + shape_.v_offset(), B, T, shape_.heads, shape_.groups, shape_.head_dim, fused_strides(),
-                             fused_strides(), scale_);
+  kernels::attention_forward(kernels::ExecContext::on(q32), out32, ctx.lse, q32, {q32, shape_.k_offset()},
+                             {q32, shape_.v_offset()}, B, T, shape_.heads, shape_.groups, shape_.head_dim,
+                             fused_strides(), fused_strides(), scale_);
   ctx.out = as_dtype(out32, x.dtype());
   ctx.qkv = x.dtype() == DType::F32 ? q32 : qkv_x;
   return proj.forward(ctx.proj_ctx, ctx.out);
@@ -66,10 +65,8 @@ Tensor SelfAttention::backward_input(SublayerCtx& c, const Tensor& dy, int64_t B
   const int64_t ko = shape_.k_offset(), vo = shape_.v_offset();
   const Tensor q32 = ctx.qkv.dtype() == DType::F32 ? ctx.qkv : rotated_f32(ctx.qkv, B, T);
   const Tensor out32 = as_dtype(ctx.out, DType::F32);
-  const float* q = q32.data<float>();
-  float* dq = dqkv.data<float>();
-  kernels::attention_backward(dq, dq + ko, dq + vo, dout.data<float>(), out32.data<float>(), ctx.lse.data<float>(), q,
-                              q + ko, q + vo, B, T, shape_.heads, shape_.groups, shape_.head_dim, fused_strides(),
+  kernels::attention_backward(kernels::ExecContext::on(q32), dqkv, {dqkv, ko}, {dqkv, vo}, dout, out32, ctx.lse, q32,
+                              {q32, ko}, {q32, vo}, B, T, shape_.heads, shape_.groups, shape_.head_dim, fused_strides(),
                               fused_strides(), scale_);
   rotate(dqkv, B, T, 0, true);  // the rotation is orthogonal: its backward is the inverse rotation
   ctx.qkv = {};
@@ -106,9 +103,8 @@ Tensor SelfAttention::forward_cached(KVCache& cache, const Tensor& x, int64_t B,
   kernels::copy_rows(on, {v_heads, cache.len * G, 0}, {groups, 0, shape_.v_offset()}, T * G, D);
   Tensor out = new_activation({B * T, shape_.q_size()}, qkv.weight.name + ".attn_out");
   Tensor lse = new_activation({B, shape_.heads, T}, qkv.weight.name + ".lse");
-  kernels::attention_forward(out.data<float>(), lse.data<float>(), qkv_buf.data<float>(), cache.k.data<float>(),
-                             cache.v.data<float>(), B, T, shape_.heads, G, D, fused_strides(), {ks, D}, scale_,
-                             cache.len, max_len * ks);
+  kernels::attention_forward(on, out, lse, qkv_buf, cache.k, cache.v, B, T, shape_.heads, G, D, fused_strides(),
+                             {ks, D}, scale_, cache.len, max_len * ks);
   cache.len += T;
   LinearCtx proj_scratch;
   return proj.forward(proj_scratch, as_dtype(out, x.dtype()));

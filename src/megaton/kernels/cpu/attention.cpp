@@ -1,4 +1,4 @@
-#include "megaton/kernels/attention.h"
+#include "megaton/kernels/cpu/attention.h"
 
 #include <algorithm>
 #include <cmath>
@@ -9,7 +9,7 @@
 #include "megaton/core/error.h"
 #include "megaton/kernels/cpu/fast_exp.h"
 
-namespace megaton::kernels {
+namespace megaton::kernels::cpu {
 namespace {
 
 using detail::fast_exp;
@@ -325,4 +325,4 @@ template void attention_backward<double>(double*, double*, double*, const double
                                          const double*, const double*, const double*, int64_t, int64_t, int64_t,
                                          int64_t, int64_t, HeadStrides, HeadStrides, double);
 
-}  // namespace megaton::kernels
+}  // namespace megaton::kernels::cpu

@@ -1,25 +1,12 @@
-#include "megaton/kernels/rope.h"
+#include "megaton/kernels/cpu/rope.h"
 
 #include <cmath>
-#include <numbers>
 
 #include "megaton/core/error.h"
 
-namespace megaton::kernels {
+namespace megaton::kernels::cpu {
 
 namespace {
-
-// Llama-3 scaling of one inverse frequency, as HF transformers' _compute_llama3_parameters:
-// short wavelengths are kept, long ones slowed down by `factor`, and the band in between
-// interpolates smoothly between the two.
-double llama3_scaled(double inv_freq, const RopeScaling& s) {
-  const double wavelen = 2.0 * std::numbers::pi / inv_freq;
-  if (wavelen < s.original_max_position / s.high_freq_factor) return inv_freq;
-  if (wavelen > s.original_max_position / s.low_freq_factor) return inv_freq / s.factor;
-  const double smooth =
-      (s.original_max_position / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
-  return (1.0 - smooth) * inv_freq / s.factor + smooth * inv_freq;
-}
 
 // Rotate the D/2 pairs of one head by the angles whose cos/sin are given. Half pairs i with
 // i + D/2 (HF rotate_half), Interleaved pairs 2i with 2i + 1; the layout is a template argument so
@@ -54,16 +41,6 @@ void rotate_tokens(T* x, const T* cos, const T* sin, int64_t B, int64_t Tlen, in
 }
 
 }  // namespace
-
-std::vector<double> rope_inv_freq(int64_t D, double theta, const RopeScaling& scaling) {
-  MEGATON_CHECK(D > 0 && D % 2 == 0, "rope head_dim ", D, " must be positive and even");
-  std::vector<double> inv_freq(static_cast<size_t>(D / 2));
-  for (int64_t i = 0; i < D / 2; ++i) {
-    const double f = 1.0 / std::pow(theta, static_cast<double>(2 * i) / static_cast<double>(D));
-    inv_freq[static_cast<size_t>(i)] = scaling.factor > 0.0 ? llama3_scaled(f, scaling) : f;
-  }
-  return inv_freq;
-}
 
 // Angles are formed and evaluated in double: pos * inv_freq reaches ~1e5 rad at long contexts,
 // where a float angle would already be off by ~1e-2.
@@ -100,4 +77,4 @@ MEGATON_INSTANTIATE(float)
 MEGATON_INSTANTIATE(double)
 #undef MEGATON_INSTANTIATE
 
-}  // namespace megaton::kernels
+}  // namespace megaton::kernels::cpu

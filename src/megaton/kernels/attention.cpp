@@ -1,0 +1,86 @@
+#include "megaton/kernels/attention.h"
+
+#include "megaton/kernels/cpu/attention.h"
+
+namespace megaton::kernels {
+
+namespace {
+
+struct AttentionDims {
+  int64_t B, Tlen, Hq, Hkv, D;
+};
+
+void check_dims(std::string_view op, const AttentionDims& d, int64_t pos_offset) {
+  if (d.B < 0 || d.Tlen < 0 || d.D <= 0 || d.Hkv <= 0 || d.Hq <= 0 || d.Hq % d.Hkv != 0 || pos_offset < 0)
+    fail("kernel ", op, ": invalid sizes B ", d.B, ", Tlen ", d.Tlen, ", Hq ", d.Hq, ", Hkv ", d.Hkv, ", D ", d.D,
+         ", pos_offset ", pos_offset, " (Hq must be a positive multiple of Hkv, D positive)");
+}
+
+// out / dout [B*Tlen, Hq*D] and lse [B, Hq, Tlen], with overflow-checked element counts.
+void check_outputs(std::string_view op, const AttentionDims& d, std::initializer_list<const Tensor*> like_out,
+                   const Tensor& lse) {
+  const int64_t rows = checked_mul(op, d.B, d.Tlen), cols = checked_mul(op, d.Hq, d.D);
+  checked_mul(op, rows, cols);
+  for (const Tensor* t : like_out) expect_matrix(op, *t, rows, cols);
+  expect_matrix(op, lse, checked_mul(op, d.B, d.Hq), d.Tlen);
+}
+
+// Query heads: Tlen tokens per batch row, each with Hkv groups of Hq/Hkv heads.
+void expect_q_heads(std::string_view op, TensorAt q, const AttentionDims& d, HeadStrides at) {
+  expect_holds(op, q.t, q.offset, {{checked_mul(op, d.B, d.Tlen), at.row}, {d.Hkv, at.group}, {d.Hq / d.Hkv, d.D}},
+               d.D);
+}
+
+// kv heads: Tk tokens per batch row (batch rows batch_stride apart), one head per group.
+void expect_kv_heads(std::string_view op, TensorAt kv, const AttentionDims& d, int64_t Tk, int64_t batch_stride,
+                     HeadStrides at) {
+  expect_holds(op, kv.t, kv.offset, {{d.B, batch_stride}, {Tk, at.row}, {d.Hkv, at.group}}, d.D);
+}
+
+}  // namespace
+
+void attention_forward(const ExecContext& ctx, const Tensor& out, const Tensor& lse, TensorAt q, TensorAt k, TensorAt v,
+                       int64_t B, int64_t Tlen, int64_t Hq, int64_t Hkv, int64_t D, HeadStrides q_at, HeadStrides kv_at,
+                       double scale, int64_t pos_offset, int64_t kv_batch_stride) {
+  constexpr std::string_view op = "attention_forward";
+  expect_on_device(ctx, op, {&out, &lse, &q.t, &k.t, &v.t});
+  const AttentionDims d{B, Tlen, Hq, Hkv, D};
+  check_dims(op, d, pos_offset);
+  check_outputs(op, d, {&out}, lse);
+  const int64_t Tk = checked_add(op, pos_offset, Tlen);
+  if (kv_batch_stride < -1) fail("kernel ", op, ": negative kv_batch_stride ", kv_batch_stride);
+  const int64_t kv_batch = kv_batch_stride == -1 ? checked_mul(op, Tk, kv_at.row) : kv_batch_stride;
+  expect_q_heads(op, q, d, q_at);
+  expect_kv_heads(op, k, d, Tk, kv_batch, kv_at);
+  expect_kv_heads(op, v, d, Tk, kv_batch, kv_at);
+  if (!ctx.device.is_cpu()) fail_no_backend(ctx, op);
+  expect_dtype(q.t.dtype(), op, {&out, &lse, &k.t, &v.t});
+  dispatch_cpu_float(q.t.dtype(), op, [&]<typename T>(T) {
+    cpu::attention_forward(out.data<T>(), lse.data<T>(), q.t.data<T>() + q.offset, k.t.data<T>() + k.offset,
+                           v.t.data<T>() + v.offset, B, Tlen, Hq, Hkv, D, q_at, kv_at, scale, pos_offset, kv_batch);
+  });
+}
+
+void attention_backward(const ExecContext& ctx, TensorAt dq, TensorAt dk, TensorAt dv, const Tensor& dout,
+                        const Tensor& out, const Tensor& lse, TensorAt q, TensorAt k, TensorAt v, int64_t B,
+                        int64_t Tlen, int64_t Hq, int64_t Hkv, int64_t D, HeadStrides q_at, HeadStrides kv_at,
+                        double scale) {
+  constexpr std::string_view op = "attention_backward";
+  expect_on_device(ctx, op, {&dq.t, &dk.t, &dv.t, &dout, &out, &lse, &q.t, &k.t, &v.t});
+  const AttentionDims d{B, Tlen, Hq, Hkv, D};
+  check_dims(op, d, 0);
+  check_outputs(op, d, {&dout, &out}, lse);
+  const int64_t kv_batch = checked_mul(op, Tlen, kv_at.row);
+  for (const TensorAt& t : {q, dq}) expect_q_heads(op, t, d, q_at);
+  for (const TensorAt& t : {k, v, dk, dv}) expect_kv_heads(op, t, d, Tlen, kv_batch, kv_at);
+  if (!ctx.device.is_cpu()) fail_no_backend(ctx, op);
+  expect_dtype(q.t.dtype(), op, {&dq.t, &dk.t, &dv.t, &dout, &out, &lse, &k.t, &v.t});
+  dispatch_cpu_float(q.t.dtype(), op, [&]<typename T>(T) {
+    cpu::attention_backward(dq.t.data<T>() + dq.offset, dk.t.data<T>() + dk.offset, dv.t.data<T>() + dv.offset,
+                            dout.data<T>(), out.data<T>(), lse.data<T>(), q.t.data<T>() + q.offset,
+                            k.t.data<T>() + k.offset, v.t.data<T>() + v.offset, B, Tlen, Hq, Hkv, D, q_at, kv_at,
+                            scale);
+  });
+}
+
+}  // namespace megaton::kernels

@@ -1,0 +1,79 @@
+#include "megaton/kernels/rope.h"
+
+#include <cmath>
+#include <numbers>
+
+#include "megaton/kernels/cpu/rope.h"
+
+namespace megaton::kernels {
+
+namespace {
+
+// Llama-3 scaling of one inverse frequency, as HF transformers' _compute_llama3_parameters:
+// short wavelengths are kept, long ones slowed down by `factor`, and the band in between
+// interpolates smoothly between the two.
+double llama3_scaled(double inv_freq, const RopeScaling& s) {
+  const double wavelen = 2.0 * std::numbers::pi / inv_freq;
+  if (wavelen < s.original_max_position / s.high_freq_factor) return inv_freq;
+  if (wavelen > s.original_max_position / s.low_freq_factor) return inv_freq / s.factor;
+  const double smooth =
+      (s.original_max_position / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+  return (1.0 - smooth) * inv_freq / s.factor + smooth * inv_freq;
+}
+
+// cos and sin: tables [P, half] of the same shape; returns P.
+int64_t check_tables(std::string_view op, const Tensor& cos, const Tensor& sin, int64_t half) {
+  if (half <= 0 || cos.dim() == 0 || cos.size(-1) != half)
+    fail("kernel ", op, ": table '", cos.name(), "' has shape ", shape_str(cos.shape()), ", expected [positions, ",
+         half, "]");
+  const int64_t P = cos.numel() / half;
+  expect_matrix(op, cos, P, half);
+  expect_matrix(op, sin, P, half);
+  return P;
+}
+
+}  // namespace
+
+std::vector<double> rope_inv_freq(int64_t D, double theta, const RopeScaling& scaling) {
+  MEGATON_CHECK(D > 0 && D % 2 == 0, "rope head_dim ", D, " must be positive and even");
+  std::vector<double> inv_freq(static_cast<size_t>(D / 2));
+  for (int64_t i = 0; i < D / 2; ++i) {
+    const double f = 1.0 / std::pow(theta, static_cast<double>(2 * i) / static_cast<double>(D));
+    inv_freq[static_cast<size_t>(i)] = scaling.factor > 0.0 ? llama3_scaled(f, scaling) : f;
+  }
+  return inv_freq;
+}
+
+void rope_tables(const ExecContext& ctx, const Tensor& cos, const Tensor& sin, const std::vector<double>& inv_freq) {
+  constexpr std::string_view op = "rope_tables";
+  expect_on_device(ctx, op, {&cos, &sin});
+  const int64_t half = static_cast<int64_t>(inv_freq.size());
+  const int64_t P = check_tables(op, cos, sin, half);
+  if (!ctx.device.is_cpu()) fail_no_backend(ctx, op);
+  expect_dtype(cos.dtype(), op, {&sin});
+  dispatch_cpu_float(cos.dtype(), op,
+                     [&]<typename T>(T) { cpu::rope_tables(cos.data<T>(), sin.data<T>(), P, 2 * half, inv_freq); });
+}
+
+void rope_apply(const ExecContext& ctx, const Tensor& x, const Tensor& cos, const Tensor& sin, int64_t B, int64_t Tlen,
+                int64_t groups, int64_t H, int64_t D, HeadStrides at, int64_t pos_offset, RopeLayout layout,
+                bool inverse) {
+  constexpr std::string_view op = "rope_apply";
+  expect_on_device(ctx, op, {&x, &cos, &sin});
+  if (D <= 0 || D % 2 != 0) fail("kernel ", op, ": head_dim ", D, " must be positive and even");
+  if (B < 0 || Tlen < 0 || groups < 0 || H < 0 || pos_offset < 0)
+    fail("kernel ", op, ": negative size (B ", B, ", Tlen ", Tlen, ", groups ", groups, ", H ", H, ", pos_offset ",
+         pos_offset, ")");
+  const int64_t P = check_tables(op, cos, sin, D / 2);
+  if (checked_add(op, pos_offset, Tlen) > P)
+    fail("kernel ", op, ": positions up to ", pos_offset + Tlen, " need that many rows of table '", cos.name(),
+         "', it has ", P);
+  expect_holds(op, x, 0, {{checked_mul(op, B, Tlen), at.row}, {groups, at.group}, {H, D}}, D);
+  if (!ctx.device.is_cpu()) fail_no_backend(ctx, op);
+  expect_dtype(x.dtype(), op, {&cos, &sin});
+  dispatch_cpu_float(x.dtype(), op, [&]<typename T>(T) {
+    cpu::rope_apply(x.data<T>(), cos.data<T>(), sin.data<T>(), B, Tlen, groups, H, D, at, pos_offset, layout, inverse);
+  });
+}
+
+}  // namespace megaton::kernels
