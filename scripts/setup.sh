@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 
 PACKAGES=(build-essential cmake pkg-config ccache libopenblas-openmp-dev libdnnl-dev nlohmann-json3-dev
           libtomlplusplus-dev libcli11-dev libgtest-dev python3-torch python3-numpy fortunes zlib1g-dev libzstd-dev
-          libxxhash-dev libpcre2-dev libsentencepiece-dev sentencepiece python3-regex)
+          libxxhash-dev libpcre2-dev libsentencepiece-dev sentencepiece python3-regex libopenmpi-dev openmpi-bin)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

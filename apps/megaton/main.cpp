@@ -3,6 +3,7 @@
 
 #include "commands.h"
 #include "megaton/core/error.h"
+#include "megaton/parallel/communicator.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"Megaton: training and serving transformer language models"};
@@ -21,6 +22,11 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const std::exception& e) {
     std::fflush(stdout);
+    if (megaton::parallel::launched_distributed()) {
+      // One rank's error ends the job: the other ranks may be waiting for this one in a collective.
+      std::fprintf(stderr, "[rank %d] error: %s\n", megaton::parallel::launched_rank(), e.what());
+      megaton::parallel::abort_job(1);
+    }
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
   }

@@ -4,8 +4,10 @@
 // an NCCL implementation for CUDA tensors drops in behind the same interface.
 //
 // Ordering contract (MPI's and NCCL's): every member issues the group's operations in the same
-// order. Asynchronous operations of one process run in the order they were issued, across all of
-// its groups, so a program whose ranks issue the same sequence cannot deadlock.
+// order. Asynchronous operations of one process start in the order they were issued, across all of
+// its groups (collectives also finish in that order; a posted send or recv completes when its peer's
+// matching operation arrives, so a ring of sends then receives does not deadlock), so a program
+// whose ranks issue the same sequence cannot deadlock.
 #pragma once
 #include <memory>
 #include <span>
@@ -75,9 +77,16 @@ class Communicator {
 // environment is detected), else a group of one. Initialises MPI on first use; later calls return
 // the same object. Lives until the process exits (MPI is finalised at exit).
 Communicator& world();
-// Whether this process runs under an MPI launcher with more than one rank.
+// Whether this process runs under an MPI launcher with more than one rank (OpenMPI's
+// OMPI_COMM_WORLD_SIZE, hydra's PMI_SIZE, or srun's SLURM_NTASKS with PMI / PMIx variables).
+// Reads the environment only: MPI is not initialised.
 bool launched_distributed();
-// Ends every rank of the job now (MPI_Abort), after an error on this one; exit(code) when alone.
+// This process's rank in the launched job, from the launcher's environment (0 when not launched
+// distributed): for messages before or without MPI.
+int launched_rank();
+// Ends every rank of the job now (MPI_Abort, not queued behind this process's pending operations),
+// after an error on this one; exit(code) when alone or when MPI was never started (the launcher then
+// ends the other ranks when this one exits non-zero).
 [[noreturn]] void abort_job(int code);
 
 }  // namespace megaton::parallel
