@@ -6,19 +6,14 @@
 #include <chrono>
 #include <fstream>
 
+#include "../support/mpirun.h"
 #include "../support/run_command.h"
 #include "../support/temp_dir.h"
 
 namespace {
 
+using megaton::testing::mpirun;
 using megaton::testing::run_command;
-
-// The job under `timeout`, so that a hang fails the test (exit 124, and the time check) instead
-// of blocking the suite.
-std::string mpirun(int np) {
-  return std::string("timeout -k 5 60 env ") + MEGATON_MPI_ENV + " OMP_NUM_THREADS=1 " + MEGATON_MPIEXEC +
-         " --allow-run-as-root --oversubscribe --bind-to none -np " + std::to_string(np) + " ";
-}
 
 // A config the trainer refuses before touching data or the run directory.
 std::string bad_train_args(const megaton::testing::TempDir& dir) {

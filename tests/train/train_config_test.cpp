@@ -81,3 +81,30 @@ TEST(TrainConfig, ErrorsNameTheKey) {
   EXPECT_NE(message({"rewind.zscore=-1"}).find("rewind.zscore"), std::string::npos);
   EXPECT_NE(message({"rewind.lr_factor=2"}).find("rewind.lr_factor"), std::string::npos);
 }
+
+TEST(TrainConfig, ParallelSizesTakeShortAliasesAndResolveAgainstTheWorld) {
+  auto c = train::load_train_config("", {"tp=1", "pp=1", "dp=2", "training.micro_batch_size=2",
+                                         "training.global_batch_size=8"});
+  EXPECT_EQ(c.data_parallel_size, 2);
+  EXPECT_EQ(c.grad_accum_steps(), 2);  // 8 samples = 2 ranks x 2 micro-batches of 2
+  auto message = [](std::vector<std::string> sets) {
+    return megaton::testing::error_message([&] { train::load_train_config("", sets); });
+  };
+  EXPECT_NE(message({"tp=2"}).find("parallel.tensor_model_parallel_size"), std::string::npos);
+  EXPECT_NE(message({"pp=0"}).find("parallel.pipeline_model_parallel_size"), std::string::npos);
+  EXPECT_NE(message({"parallel.sequence_parallel=true"}).find("needs parallel.tensor_model_parallel_size > 1"),
+            std::string::npos);
+  EXPECT_NE(message({"dp=3", "training.micro_batch_size=2", "training.global_batch_size=8"})
+                .find("not a multiple of micro_batch_size x data_parallel_size (2 x 3)"),
+            std::string::npos);
+
+  auto world = [](train::TrainConfig cfg, int64_t size) {
+    return megaton::testing::error_message([&] { train::resolve_parallel_layout(cfg, size); });
+  };
+  train::TrainConfig d = train::load_train_config("", {"training.micro_batch_size=2", "training.global_batch_size=8"});
+  EXPECT_NE(world(d, 8).find("not a multiple of micro_batch_size x data-parallel size (2 x 8)"), std::string::npos);
+  EXPECT_NE(world(c, 4).find("2 does not match the world: 4 processes"), std::string::npos);
+  train::resolve_parallel_layout(d, 4);
+  EXPECT_EQ(d.data_parallel_size, 4);
+  EXPECT_EQ(d.grad_accum_steps(), 1);
+}

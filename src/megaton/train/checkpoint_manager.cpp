@@ -11,8 +11,8 @@ namespace megaton::train {
 
 namespace fs = std::filesystem;
 
-CheckpointManager::CheckpointManager(const TrainConfig& cfg, FaultInjector& faults)
-    : cfg_(cfg), faults_(faults), writer_(cfg.async_save, static_cast<int>(cfg.write_attempts)) {}
+CheckpointManager::CheckpointManager(const TrainConfig& cfg, FaultInjector& faults, parallel::Communicator& world)
+    : cfg_(cfg), faults_(faults), world_(world), writes_(world.rank() == 0), writer_(cfg.async_save, static_cast<int>(cfg.write_attempts)) {}
 
 std::string CheckpointManager::checkpoints_dir() const { return (fs::path(cfg_.run_dir) / "checkpoints").string(); }
 
@@ -49,6 +49,7 @@ std::optional<TrainProgress> CheckpointManager::resume(const std::string& from, 
 void CheckpointManager::start(MetricsLog& metrics, const models::TransformerModel& model,
                               const optim::AdamW& optimizer) {
   metrics_ = &metrics;
+  if (!writes_) return;
   for (const std::string& path : ckpt::remove_torn_checkpoints(checkpoints_dir())) {
     std::printf("removed %s (a checkpoint whose writing was interrupted)\n", path.c_str());
     metrics.write({{"event", "torn_checkpoint_removed"}, {"path", path}, {"time", unix_time()}});
@@ -72,6 +73,10 @@ void CheckpointManager::start(MetricsLog& metrics, const models::TransformerMode
 
 void CheckpointManager::save(const models::TransformerModel& model, const optim::AdamW& optimizer,
                              const TrainProgress& progress) {
+  if (!writes_) {
+    last_saved_step_ = progress.step;
+    return;
+  }
   const auto t0 = std::chrono::steady_clock::now();
   writer_.wait();  // at most one save in flight: its buffers are free again once it is written
   log_finished_writes();
@@ -137,6 +142,7 @@ std::pair<TrainProgress, std::string> CheckpointManager::restore_rewind_point(co
     return {rewind_point_->progress(), "memory"};
   }
   finish();  // the newest checkpoint may still be in flight
+  world_.barrier();  // ... on rank 0: every rank must then find the same newest one
   auto dir = ckpt::find_valid_checkpoint(checkpoints_dir(), [](const std::string& reason) {
     std::fprintf(stderr, "warning: checkpoint rejected: %s; falling back to an older one\n", reason.c_str());
   });

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "megaton/ckpt/async_writer.h"
+#include "megaton/parallel/communicator.h"
 #include "megaton/train/fault_injection.h"
 #include "megaton/train/metrics_log.h"
 #include "megaton/train/state_snapshot.h"
@@ -19,7 +20,9 @@ namespace megaton::train {
 
 class CheckpointManager {
  public:
-  CheckpointManager(const TrainConfig& cfg, FaultInjector& faults);
+  // world: every process of the run. With more than one, the model and optimizer state are
+  // replicated (data parallelism) and rank 0 alone writes checkpoints; every rank reads them.
+  CheckpointManager(const TrainConfig& cfg, FaultInjector& faults, parallel::Communicator& world);
   std::string checkpoints_dir() const;
 
   // --resume: "" starts fresh (an error when the run directory already holds checkpoints), "auto"
@@ -55,6 +58,8 @@ class CheckpointManager {
  private:
   const TrainConfig& cfg_;
   FaultInjector& faults_;
+  parallel::Communicator& world_;
+  bool writes_;  // rank 0
   MetricsLog* metrics_ = nullptr;
   std::unique_ptr<StateSnapshot> rewind_point_;  // rewind.snapshot_interval > 0
   std::unique_ptr<StateSnapshot> save_buffers_;  // what the checkpoint writer writes from

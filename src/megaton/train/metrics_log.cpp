@@ -11,11 +11,14 @@ double unix_time() {
 }
 
 MetricsLog::MetricsLog(const std::string& path, bool append)
-    : path_(path), out_(path, append ? std::ios::app : std::ios::trunc) {
+    : path_(path) {
+  if (path.empty()) return;
+  out_.open(path, append ? std::ios::app : std::ios::trunc);
   if (!out_) fail("cannot open metrics file '", path, "' for writing");
 }
 
 void MetricsLog::write(const nlohmann::json& record) {
+  if (path_.empty()) return;
   out_ << record.dump() << '\n';
   out_.flush();
   if (!out_) fail("failed writing metrics file '", path_, "'");

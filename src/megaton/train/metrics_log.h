@@ -13,7 +13,8 @@ double unix_time();
 class MetricsLog {
  public:
   // append: continue an existing file (a resumed or restarted run); otherwise start it afresh so
-  // a new run's records never mix with an earlier run's in the same directory.
+  // a new run's records never mix with an earlier run's in the same directory. An empty path
+  // writes nowhere (the ranks of a distributed run other than rank 0).
   MetricsLog(const std::string& path, bool append);
   void write(const nlohmann::json& record);
 

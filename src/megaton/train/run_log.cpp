@@ -27,11 +27,12 @@ double median(std::vector<double> v) {
 
 }  // namespace
 
-RunLog::RunLog(const TrainConfig& cfg, double flops_per_token, double peak_gflops)
-    : cfg_(cfg), flops_per_token_(flops_per_token), peak_gflops_(peak_gflops) {}
+RunLog::RunLog(const TrainConfig& cfg, double flops_per_token, double peak_gflops, bool primary)
+    : cfg_(cfg), flops_per_token_(flops_per_token), peak_gflops_(peak_gflops), primary_(primary) {}
 
 void RunLog::open(bool resuming) {
-  metrics_ = std::make_unique<MetricsLog>((std::filesystem::path(cfg_.run_dir) / "metrics.jsonl").string(), resuming);
+  metrics_ = std::make_unique<MetricsLog>(
+      primary_ ? (std::filesystem::path(cfg_.run_dir) / "metrics.jsonl").string() : std::string(), resuming);
 }
 
 double RunLog::median_tokens_per_s() const { return median(rates_); }
@@ -52,9 +53,10 @@ void RunLog::step(int64_t step, const TrainingStep::Result& r, double lr, int64_
                         {"step_time_s", r.seconds},
                         {"consumed_samples", consumed_samples},
                         {"time", unix_time()}};
+  if (cfg_.data_parallel_size > 1) rec["comm_wait_s"] = r.comm_wait_seconds;
   if (!std::isfinite(r.grad_norm)) rec["skipped"] = "non-finite gradient";
   metrics_->write(rec);
-  if (step % cfg_.log_interval == 0 || step == cfg_.train_iters) {
+  if (primary_ && (step % cfg_.log_interval == 0 || step == cfg_.train_iters)) {
     const double rate = median(rates_);
     const double eta = rate > 0 ? static_cast<double>(cfg_.train_iters - step) * tokens / rate : 0;
     std::printf("step %5ld/%ld | loss %.4f | lr %.3e | grad norm %.3f | %.0f tok/s | %.3f TFLOP/s | MFU %.1f%% | "
@@ -71,7 +73,7 @@ void RunLog::validation(int64_t step, double loss, bool final) {
     return;
   }
   metrics_->write({{"step", step}, {"val_loss", loss}});
-  std::printf("step %5ld | validation loss %.4f\n", step, loss);
+  if (primary_) std::printf("step %5ld | validation loss %.4f\n", step, loss);
 }
 
 }  // namespace megaton::train

@@ -15,8 +15,8 @@ namespace megaton::train {
 class RunLog {
  public:
   // flops_per_token: training FLOPs per token of the model at the run's sequence length;
-  // peak_gflops: what MFU divides by.
-  RunLog(const TrainConfig& cfg, double flops_per_token, double peak_gflops);
+  // peak_gflops: what MFU divides by. Only the primary process (rank 0) writes the metrics file.
+  RunLog(const TrainConfig& cfg, double flops_per_token, double peak_gflops, bool primary = true);
   // Opens RUN/metrics.jsonl: continued when resuming, started afresh otherwise.
   void open(bool resuming);
   MetricsLog& metrics() { return *metrics_; }
@@ -31,6 +31,7 @@ class RunLog {
  private:
   const TrainConfig& cfg_;
   double flops_per_token_, peak_gflops_;
+  bool primary_;
   std::unique_ptr<MetricsLog> metrics_;
   std::vector<double> rates_;  // tokens/s of every step logged by this process
   double last_loss_ = 0;

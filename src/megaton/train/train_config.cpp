@@ -106,6 +106,16 @@ const std::vector<Field>& fields() {
       field("training.seed", &TC::seed),
       field("training.threads", &TC::threads),
       field("training.exit_interval", &TC::exit_interval),
+      field("parallel.tensor_model_parallel_size", &TC::tensor_model_parallel_size),
+      field("parallel.pipeline_model_parallel_size", &TC::pipeline_model_parallel_size),
+      field("parallel.context_parallel_size", &TC::context_parallel_size),
+      field("parallel.expert_model_parallel_size", &TC::expert_model_parallel_size),
+      field("parallel.data_parallel_size", &TC::data_parallel_size),
+      field("parallel.sequence_parallel", &TC::sequence_parallel),
+      field("parallel.use_distributed_optimizer", &TC::use_distributed_optimizer),
+      field("parallel.overlap_grad_reduce", &TC::overlap_grad_reduce),
+      field("parallel.overlap_param_gather", &TC::overlap_param_gather),
+      field("parallel.bucket_size", &TC::bucket_size),
       field("precision.bf16", &TC::bf16),
       field("optimizer.lr", &TC::lr),
       field("optimizer.min_lr", &TC::min_lr),
@@ -252,6 +262,37 @@ void validate(const TrainConfig& c) {
   check(c.rewind_lr_factor > 0 && c.rewind_lr_factor <= 1, "rewind.lr_factor", "must be in (0, 1]");
   check(c.rewind_lr_steps >= 0, "rewind.lr_steps", "must not be negative");
   check(c.sample_tokens >= 0, "sample.tokens", "must not be negative");
+  for (const auto& [key, size] : {std::pair{"parallel.tensor_model_parallel_size", c.tensor_model_parallel_size},
+                                  {"parallel.pipeline_model_parallel_size", c.pipeline_model_parallel_size},
+                                  {"parallel.context_parallel_size", c.context_parallel_size},
+                                  {"parallel.expert_model_parallel_size", c.expert_model_parallel_size}}) {
+    check(size >= 1 && size <= 1'000'000, key, "must be in [1, 1000000], got " + std::to_string(size));
+    // Distributed training lands in slices (issue 9): data parallelism first.
+    check(size == 1, key, std::to_string(size) + " is not supported yet (data parallelism only, for now)");
+  }
+  check(c.data_parallel_size >= 0 && c.data_parallel_size <= 1'000'000, "parallel.data_parallel_size",
+        "must be in [0, 1000000] (0: derived from the world size)");
+  check(!c.sequence_parallel || c.tensor_model_parallel_size > 1, "parallel.sequence_parallel",
+        "needs parallel.tensor_model_parallel_size > 1");
+  check(!c.use_distributed_optimizer, "parallel.use_distributed_optimizer", "is not supported yet");
+  check(!c.overlap_param_gather || c.use_distributed_optimizer, "parallel.overlap_param_gather",
+        "needs parallel.use_distributed_optimizer");
+  check(c.bucket_size >= 1, "parallel.bucket_size", "must be positive");
+  if (c.data_parallel_size > 0)
+    check(c.global_batch_size % (c.micro_batch_size * c.data_parallel_size) == 0, "training.global_batch_size",
+          std::to_string(c.global_batch_size) + " is not a multiple of micro_batch_size x data_parallel_size (" +
+              std::to_string(c.micro_batch_size) + " x " + std::to_string(c.data_parallel_size) + ")");
+}
+
+// Short names accepted on --set for the [parallel] sizes.
+std::string expand_alias(const std::string& key) {
+  static const std::pair<const char*, const char*> aliases[] = {
+      {"tp", "parallel.tensor_model_parallel_size"}, {"pp", "parallel.pipeline_model_parallel_size"},
+      {"cp", "parallel.context_parallel_size"},      {"ep", "parallel.expert_model_parallel_size"},
+      {"dp", "parallel.data_parallel_size"}};
+  for (const auto& [alias, full] : aliases)
+    if (key == alias) return full;
+  return key;
 }
 
 }  // namespace
@@ -284,7 +325,7 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   for (const std::string& o : overrides) {
     auto eq = o.find('=');
     if (eq == std::string::npos) fail("--set '", o, "': expected section.key=value");
-    const Field& f = find_field(o.substr(0, eq), "--set");
+    const Field& f = find_field(expand_alias(o.substr(0, eq)), "--set");
     settings.emplace_back(&f, from_text(o.substr(eq + 1), f));
   }
 
@@ -307,6 +348,22 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   c.model.validate();
   validate(c);
   return c;
+}
+
+void resolve_parallel_layout(TrainConfig& c, int64_t world_size) {
+  const int64_t model_parallel = c.tensor_model_parallel_size * c.context_parallel_size * c.pipeline_model_parallel_size;
+  if (world_size < 1 || world_size % model_parallel != 0)
+    fail("world size ", world_size, " is not divisible by tensor_model_parallel_size ", c.tensor_model_parallel_size,
+         " x context_parallel_size ", c.context_parallel_size, " x pipeline_model_parallel_size ",
+         c.pipeline_model_parallel_size);
+  const int64_t dp = world_size / model_parallel;
+  check(c.data_parallel_size == 0 || c.data_parallel_size == dp, "parallel.data_parallel_size",
+        std::to_string(c.data_parallel_size) + " does not match the world: " + std::to_string(world_size) +
+            " processes / " + std::to_string(model_parallel) + " model-parallel = " + std::to_string(dp));
+  check(c.global_batch_size % (c.micro_batch_size * dp) == 0, "training.global_batch_size",
+        std::to_string(c.global_batch_size) + " is not a multiple of micro_batch_size x data-parallel size (" +
+            std::to_string(c.micro_batch_size) + " x " + std::to_string(dp) + ")");
+  c.data_parallel_size = dp;
 }
 
 std::string to_toml(const TrainConfig& c) {

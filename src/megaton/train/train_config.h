@@ -1,8 +1,9 @@
 // Everything `megaton train` reads from its TOML file and --set overrides. Keys are grouped in
-// sections ([model], [data], [training], [precision], [optimizer], [logging], [checkpoint], [rewind], [sample]) and named after
+// sections ([model], [data], [training], [parallel], [precision], [optimizer], [logging], [checkpoint], [rewind], [sample]) and named after
 // Megatron-LM's arguments. Unknown keys, wrong types and inconsistent values are errors that
 // name the key (and suggest the nearest known one).
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -38,6 +39,19 @@ struct TrainConfig {
   int64_t train_iters = 100;
   int64_t seed = 1234;
   int64_t threads = 0;  // 0: OMP_NUM_THREADS or all cores
+
+  // [parallel]: Megatron's names. The world is tp x cp x dp x pp processes (rank order tp fastest);
+  // dp is derived from the world size. `--set tp=2` (also pp, cp, ep, dp) is short for these keys.
+  int64_t tensor_model_parallel_size = 1;
+  int64_t pipeline_model_parallel_size = 1;
+  int64_t context_parallel_size = 1;
+  int64_t expert_model_parallel_size = 1;
+  int64_t data_parallel_size = 0;      // 0: world size / (tp x cp x pp); else checked against it
+  bool sequence_parallel = false;      // needs tp > 1
+  bool use_distributed_optimizer = false;
+  bool overlap_grad_reduce = true;     // reduce each gradient bucket as soon as backward finishes it
+  bool overlap_param_gather = false;
+  int64_t bucket_size = 40'000'000;    // elements per gradient bucket (Megatron's --ddp-bucket-size)
 
   // [precision]: Megatron's --bf16: bf16 activations and GEMMs (fp32 accumulation), fp32 main
   // weights, gradients and optimizer state, norms and softmax statistics in fp32.
@@ -84,7 +98,11 @@ struct TrainConfig {
   int64_t sample_tokens = 0;
   double sample_temperature = 0.8;
 
-  int64_t grad_accum_steps() const { return global_batch_size / micro_batch_size; }
+  // Micro-batches per step on each data-parallel rank (data_parallel_size resolved: see
+  // resolve_parallel_layout).
+  int64_t grad_accum_steps() const {
+    return global_batch_size / (micro_batch_size * std::max<int64_t>(1, data_parallel_size));
+  }
 };
 
 // Parse `path` (empty: defaults only) then apply "section.key=value" overrides. model is
@@ -92,6 +110,10 @@ struct TrainConfig {
 TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides);
 // The fully resolved configuration as TOML (written to the run directory).
 std::string to_toml(const TrainConfig& c);
+// Fixes data_parallel_size for a world of `world_size` processes: world / (tp x cp x pp), which must
+// divide exactly and match a data_parallel_size given in the config; the global batch must split
+// into whole micro-batches on every data-parallel rank. Errors name the keys and sizes.
+void resolve_parallel_layout(TrainConfig& c, int64_t world_size);
 // All known "section.key" names (for help and suggestions).
 std::vector<std::string> train_config_keys();
 

@@ -19,9 +19,17 @@ namespace fs = std::filesystem;
 
 Trainer::Trainer(TrainConfig config, RunOptions options)
     : cfg_(std::move(config)),
+      world_(parallel::world()),
+      primary_(world_.rank() == 0),
       detector_(cfg_.rewind_window, cfg_.rewind_zscore),
       faults_(options.inject, cfg_.run_dir),
-      checkpoints_(cfg_, faults_) {
+      checkpoints_(cfg_, faults_, world_) {
+  resolve_parallel_layout(cfg_, world_.size());
+  groups_ = std::make_unique<parallel::ProcessGroups>(
+      world_, parallel::ParallelSizes{static_cast<int>(cfg_.tensor_model_parallel_size),
+                                      static_cast<int>(cfg_.context_parallel_size),
+                                      static_cast<int>(cfg_.expert_model_parallel_size),
+                                      static_cast<int>(cfg_.pipeline_model_parallel_size)});
   set_num_threads(static_cast<int>(cfg_.threads));
   if (cfg_.rewind && cfg_.snapshot_interval == 0 && cfg_.save_interval == 0)
     fail("config key 'rewind.snapshot_interval' is 0 (rewind to the last checkpoint) but logging.save_interval is 0, "
@@ -38,7 +46,7 @@ Trainer::Trainer(TrainConfig config, RunOptions options)
     model_->init_weights(static_cast<uint64_t>(cfg_.seed));
   }
   if (cfg_.bf16) model_->set_compute_dtype(DType::BF16);
-  step_ = std::make_unique<TrainingStep>(*model_, cfg_, data_.train);
+  step_ = std::make_unique<TrainingStep>(*model_, cfg_, data_.train, groups_->dp());
   step_->on_gradients([this](int64_t step, const Tensor& grads, double& loss) { faults_.corrupt_gradients(step, grads, loss); });
   optimizer_ = std::make_unique<optim::AdamW>(
       step_->buffer(),
@@ -49,7 +57,7 @@ Trainer::Trainer(TrainConfig config, RunOptions options)
   resuming_ = !options.resume.empty();
   if (auto resumed = checkpoints_.resume(options.resume, *model_, *optimizer_)) progress_ = *resumed;
   peak_gflops_ = cfg_.peak_tflops > 0 ? cfg_.peak_tflops * 1e3 : kernels::measure_sgemm_gflops();
-  log_ = std::make_unique<RunLog>(cfg_, model_->config().flops_per_token(cfg_.seq_length), peak_gflops_);
+  log_ = std::make_unique<RunLog>(cfg_, model_->config().flops_per_token(cfg_.seq_length), peak_gflops_, primary_);
 }
 
 void Trainer::rewind(int64_t step, const std::string& reason, int64_t first_sample) {
@@ -79,6 +87,7 @@ void Trainer::rewind(int64_t step, const std::string& reason, int64_t first_samp
                    {"skipped_batches", progress_.skipped_batches},
                    {"rewinds", progress_.rewinds},
                    {"time", unix_time()}});
+  if (!primary_) return;
   std::printf("step %ld: %s; rewound to step %ld, skipping samples [%ld, %ld) (rewind %ld of at most %ld)\n", step,
               reason.c_str(), progress_.step, first_sample, first_sample + cfg_.global_batch_size, progress_.rewinds,
               cfg_.max_rewinds);
@@ -92,19 +101,22 @@ double Trainer::validation_loss() {
 }
 
 TrainSummary Trainer::run() {
-  fs::create_directories(cfg_.run_dir);
-  {
+  if (primary_) {
+    fs::create_directories(cfg_.run_dir);
     std::ofstream resolved(fs::path(cfg_.run_dir) / "config.toml");
     resolved << to_toml(cfg_);
   }
   log_->open(resuming_);
   checkpoints_.start(log_->metrics(), *model_, *optimizer_);
   const auto& mc = model_->config();
-  std::printf("model %s: %ld layers, hidden %ld, %ld heads (%ld kv), %.2fM parameters | %ld steps of %ld x %ld tokens"
-              " | %d threads | sgemm ceiling %.1f GFLOP/s\n",
-              mc.name.c_str(), mc.num_layers, mc.hidden_size, mc.num_attention_heads, mc.num_query_groups,
-              static_cast<double>(nn::count_parameters(model_->parameters())) / 1e6, cfg_.train_iters,
-              cfg_.global_batch_size, cfg_.seq_length, num_threads(), peak_gflops_);
+  if (primary_)
+    std::printf("model %s: %ld layers, hidden %ld, %ld heads (%ld kv), %.2fM parameters | %ld steps of %ld x %ld tokens"
+                " | %d threads | sgemm ceiling %.1f GFLOP/s%s\n",
+                mc.name.c_str(), mc.num_layers, mc.hidden_size, mc.num_attention_heads, mc.num_query_groups,
+                static_cast<double>(nn::count_parameters(model_->parameters())) / 1e6, cfg_.train_iters,
+                cfg_.global_batch_size, cfg_.seq_length, num_threads(), peak_gflops_,
+                cfg_.data_parallel_size > 1 ? (" | data parallel " + std::to_string(cfg_.data_parallel_size) + " ranks").c_str()
+                                            : "");
   TrainSummary summary;
   bool exiting = false;
   while (progress_.step < cfg_.train_iters && !exiting) {
@@ -144,13 +156,15 @@ TrainSummary Trainer::run() {
   summary.final_loss = log_->last_loss();
   summary.tokens_per_s = log_->median_tokens_per_s();
   if (exiting) {
-    std::printf("exiting after step %ld (training.exit_interval); continue with --resume auto\n", progress_.step);
+    if (primary_)
+      std::printf("exiting after step %ld (training.exit_interval); continue with --resume auto\n", progress_.step);
     return summary;
   }
   if (data_.valid) {
     summary.final_val_loss = validation_loss();
     log_->validation(cfg_.train_iters, summary.final_val_loss, true);
   }
+  if (!primary_) return summary;
   models::save_hf_model(*model_, (fs::path(cfg_.run_dir) / "final").string());
   std::printf("model saved to %s\n", (fs::path(cfg_.run_dir) / "final").c_str());
   if (cfg_.sample_tokens > 0) {

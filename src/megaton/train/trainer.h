@@ -1,7 +1,9 @@
 // The training loop: config -> model, optimizer, data, schedule; runs steps with gradient
 // accumulation, logs metrics, evaluates, writes checkpoints (RUN/checkpoints/step_N: HF weights,
 // optimizer state, state.json, manifest) and resumes from them bit for bit; optionally rewinds
-// past NaN / spiking steps; exports the final model in HF format.
+// past NaN / spiking steps; exports the final model in HF format. Under mpirun every rank runs
+// one Trainer: each trains on its data-parallel slice of every batch, and rank 0 alone prints,
+// writes metrics, checkpoints and the final export.
 #pragma once
 #include <map>
 #include <memory>
@@ -12,6 +14,7 @@
 #include "megaton/models/transformer_model.h"
 #include "megaton/optim/adamw.h"
 #include "megaton/optim/lr_schedule.h"
+#include "megaton/parallel/process_groups.h"
 #include "megaton/train/anomaly_detector.h"
 #include "megaton/train/checkpoint_manager.h"
 #include "megaton/train/fault_injection.h"
@@ -52,6 +55,9 @@ class Trainer {
   double validation_loss();
 
   TrainConfig cfg_;
+  parallel::Communicator& world_;
+  bool primary_;  // rank 0: prints and writes
+  std::unique_ptr<parallel::ProcessGroups> groups_;
   TrainingData data_;
   bool resuming_ = false;  // --resume given: metrics.jsonl continues rather than starts afresh
   std::unique_ptr<models::TransformerModel> model_;

@@ -3,12 +3,14 @@
 namespace megaton::train {
 
 TrainingStage::TrainingStage(models::TransformerModel& model, std::function<void(data::Batch&)> next_batch,
-                             int64_t microbatches, bool defer_head_weight_grad)
+                             int64_t microbatches, bool defer_head_weight_grad, int64_t data_parallel_size)
     : model_(model),
       next_batch_(std::move(next_batch)),
       microbatches_(microbatches),
+      grad_scale_(1.0f / static_cast<float>(microbatches * data_parallel_size)),
       defer_head_weight_grad_(defer_head_weight_grad) {
   MEGATON_CHECK(microbatches > 0, "a training step needs at least one micro-batch, got ", microbatches);
+  MEGATON_CHECK(data_parallel_size > 0, "data-parallel size ", data_parallel_size);
 }
 
 TrainingStage::InFlight& TrainingStage::in_flight(int64_t microbatch, const char* op) {
@@ -43,8 +45,7 @@ void TrainingStage::forward(int64_t microbatch, int chunk) {
   mb.output = model_.chunks()[c].forward(mb.ctx.chunks[c], mb.output, mb.B, mb.T);
   ++mb.forwarded;
   if (chunk + 1 < chunks()) return;
-  const float scale = 1.0f / static_cast<float>(microbatches_);
-  loss_sum_ += model_.loss(mb.ctx, mb.output, mb.targets, true, scale, defer_head_weight_grad_).loss /
+  loss_sum_ += model_.loss(mb.ctx, mb.output, mb.targets, true, grad_scale_, defer_head_weight_grad_).loss /
                static_cast<double>(microbatches_);
   mb.output = {};
 }

@@ -17,19 +17,20 @@ namespace megaton::train {
 class TrainingStage : public pipeline::StageRunner {
  public:
   // next_batch fills the next batch of micro_batch_size x seq_length tokens (and throws, naming
-  // the sample, where the data runs out). Each micro-batch's loss is scaled by 1 / microbatches,
-  // so the gradients accumulate to the mean over the global batch (Megatron's convention).
+  // the sample, where the data runs out). Each micro-batch's loss is scaled by
+  // 1 / (microbatches x data_parallel_size), so the gradients accumulate to the mean over the global
+  // batch (Megatron's convention) once the data-parallel ranks' gradients are summed.
   // defer_head_weight_grad: the schedule runs W apart from B, so the output head keeps its
   // dlogits for W instead of adding its weight gradient during the loss (N x vocab memory).
   TrainingStage(models::TransformerModel& model, std::function<void(data::Batch&)> next_batch, int64_t microbatches,
-                bool defer_head_weight_grad = false);
+                bool defer_head_weight_grad = false, int64_t data_parallel_size = 1);
 
   void forward(int64_t microbatch, int chunk) override;
   void backward_input(int64_t microbatch, int chunk) override;
   void backward_weight(int64_t microbatch, int chunk) override;
   void backward(int64_t microbatch, int chunk) override;
 
-  // Mean over micro-batches of each micro-batch's mean loss; throws unless every micro-batch ran
+  // Mean over this rank's micro-batches of each micro-batch's mean loss; throws unless every micro-batch ran
   // its forward and its W (a schedule that left work undone).
   double mean_loss() const;
 
@@ -51,6 +52,7 @@ class TrainingStage : public pipeline::StageRunner {
   models::TransformerModel& model_;
   std::function<void(data::Batch&)> next_batch_;
   int64_t microbatches_;
+  float grad_scale_;  // 1 / (microbatches x data-parallel size)
   bool defer_head_weight_grad_;
   int64_t forwards_ = 0, weight_grads_ = 0;
   double loss_sum_ = 0;

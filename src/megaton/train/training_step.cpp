@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <limits>
 
 #include "megaton/optim/grad_clip.h"
 #include "megaton/pipeline/executor.h"
@@ -9,20 +10,35 @@
 
 namespace megaton::train {
 
-namespace {
-// Elements per gradient bucket: Megatron's default (--ddp-bucket-size, 40M). Buckets matter once
-// data-parallel reductions overlap backward; a single process just keeps the layout.
-constexpr int64_t kGradBucketSize = 40'000'000;
-}  // namespace
-
 TrainingStep::TrainingStep(models::TransformerModel& model, const TrainConfig& cfg,
-                           std::shared_ptr<const data::SampleSource> train)
+                           std::shared_ptr<const data::SampleSource> train, parallel::Communicator& data_parallel)
     : model_(model),
       cfg_(cfg),
       train_(std::move(train)),
-      buffer_(std::make_unique<nn::ParamAndGradBuffer>(model.parameters(), kGradBucketSize)),
+      dp_(data_parallel),
+      buffer_(std::make_unique<nn::ParamAndGradBuffer>(model.parameters(), cfg.bucket_size)),
       schedule_(pipeline::no_pipelining(cfg.grad_accum_steps(), false, static_cast<int>(model.chunks().size()))) {
+  if (dp_.size() != std::max<int64_t>(1, cfg.data_parallel_size))
+    fail("data-parallel group '", dp_.name(), "' has ", dp_.size(), " ranks but the config resolved data_parallel_size ",
+         cfg.data_parallel_size);
   pipeline::validate(schedule_);
+  if (dp_.size() > 1 && cfg.overlap_grad_reduce) buffer_->on_bucket_ready([this](size_t b) { reduce_bucket(b); });
+}
+
+void TrainingStep::reduce_bucket(size_t bucket) {
+  const nn::GradBucket& b = buffer_->buckets().at(bucket);
+  reductions_.push_back(dp_.all_reduce_async(
+      buffer_->grads().window(b.offset, {b.numel}, "grad_bucket_" + std::to_string(bucket)), parallel::ReduceOp::Sum));
+}
+
+double TrainingStep::finish_reductions() {
+  if (dp_.size() == 1) return 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  if (!cfg_.overlap_grad_reduce)
+    for (size_t b = 0; b < buffer_->buckets().size(); ++b) reduce_bucket(b);
+  for (auto& work : reductions_) work->wait();
+  reductions_.clear();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 TrainingStep::Result TrainingStep::forward_backward(int64_t step, int64_t first_sample) {
@@ -33,22 +49,36 @@ TrainingStep::Result TrainingStep::forward_backward(int64_t step, int64_t first_
   if (!loader_ || loader_position_ != first_sample) {
     loader_.reset();  // stop the old workers before the new loader starts its own
     loader_ = std::make_unique<data::DataLoader>(
-        train_, data::DataLoaderOptions{mbs, 0, 1, first_sample, static_cast<int>(cfg_.num_workers)});
+        train_, data::DataLoaderOptions{mbs, dp_.rank(), dp_.size(), first_sample, static_cast<int>(cfg_.num_workers)});
     loader_position_ = first_sample;
   }
   TrainingStage stage(
       model_,
       [&](data::Batch& batch) {
         if (!loader_->next(batch)) fail("training data exhausted at sample ", loader_position_);
-        loader_position_ += mbs;
+        loader_position_ += mbs * dp_.size();  // one micro-batch on every data-parallel rank
       },
-      schedule_.microbatches);
-  pipeline::execute(schedule_.ops.at(0), stage);
-  double loss = stage.mean_loss();
+      schedule_.microbatches, false, dp_.size());
+  reductions_.clear();
+  try {
+    pipeline::execute(schedule_.ops.at(0), stage);
+  } catch (...) {
+    // The buckets in flight still point into the gradient buffer: let them land before unwinding.
+    for (auto& work : reductions_) work->wait();
+    reductions_.clear();
+    throw;
+  }
   buffer_->end_step();
+  const double comm_wait = finish_reductions();
+  double loss = stage.mean_loss();
+  if (dp_.size() > 1) loss = dp_.all_reduce_scalar(loss) / static_cast<double>(dp_.size());
   if (hook_) hook_(step, buffer_->grads(), loss);
-  const double grad_norm = optim::global_norm({buffer_->grads()});
-  return {loss, grad_norm, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
+  double grad_norm = optim::global_norm({buffer_->grads()});
+  // The reduced gradients are the same on every rank, unless something (a fault) touched one
+  // rank's after the reduction: one rank's non-finite norm is everyone's.
+  if (dp_.size() > 1 && dp_.all_reduce_scalar(std::isfinite(grad_norm) ? 0.0 : 1.0, parallel::ReduceOp::Max) > 0)
+    grad_norm = std::numeric_limits<double>::quiet_NaN();
+  return {loss, grad_norm, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), comm_wait};
 }
 
 void TrainingStep::update(optim::AdamW& optimizer, double lr, double grad_norm) const {

@@ -1,7 +1,15 @@
 // One training step, apart from everything else the trainer does: the model's flat gradient
 // buffer, the pipeline schedule run through the executor over the step's micro-batches, the
-// global grad norm, and clipping + the optimizer update. Checkpoints, logging and rewinds live in
-// the trainer; faults are injected through the gradient hook, not by the step itself.
+// data-parallel gradient reduction, the global grad norm, and clipping + the optimizer update.
+// Checkpoints, logging and rewinds live in the trainer; faults are injected through the gradient
+// hook, not by the step itself.
+//
+// Data parallelism (Megatron's DistributedDataParallel): each rank trains on its slice of every
+// global batch; with overlap_grad_reduce each gradient bucket is summed over the data-parallel
+// group asynchronously as soon as backward has finished it in the step's last micro-batch, while
+// backward goes on with earlier layers, else all buckets after backward. The loss is averaged over
+// the group and a non-finite gradient on any rank makes the norm non-finite on all of them, so
+// every rank takes the same decisions (skip, rewind).
 #pragma once
 #include <functional>
 #include <memory>
@@ -10,6 +18,7 @@
 #include "megaton/models/transformer_model.h"
 #include "megaton/nn/param_and_grad_buffer.h"
 #include "megaton/optim/adamw.h"
+#include "megaton/parallel/communicator.h"
 #include "megaton/pipeline/generators.h"
 #include "megaton/train/train_config.h"
 
@@ -19,18 +28,23 @@ class TrainingStep {
  public:
   struct Result {
     double loss, grad_norm, seconds;
+    double comm_wait_seconds = 0;  // blocked on gradient reductions (not overlapped with compute)
   };
   // Called after backward with the step number, the flat gradients and the step's loss, before the
   // grad norm is taken: where fault injection corrupts a step.
   using GradientHook = std::function<void(int64_t step, const Tensor& grads, double& loss)>;
 
   // Wraps the model's parameters in a gradient buffer (before the optimizer is built on it).
-  TrainingStep(models::TransformerModel& model, const TrainConfig& cfg, std::shared_ptr<const data::SampleSource> train);
+  // data_parallel: the group gradients are summed over; its size must be cfg.data_parallel_size
+  // (or 1 with data_parallel_size 0).
+  TrainingStep(models::TransformerModel& model, const TrainConfig& cfg, std::shared_ptr<const data::SampleSource> train,
+               parallel::Communicator& data_parallel);
   const nn::ParamAndGradBuffer& buffer() const { return *buffer_; }
   void on_gradients(GradientHook hook) { hook_ = std::move(hook); }
 
   // Forward and backward of the global batch starting at sample first_sample: the gradients hold the
-  // mean over it. Reads through a prefetching loader, recreated when first_sample is not where it stands.
+  // mean over it (on every data-parallel rank). Reads this rank's slices through a prefetching
+  // loader, recreated when first_sample is not where it stands.
   Result forward_backward(int64_t step, int64_t first_sample);
   // Clips to cfg.clip_grad and updates with lr; a non-finite norm skips the update.
   void update(optim::AdamW& optimizer, double lr, double grad_norm) const;
@@ -39,11 +53,17 @@ class TrainingStep {
   models::TransformerModel& model_;
   const TrainConfig& cfg_;
   std::shared_ptr<const data::SampleSource> train_;
+  parallel::Communicator& dp_;
   std::unique_ptr<nn::ParamAndGradBuffer> buffer_;
+  std::vector<parallel::WorkHandle> reductions_;  // this step's bucket reductions in flight
   pipeline::Schedule schedule_;  // no pipelining: F, B, W per micro-batch
   std::unique_ptr<data::DataLoader> loader_;
   int64_t loader_position_ = -1;
   GradientHook hook_;
+
+  void reduce_bucket(size_t bucket);
+  // Waits for every bucket's reduction (issuing them first without overlap); returns the seconds blocked.
+  double finish_reductions();
 };
 
 }  // namespace megaton::train

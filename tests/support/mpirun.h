@@ -1,0 +1,14 @@
+// The command prefix that starts `np` ranks of a program under mpirun from a test, with the
+// container settings of tests/CMakeLists.txt (MEGATON_MPI_ENV), one OpenMP thread per rank, and
+// `timeout`, so that a hung job fails the test (exit 124) instead of blocking the suite.
+#pragma once
+#include <string>
+
+namespace megaton::testing {
+
+inline std::string mpirun(int np, int timeout_s = 60) {
+  return "timeout -k 5 " + std::to_string(timeout_s) + " env " + MEGATON_MPI_ENV + " OMP_NUM_THREADS=1 " +
+         MEGATON_MPIEXEC + " --allow-run-as-root --oversubscribe --bind-to none -np " + std::to_string(np) + " ";
+}
+
+}  // namespace megaton::testing
