@@ -5,6 +5,7 @@
 #include "commands.h"
 #include "megaton/data/preprocess.h"
 #include "megaton/data/split_dataset.h"
+#include "megaton/parallel/communicator.h"
 #include "megaton/train/supervisor.h"
 #include "megaton/train/trainer.h"
 
@@ -18,7 +19,7 @@ constexpr const char* kFortunesDir = "/usr/share/games/fortunes";
 
 // The demo corpus: every fortune file (Debian's `fortunes` package), one document per fortune,
 // split 19:1 into train and validation by document. Built once under data/fortunes/.
-std::pair<std::string, std::string> prepare_fortunes() {
+std::pair<std::string, std::string> build_fortunes() {
   const fs::path dir = "data/fortunes";
   const std::string train = (dir / "train").string(), valid = (dir / "valid").string();
   if (fs::exists(train + ".idx") && fs::exists(valid + ".idx")) return {train, valid};
@@ -40,6 +41,16 @@ std::pair<std::string, std::string> prepare_fortunes() {
   return {train, valid};
 }
 
+// Under mpirun every rank gets here: rank 0 builds the corpus while the others wait for it
+// (concurrent builds would write the same files).
+std::pair<std::string, std::string> prepare_fortunes() {
+  parallel::Communicator& world = parallel::world();
+  std::pair<std::string, std::string> paths;
+  if (world.rank() == 0) paths = build_fortunes();
+  world.barrier();
+  return world.rank() == 0 ? paths : build_fortunes();
+}
+
 // Built-in demo: a small byte-level GPT on the fortunes corpus, sized to finish in a few minutes
 // on two cores. The corpus is only prepared when the user's --set does not name other data.
 std::vector<std::string> demo_settings(const std::vector<std::string>& user_sets) {
@@ -51,8 +62,10 @@ std::vector<std::string> demo_settings(const std::vector<std::string>& user_sets
     // The corpus is already split by document, so all of `train` trains.
     settings = {"data.data_path=\"" + train + "\"", "data.valid_data_path=\"" + valid + "\"", "data.split=\"100,0,0\""};
   }
+  // The same global batch of 16 on any number of data-parallel ranks that divides it.
+  const int ranks = parallel::world().size();
+  settings.push_back("training.micro_batch_size=" + std::to_string(16 % ranks == 0 ? 16 / ranks : 16));
   settings.insert(settings.end(), {"model.preset=\"gpt-tiny\"",
-          "training.micro_batch_size=16",
           "training.global_batch_size=16",
           "training.seq_length=128",
           "training.train_iters=1000",
@@ -112,8 +125,8 @@ void add_train_command(CLI::App& app) {
     }
     train::Trainer trainer(std::move(cfg), options);
     auto summary = trainer.run();
-    // Last, after the sample: the one number a run is judged by.
-    if (summary.final_val_loss >= 0) std::printf("final validation loss: %.4f nats/token\n", summary.final_val_loss);
+    // Last, after the sample: the one number a run is judged by (rank 0 prints for the job).
+    if (summary.final_val_loss >= 0 && parallel::world().rank() == 0) std::printf("final validation loss: %.4f nats/token\n", summary.final_val_loss);
   });
 }
 

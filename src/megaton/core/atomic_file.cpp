@@ -24,7 +24,11 @@ void fsync_directory_of(const std::string& path) {
 }
 }  // namespace
 
-AtomicFile::AtomicFile(std::string path) : path_(std::move(path)), tmp_(path_ + ".tmp") {
+// The temporary is named for this process, so processes writing the same file at once (the ranks
+// of a distributed run caching the same sample index) each write their own and the last rename wins
+// with a complete file.
+AtomicFile::AtomicFile(std::string path)
+    : path_(std::move(path)), tmp_(path_ + "." + std::to_string(::getpid()) + ".tmp") {
   file_ = std::fopen(tmp_.c_str(), "wb");
   if (!file_) fail("cannot create ", tmp_, " (writing ", path_, "): ", std::strerror(errno));
   std::setvbuf(file_, nullptr, _IOFBF, kBufferBytes);

@@ -1,4 +1,4 @@
-// Output files that appear complete or not at all: bytes go to PATH.tmp, and commit() fsyncs and renames
+// Output files that appear complete or not at all: bytes go to PATH.<pid>.tmp, and commit() fsyncs and renames
 // it to PATH. Checkpoints and datasets are read by later runs, so a crash or an exception while writing
 // must never leave a truncated file under the real name.
 #pragma once
@@ -11,7 +11,7 @@ namespace megaton {
 
 class AtomicFile {
  public:
-  explicit AtomicFile(std::string path);  // opens path + ".tmp"; throws naming it
+  explicit AtomicFile(std::string path);  // opens PATH.<pid>.tmp; throws naming it
   ~AtomicFile();                          // removes the temporary unless committed
   AtomicFile(const AtomicFile&) = delete;
   AtomicFile& operator=(const AtomicFile&) = delete;

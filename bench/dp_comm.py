@@ -1,0 +1,77 @@
+"""Data-parallel communication: the fraction of step time each rank spends blocked on gradient
+reductions, with the bucket reductions overlapped with backward and without.
+
+  python3 bench/dp_comm.py --megaton build/megaton [--model gpt2-124m] [--np 2] [--steps 5]
+      [--batch 4] [--seq-len 256] [--threads 1] [--bucket-size 40000000]
+
+Runs `mpirun -np NP megaton train` on the demo corpus (built on first use) with one data-parallel
+micro-batch of B x T per rank per step, once with parallel.overlap_grad_reduce = true and once with
+false, plus the single-process run of the same global batch. From rank 0's metrics.jsonl: the
+median over steps 2.. of step_time_s and of comm_wait_s (timers around the waits for the bucket
+reductions, TrainingStep::Result::comm_wait_seconds). Prints the CPU line first and one row per run.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import tempfile
+from pathlib import Path
+
+MPI_ENV = {"OMPI_MCA_plm": "isolated", "OMPI_MCA_btl_vader_single_copy_mechanism": "none",
+           "OMPI_MCA_rmaps_base_oversubscribe": "1", "OMPI_ALLOW_RUN_AS_ROOT": "1",
+           "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+
+
+def run(cmd, env):
+    result = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if result.returncode != 0:
+        raise SystemExit(f"failed ({result.returncode}): {' '.join(cmd)}\n{result.stdout[-3000:]}")
+    return result.stdout
+
+
+def medians(run_dir: Path):
+    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [s for s in steps if "loss" in s and "step_time_s" in s][1:]  # the first step warms up
+    if not steps:
+        raise SystemExit(f"no step records in {run_dir}")
+    step_time = statistics.median(s["step_time_s"] for s in steps)
+    wait = statistics.median(s.get("comm_wait_s", 0.0) for s in steps)
+    return step_time, wait, statistics.median(s["tokens_per_s"] for s in steps)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--megaton", required=True)
+    ap.add_argument("--model", default="gpt2-124m")
+    ap.add_argument("--np", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--seq-len", type=int, default=256)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--bucket-size", type=int, default=40_000_000)
+    args = ap.parse_args()
+    binary = str(Path(args.megaton).resolve())
+    env = dict(os.environ, **MPI_ENV, OMP_NUM_THREADS=str(args.threads))
+    print(run([binary, "bench", "--cpu-info"], env).strip())
+    common = ["--set", f"model.preset={args.model}", "--set", f"training.micro_batch_size={args.batch}",
+              "--set", f"training.global_batch_size={args.batch * args.np}", "--set", f"training.seq_length={args.seq_len}",
+              "--set", f"training.train_iters={args.steps}", "--set", f"training.threads={args.threads}",
+              "--set", "logging.eval_iters=1", "--set", "sample.tokens=0", "--set", f"parallel.bucket_size={args.bucket_size}"]
+    mpirun = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(args.np)]
+    print(f"{args.model}, {args.np} ranks x B={args.batch} T={args.seq_len}, {args.threads} thread(s) per rank, "
+          f"bucket_size {args.bucket_size}; medians over steps 2..{args.steps}")
+    print(f"{'run':28} {'step s':>8} {'wait s':>8} {'wait %':>7} {'tokens/s':>9}")
+    with tempfile.TemporaryDirectory() as tmp:
+        runs = [("1 process, same global batch", [binary, "train"], [])]
+        runs += [(f"dp{args.np} overlap_grad_reduce={o}", mpirun + [binary, "train"],
+                  ["--set", f"parallel.overlap_grad_reduce={o}"]) for o in ("true", "false")]
+        for name, prefix, extra in runs:
+            run_dir = Path(tmp) / name.replace(" ", "_").replace(",", "")
+            run(prefix + common + extra + ["--set", f"logging.run_dir=\"{run_dir}\""], env)
+            step_time, wait, tok_s = medians(run_dir)
+            print(f"{name:28} {step_time:8.2f} {wait:8.3f} {100 * wait / step_time:6.1f}% {tok_s:9.0f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
