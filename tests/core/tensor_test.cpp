@@ -6,6 +6,8 @@
 #include "megaton/core/rng.h"
 #include "megaton/core/tensor.h"
 
+#include "../support/temp_dir.h"
+
 using namespace megaton;
 
 TEST(Tensor, AllocatorCountsLiveAndPeakPerCategory) {
@@ -81,4 +83,12 @@ TEST(Rng, PhiloxIsCounterBasedAndNormalish) {
   s = std::sqrt(s / v.size());
   EXPECT_NEAR(m, 0.0, 0.02);
   EXPECT_NEAR(s, 1.0, 0.02);
+}
+
+TEST(Tensor, SizesThatOverflowAreErrorsNamingTheTensor) {
+  const int64_t big = int64_t{1} << 40;
+  EXPECT_ERROR_CONTAINS(Tensor::empty({big, big}, DType::F32, MemCategory::Other, "huge"), "shape [", "overflows int64");
+  // numel fits, bytes do not.
+  EXPECT_ERROR_CONTAINS(Tensor::empty({int64_t{1} << 62}, DType::F32, MemCategory::Other, "wide"), "tensor 'wide'",
+                        "overflows int64");
 }

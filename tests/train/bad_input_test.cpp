@@ -28,8 +28,13 @@ void replace_all(std::string& s, const std::string& from, const std::string& to)
 TEST(BadInput, ConfigAndDataErrorsNameTheCulpritAndWriteNothing) {
   TempDir dir;
   megaton::testing::write_byte_dataset(dir.file("data"), 50);
-  const std::string base = "[data]\ndata_path = \"DATA\"\n[training]\ntrain_iters = 2\nseq_length = 16\n"
-                           "micro_batch_size = 2\nglobal_batch_size = 2\n";
+  // The [training] table of every case, with `extra` keys added to it.
+  auto training = [](const std::string& extra) {
+    std::string t = "[training]\nseq_length = 16\nmicro_batch_size = 2\nglobal_batch_size = 2\n" + extra;
+    if (extra.find("train_iters") == std::string::npos) t += "train_iters = 2\n";
+    return t;
+  };
+  const std::string base = "[data]\ndata_path = \"DATA\"\n" + training("");
   const std::vector<BadCase> cases = {
       {"key in the wrong section", base + "lr = 0.1\n", "did you mean 'optimizer.lr'"},
       {"typo", base + "[optimizer]\nweight_decy = 0.1\n", "optimizer.weight_decay"},
@@ -42,6 +47,25 @@ TEST(BadInput, ConfigAndDataErrorsNameTheCulpritAndWriteNothing) {
       {"vocab mismatch", base + "[model]\nvocab_size = 100\n", "vocab"},
       {"bad enum", base + "[model]\nnormalization = \"BatchNorm\"\n", "BatchNorm"},
       {"toml syntax", base + "[optimizer\nlr = 1\n", ".toml:"},
+      // Numbers from outside are range-checked before any size is computed from them (issue 8).
+      {"huge positions", base + "[model]\nmax_position_embeddings = 4611686018427387905\n", "max_position_embeddings"},
+      {"huge hidden", base + "[model]\nhidden_size = 99999999999\n", "hidden_size"},
+      {"negative head dim", base + "[model]\nkv_channels = -1\n", "kv_channels"},
+      {"huge vocab", base + "[model]\nvocab_size = 4294967296\n", "vocab_size"},
+      {"huge train_iters", training("train_iters = 4611686018427387904\n"), "training.train_iters"},
+      {"huge eval_iters", base + "[logging]\neval_iters = 9223372036854775807\n", "logging.eval_iters"},
+      {"too many loader threads", "[data]\ndata_path = \"DATA\"\nnum_workers = 100000\n" + training(""),
+       "data.num_workers"},
+      {"too many threads", training("threads = 100000\n"), "training.threads"},
+      // Hyper-parameters that can only train NaN are refused up front.
+      {"infinite lr", base + "[optimizer]\nlr = inf\n", "optimizer.lr"},
+      {"nan weight decay", base + "[optimizer]\nweight_decay = nan\n", "optimizer.weight_decay"},
+      {"negative clip", base + "[optimizer]\nclip_grad = -1.0\n", "optimizer.clip_grad"},
+      {"negative norm epsilon", base + "[model]\nnorm_epsilon = -1.0\n", "norm_epsilon"},
+      {"zero init std", base + "[model]\ninit_method_std = 0.0\n", "init_method_std"},
+      {"negative rotary base", base + "[model]\nrotary_base = -5.0\n", "rotary_base"},
+      // What would fail at the end fails at the start: the sample prompt must leave room.
+      {"prompt too long", base + "[sample]\ntokens = 5\nprompt = \"" + std::string(40, 'x') + "\"\n", "sample.prompt"},
   };
   for (const auto& c : cases) {
     std::string toml = c.toml;
@@ -122,4 +146,13 @@ TEST(BadInput, EvalOnMissingModelOrTruncatedIndexNamesTheFile) {
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("data.idx"), std::string::npos) << r.output;
   EXPECT_FALSE(std::filesystem::exists(dir.file("run")));
+}
+
+TEST(BadInput, PreprocessWorkersOutOfRangeIsAnError) {
+  TempDir dir;
+  std::ofstream(dir.file("in.txt")) << "hello\n";
+  auto r = run_command(std::string(MEGATON_BINARY) + " preprocess --input " + dir.file("in.txt") + " --output-prefix " +
+                       dir.file("out") + " --workers 100000");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("workers must be in [0, 1024]"), std::string::npos) << r.output;
 }

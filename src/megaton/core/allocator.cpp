@@ -56,6 +56,8 @@ void raise_peak(std::atomic<size_t>& peak, size_t value) {
 void* Allocator::allocate(size_t bytes, MemCategory cat, std::string_view what) {
   void* p = nullptr;
   if (device_.is_cpu()) {
+    if (bytes > SIZE_MAX - 63)
+      fail("cannot allocate ", bytes, " bytes for '", what, "' (", mem_category_name(cat), "): too large");
     const size_t rounded = (bytes + 63) / 64 * 64;
     p = rounded ? std::aligned_alloc(64, rounded) : nullptr;
     if (rounded && !p)

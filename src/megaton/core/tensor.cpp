@@ -3,6 +3,8 @@
 #include <cstring>
 #include <sstream>
 
+#include "megaton/core/checked.h"
+
 #ifdef MEGATON_WITH_CUDA
 #include "megaton/core/cuda/cuda_memory.h"
 #endif
@@ -21,7 +23,7 @@ int64_t shape_numel(const Shape& s) {
   int64_t n = 1;
   for (auto d : s) {
     if (d < 0) fail("negative dimension in shape ", shape_str(s));
-    n *= d;
+    n = checked_mul("shape " + shape_str(s), n, d);
   }
   return n;
 }
@@ -33,6 +35,7 @@ Storage::~Storage() { Allocator::of(device_).deallocate(data_, bytes_, cat_); }
 Tensor Tensor::empty(Shape shape, DType dtype, MemCategory cat, std::string name, Device device) {
   Tensor t;
   t.numel_ = shape_numel(shape);
+  checked_mul("tensor '" + name + "' of shape " + shape_str(shape), t.numel_, static_cast<int64_t>(dtype_size(dtype)));
   t.shape_ = std::move(shape);
   t.dtype_ = dtype;
   t.name_ = std::move(name);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "megaton/core/checked.h"
 #include "megaton/core/error.h"
 
 namespace megaton::data {
@@ -12,23 +13,37 @@ DataLoader::DataLoader(std::shared_ptr<const SampleSource> source, DataLoaderOpt
   if (opt_.micro_batch_size < 1) fail("data loader: micro_batch_size must be positive, got ", opt_.micro_batch_size);
   if (opt_.data_parallel_size < 1 || opt_.data_parallel_rank < 0 || opt_.data_parallel_rank >= opt_.data_parallel_size)
     fail("data loader: data-parallel rank ", opt_.data_parallel_rank, " is not in [0, ", opt_.data_parallel_size, ")");
-  if (opt_.num_workers < 1 || opt_.prefetch < 1)
-    fail("data loader: num_workers (", opt_.num_workers, ") and prefetch (", opt_.prefetch, ") must be positive");
+  if (opt_.num_workers < 1 || opt_.num_workers > kMaxWorkers || opt_.prefetch < 1 || opt_.prefetch > kMaxPrefetch)
+    fail("data loader: num_workers (", opt_.num_workers, ") must be in [1, ", kMaxWorkers, "] and prefetch (",
+         opt_.prefetch, ") in [1, ", kMaxPrefetch, "]");
   if (opt_.consumed_samples < 0 || opt_.consumed_samples > source_->size())
     fail("data loader: consumed_samples ", opt_.consumed_samples, " is outside the dataset's ", source_->size(),
          " samples");
-  steps_ = (source_->size() - opt_.consumed_samples) / (opt_.micro_batch_size * opt_.data_parallel_size);
+  steps_ = (source_->size() - opt_.consumed_samples) /
+           checked_mul("data loader: micro_batch_size x data_parallel_size", opt_.micro_batch_size,
+                       opt_.data_parallel_size);
   slots_.resize(static_cast<size_t>(opt_.prefetch));
-  for (int w = 0; w < opt_.num_workers; ++w) workers_.emplace_back([this] { work(); });
+  try {
+    for (int w = 0; w < opt_.num_workers; ++w) workers_.emplace_back([this] { work(); });
+  } catch (const std::system_error& e) {
+    // The threads that did start must be stopped and joined before this constructor unwinds
+    // (a joinable std::thread destroyed would terminate the process).
+    const size_t started = workers_.size();
+    stop_workers();
+    fail("data loader: cannot start worker thread ", started + 1, " of ", opt_.num_workers, ": ", e.what());
+  }
 }
 
-DataLoader::~DataLoader() {
+DataLoader::~DataLoader() { stop_workers(); }
+
+void DataLoader::stop_workers() {
   {
     std::lock_guard lock(mu_);
     stop_ = true;
   }
   space_cv_.notify_all();
   for (auto& t : workers_) t.join();
+  workers_.clear();
 }
 
 void DataLoader::fill(int64_t step, Batch& batch) const {

@@ -33,6 +33,7 @@ struct DataLoaderOptions {
 
 class DataLoader {
  public:
+  static constexpr int kMaxWorkers = 256, kMaxPrefetch = 4096;
   // Errors name the offending option; consumed_samples beyond the source is an error too.
   DataLoader(std::shared_ptr<const SampleSource> source, DataLoaderOptions options);
   ~DataLoader();
@@ -56,6 +57,7 @@ class DataLoader {
 
   void work();
   void fill(int64_t step, Batch& batch) const;
+  void stop_workers();  // asks the workers to stop and joins them
 
   std::shared_ptr<const SampleSource> source_;
   DataLoaderOptions opt_;

@@ -142,6 +142,8 @@ PreprocessStats preprocess(const PreprocessOptions& opts) {
   if (opts.inputs.empty()) fail("preprocess: no input files");
   if (opts.output_prefix.empty()) fail("preprocess: no output prefix");
   auto tok = make_tokenizer(opts.tokenizer);
+  if (opts.workers < 0 || opts.workers > kMaxPreprocessWorkers)
+    fail("preprocess: workers must be in [0, ", kMaxPreprocessWorkers, "] (0: all cores), got ", opts.workers);
   int workers = opts.workers > 0 ? opts.workers : num_threads();
   ProgressBar bar(total_input_bytes(opts.inputs), opts.progress);
 

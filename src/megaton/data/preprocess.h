@@ -9,6 +9,8 @@
 
 namespace megaton::data {
 
+constexpr int kMaxPreprocessWorkers = 1024;
+
 struct PreprocessOptions {
   // .json/.jsonl: JSON Lines; anything else: plain text. Each may be gzip or zstd compressed (the format is
   // told by its magic bytes; a .gz / .zst suffix is ignored when telling JSON Lines from text).
@@ -23,7 +25,7 @@ struct PreprocessOptions {
   // JSON Lines: count and drop lines that are not a JSON object with a string field json_key, instead of
   // stopping at the first one with an error naming FILE:LINE.
   bool skip_bad_lines = false;
-  int workers = 0;       // tokenizing threads; <= 0: the process-wide thread count
+  int workers = 0;       // tokenizing threads, at most kMaxPreprocessWorkers; 0: the process-wide thread count
   bool progress = true;  // progress bar on stderr
 };
 

@@ -23,18 +23,6 @@ void expect_matrix(std::string_view op, const Tensor& t, int64_t rows, int64_t c
          cols);
 }
 
-int64_t checked_mul(std::string_view op, int64_t a, int64_t b) {
-  int64_t r;
-  if (__builtin_mul_overflow(a, b, &r)) fail("kernel ", op, ": size ", a, " * ", b, " overflows int64");
-  return r;
-}
-
-int64_t checked_add(std::string_view op, int64_t a, int64_t b) {
-  int64_t r;
-  if (__builtin_add_overflow(a, b, &r)) fail("kernel ", op, ": size ", a, " + ", b, " overflows int64");
-  return r;
-}
-
 void expect_holds(std::string_view op, const Tensor& t, int64_t offset, std::initializer_list<Strided> levels,
                   int64_t len) {
   bool empty = len == 0;

@@ -6,6 +6,7 @@
 #include <string_view>
 #include <type_traits>
 
+#include "megaton/core/checked.h"
 #include "megaton/core/device.h"
 #include "megaton/core/tensor.h"
 
@@ -24,10 +25,6 @@ void expect_on_device(const ExecContext& ctx, std::string_view op, std::initiali
 void expect_dtype(DType dtype, std::string_view op, std::initializer_list<const Tensor*> tensors);
 // Throws naming the op and the tensor unless t has numel() == rows * cols (any leading shape).
 void expect_matrix(std::string_view op, const Tensor& t, int64_t rows, int64_t cols);
-
-// Size arithmetic that throws naming the op when a * b or a + b does not fit in int64.
-int64_t checked_mul(std::string_view op, int64_t a, int64_t b);
-int64_t checked_add(std::string_view op, int64_t a, int64_t b);
 
 // One level of a strided access: `count` items, `stride` elements apart.
 struct Strided {

@@ -1,6 +1,7 @@
 #include "megaton/models/transformer_config.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "megaton/core/error.h"
 #include "megaton/nn/block_spec.h"
@@ -8,16 +9,29 @@
 namespace megaton::models {
 
 void TransformerConfig::validate() const {
-  auto positive = [](const char* key, int64_t v) {
-    if (v <= 0) fail("model config: ", key, " must be positive, got ", v);
+  // Upper bounds far above any real model, low enough that every size computed from them (tables,
+  // weights, activations) fits in int64: a typo fails here, not as a wrapped allocation.
+  auto positive = [](const char* key, int64_t v, int64_t max = int64_t{1} << 24) {
+    if (v <= 0 || v > max) fail("model config: ", key, " must be in [1, ", max, "], got ", v);
+  };
+  auto finite_positive = [](const char* key, double v) {
+    if (!(std::isfinite(v) && v > 0)) fail("model config: ", key, " must be a finite positive number, got ", v);
   };
   positive("num_layers", num_layers);
   positive("hidden_size", hidden_size);
   positive("num_attention_heads", num_attention_heads);
   positive("num_query_groups", num_query_groups);
   positive("ffn_hidden_size", ffn_hidden_size);
-  positive("vocab_size", vocab_size);
+  positive("vocab_size", vocab_size, int64_t{1} << 31);  // token ids are int32
   positive("max_position_embeddings", max_position_embeddings);
+  if (kv_channels < 0 || kv_channels > (int64_t{1} << 16))
+    fail("model config: kv_channels must be in [0, 65536] (0: hidden_size / heads), got ", kv_channels);
+  finite_positive("norm_epsilon", norm_epsilon);
+  finite_positive("init_method_std", init_method_std);
+  finite_positive("rotary_base", rotary_base);
+  if (!std::isfinite(rope_scaling.factor) || !std::isfinite(rope_scaling.low_freq_factor) ||
+      !std::isfinite(rope_scaling.high_freq_factor) || !std::isfinite(rope_scaling.original_max_position))
+    fail("model config: rope_scaling values must be finite");
   if (kv_channels <= 0 && hidden_size % num_attention_heads != 0)
     fail("model config: hidden_size ", hidden_size, " is not divisible by num_attention_heads ",
          num_attention_heads, " (set kv_channels to choose the head dim explicitly)");

@@ -1,6 +1,7 @@
 #include "megaton/train/train_config.h"
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <map>
 #include <sstream>
@@ -8,6 +9,7 @@
 #include <variant>
 
 #include "megaton/core/error.h"
+#include "megaton/data/data_loader.h"
 #include "megaton/models/hf_format.h"
 #include "megaton/optim/lr_schedule.h"
 
@@ -229,6 +231,29 @@ void check(bool ok, const std::string& key, const std::string& msg) {
 }
 
 void validate(const TrainConfig& c) {
+  // Hyper-parameters must be finite: an inf or NaN lr trains NaN from the first step.
+  for (const auto& [key, v] : {std::pair{"optimizer.lr", c.lr}, {"optimizer.min_lr", c.min_lr},
+                               {"optimizer.weight_decay", c.weight_decay}, {"optimizer.adam_eps", c.adam_eps},
+                               {"optimizer.clip_grad", c.clip_grad}, {"logging.peak_tflops", c.peak_tflops},
+                               {"rewind.zscore", c.rewind_zscore}, {"sample.temperature", c.sample_temperature}})
+    check(std::isfinite(v), key, "must be a finite number, got " + std::to_string(v));
+  // Counts bounded so that the sizes computed from them (samples = steps x batch, batch x sequence)
+  // fit in int64 with room to spare.
+  constexpr int64_t kMaxCount = int64_t{1} << 31;
+  for (const auto& [key, v] : {std::pair{"training.micro_batch_size", c.micro_batch_size},
+                               {"training.global_batch_size", c.global_batch_size},
+                               {"training.train_iters", c.train_iters}, {"logging.eval_iters", c.eval_iters},
+                               {"logging.log_interval", c.log_interval}, {"logging.eval_interval", c.eval_interval},
+                               {"logging.save_interval", c.save_interval}, {"training.exit_interval", c.exit_interval},
+                               {"sample.tokens", c.sample_tokens}, {"optimizer.lr_warmup_iters", c.lr_warmup_iters},
+                               {"optimizer.lr_decay_iters", c.lr_decay_iters}})
+    check(v <= kMaxCount, key, "must be at most " + std::to_string(kMaxCount) + ", got " + std::to_string(v));
+  check(c.num_workers <= data::DataLoader::kMaxWorkers, "data.num_workers",
+        "must be at most " + std::to_string(data::DataLoader::kMaxWorkers) + ", got " + std::to_string(c.num_workers));
+  check(c.threads <= 4096, "training.threads", "must be at most 4096, got " + std::to_string(c.threads));
+  check(c.sample_temperature >= 0, "sample.temperature", "must not be negative");
+  check(c.weight_decay >= 0, "optimizer.weight_decay", "must not be negative");
+  check(c.clip_grad >= 0, "optimizer.clip_grad", "must not be negative (0: no clipping)");
   check(c.micro_batch_size > 0, "training.micro_batch_size", "must be positive");
   check(c.global_batch_size > 0 && c.global_batch_size % c.micro_batch_size == 0, "training.global_batch_size",
         "must be a positive multiple of training.micro_batch_size (" + std::to_string(c.micro_batch_size) + ")");

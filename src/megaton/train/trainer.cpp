@@ -38,6 +38,13 @@ Trainer::Trainer(TrainConfig config, RunOptions options)
   if (tokenizer->vocab_size() > cfg_.model.vocab_size)
     fail("config key 'data.tokenizer': tokenizer '", cfg_.tokenizer, "' has ", tokenizer->vocab_size(),
          " ids but the model's vocab_size is ", cfg_.model.vocab_size);
+  if (cfg_.sample_tokens > 0) {
+    // The sample is generated at the very end; a prompt that cannot fit fails now, not after training.
+    const auto prompt = tokenizer->encode(cfg_.sample_prompt.empty() ? "\n" : cfg_.sample_prompt);
+    if (static_cast<int64_t>(prompt.size()) >= cfg_.seq_length)
+      fail("config key 'sample.prompt': its ", prompt.size(), " tokens leave no room to generate within "
+           "training.seq_length ", cfg_.seq_length, " (the positions the model was trained on)");
+  }
   data_ = build_training_data(cfg_);
   if (!cfg_.load.empty()) {
     model_ = models::load_hf_model(cfg_.load);
