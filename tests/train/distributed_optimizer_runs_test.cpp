@@ -70,7 +70,7 @@ TEST(DistributedOptimizer, CheckpointsAreLayoutFreeAndResumeExactly) {
   ASSERT_EQ(resumed.losses.size(), 10u);
   EXPECT_EQ(resumed.losses, straight.losses);  // bitwise
   for (const auto& [step, rec] : straight.last)
-    EXPECT_EQ(resumed.last.at(step)["grad_norm"].get<double>(), rec["grad_norm"].get<double>()) << "step " << step;
+    EXPECT_EQ(resumed.last.at(step)["grad_norm"], rec["grad_norm"]) << "step " << step;  // null when not finite
   megaton::testing::expect_bitwise_equal(megaton::testing::final_weights(run.run_dir("stopped")),
                                          megaton::testing::final_weights(run.run_dir("straight")));
   // The same checkpoint resumed by a single process with plain AdamW.
