@@ -93,4 +93,13 @@ TEST(DistributedOptimizer, OverlapParamGatherIsRefusedClearly) {
   EXPECT_NE(r.output.find("not supported yet"), std::string::npos) << r.output;
 }
 
+// With one process the distributed optimizer owns everything: the plain run's training, to the
+// rounding of the grad norm's summation order (per bucket instead of over the whole buffer).
+TEST(DistributedOptimizer, OneProcessTrainsLikePlainAdamW) {
+  TinyRunDir run;
+  const Metrics plain = run.train_ok("plain", kShort);
+  const Metrics dist = run.train_ok("dist", kShort + kDistOpt + "--set parallel.bucket_size=4000");
+  megaton::testing::expect_same_training(dist, plain, run.run_dir("dist"), run.run_dir("plain"), "one process");
+}
+
 }  // namespace
