@@ -15,6 +15,7 @@
 
 #include "../support/temp_dir.h"
 #include "megaton/ckpt/safetensors.h"
+#include "megaton/optim/adamw.h"
 
 using namespace megaton;
 using megaton::testing::TempDir;

@@ -8,8 +8,12 @@ namespace {
 int64_t align_up(int64_t n, int64_t a) { return (n + a - 1) / a * a; }
 }  // namespace
 
-ParamAndGradBuffer::ParamAndGradBuffer(const ParameterList& params, int64_t bucket_size)
-    : params_(params.rbegin(), params.rend()) {
+ParamAndGradBuffer::ParamAndGradBuffer(const ParameterList& params, int64_t bucket_size, int64_t shards)
+    : params_(params.rbegin(), params.rend()), shards_(shards) {
+  MEGATON_CHECK(shards >= 1, "gradient buffer needs at least one shard, got ", shards);
+  // A bucket ends on a multiple of this, so it splits into `shards` aligned shards (with one
+  // shard, the alignment every parameter start has anyway: the layout of an unsharded buffer).
+  const int64_t bucket_align = kAlignElements * shards;
   std::set<const Parameter*> seen;
   int64_t total = 0;
   GradBucket bucket;
@@ -17,8 +21,9 @@ ParamAndGradBuffer::ParamAndGradBuffer(const ParameterList& params, int64_t buck
     MEGATON_CHECK(p != nullptr && p->value.defined(), "gradient buffer given an undefined parameter");
     MEGATON_CHECK(seen.insert(p).second, "gradient buffer given parameter '", p->name, "' twice");
     MEGATON_CHECK(p->value.dtype() == DType::F32, "parameter '", p->name, "' main weight must be f32");
-    const int64_t offset = align_up(total, kAlignElements);
+    int64_t offset = align_up(total, kAlignElements);
     if (!bucket.params.empty() && bucket_size > 0 && offset - bucket.offset >= bucket_size) {
+      offset = bucket.offset + align_up(offset - bucket.offset, bucket_align);
       bucket.numel = offset - bucket.offset;
       buckets_.push_back(std::move(bucket));
       bucket = GradBucket{offset, 0, {}};
@@ -28,7 +33,7 @@ ParamAndGradBuffer::ParamAndGradBuffer(const ParameterList& params, int64_t buck
     bucket.params.push_back(p);
     total = offset + p->value.numel();
   }
-  total = align_up(total, kAlignElements);
+  total = bucket.offset + align_up(total - bucket.offset, bucket_align);
   bucket.numel = total - bucket.offset;
   if (!bucket.params.empty()) buckets_.push_back(std::move(bucket));
 
@@ -52,6 +57,19 @@ int64_t ParamAndGradBuffer::offset_of(const Parameter& p) const {
   for (size_t i = 0; i < params_.size(); ++i)
     if (params_[i] == &p) return offsets_[i];
   fail("parameter '", p.name, "' is not in this gradient buffer");
+}
+
+ElementRange ParamAndGradBuffer::shard_range(size_t bucket, int64_t shard) const {
+  MEGATON_CHECK(shard >= 0 && shard < shards_, "shard ", shard, " of a gradient buffer with ", shards_, " shards");
+  const GradBucket& b = buckets_.at(bucket);
+  const int64_t n = b.numel / shards_;
+  return {b.offset + shard * n, n};
+}
+
+std::vector<ElementRange> ParamAndGradBuffer::shard_ranges(int64_t shard) const {
+  std::vector<ElementRange> out;
+  for (size_t b = 0; b < buckets_.size(); ++b) out.push_back(shard_range(b, shard));
+  return out;
 }
 
 void ParamAndGradBuffer::begin_step(int64_t microbatches) {

@@ -8,6 +8,12 @@
 // data-parallel reduction of that bucket can start while backward goes on with earlier layers.
 // The optimizer and the grad norm run over the flat buffers.
 //
+// Sharding (Megatron's distributed optimizer layout): with `shards` = S > 1 every bucket's size is
+// padded to a multiple of kAlignElements x S, so bucket b splits into S equal, 64-byte-aligned,
+// contiguous shards, and data-parallel rank r owns shard r of every bucket (it reduce-scatters
+// the bucket's gradient into that shard, updates those weights and all-gathers them back). With
+// S = 1 the layout is the plain DDP one (buckets padded to kAlignElements only).
+//
 // A gradient is final when each module that uses the parameter (Parameter::uses) has called
 // Parameter::grad_accumulated() once per micro-batch of the step. The buffer checks that every
 // bucket fires exactly once per step and that no gradient is reported more often than that.
@@ -19,6 +25,14 @@
 #include "megaton/nn/parameter.h"
 
 namespace megaton::nn {
+
+// A contiguous range of elements of the flat buffers.
+struct ElementRange {
+  int64_t offset = 0;
+  int64_t numel = 0;
+  int64_t end() const { return offset + numel; }
+  bool operator==(const ElementRange&) const = default;
+};
 
 struct GradBucket {
   int64_t offset = 0;              // first element in the flat buffers
@@ -34,8 +48,9 @@ class ParamAndGradBuffer {
 
   // Moves every parameter's value into the weight buffer (copying it), re-points value and grad at
   // views, zeroes the gradients and hooks each parameter's grad_accumulated(). bucket_size <= 0:
-  // one bucket for everything. The parameters must outlive the buffer.
-  ParamAndGradBuffer(const ParameterList& params, int64_t bucket_size);
+  // one bucket for everything. shards >= 1: every bucket's numel is a multiple of
+  // kAlignElements x shards (see above). The parameters must outlive the buffer.
+  ParamAndGradBuffer(const ParameterList& params, int64_t bucket_size, int64_t shards = 1);
   ~ParamAndGradBuffer();
   ParamAndGradBuffer(const ParamAndGradBuffer&) = delete;
   ParamAndGradBuffer& operator=(const ParamAndGradBuffer&) = delete;
@@ -45,6 +60,11 @@ class ParamAndGradBuffer {
   const std::vector<GradBucket>& buckets() const { return buckets_; }
   const ParameterList& params() const { return params_; }  // in buffer order
   int64_t offset_of(const Parameter& p) const;              // element offset of p's view
+  int64_t shards() const { return shards_; }
+  // Shard `shard` of bucket `bucket`: numel / shards() elements from offset + shard x that.
+  ElementRange shard_range(size_t bucket, int64_t shard) const;
+  // The elements rank `shard` owns: its shard of every bucket, in buffer order (one per bucket).
+  std::vector<ElementRange> shard_ranges(int64_t shard) const;
 
   // Called with a bucket's index when its gradients are final (during the step's last micro-batch).
   void on_bucket_ready(std::function<void(size_t bucket)> callback) { ready_callback_ = std::move(callback); }
@@ -58,6 +78,7 @@ class ParamAndGradBuffer {
   void report_index(size_t i);  // params_[i] finished one accumulation
 
   ParameterList params_;
+  int64_t shards_ = 1;
   Tensor weights_, grads_;
   std::vector<GradBucket> buckets_;
   std::vector<int64_t> offsets_;        // per params_ entry

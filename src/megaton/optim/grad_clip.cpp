@@ -24,7 +24,9 @@ double global_grad_norm(const nn::ParameterList& params) {
   return global_norm(grads);
 }
 
-double global_norm(const std::vector<Tensor>& grads) {
+double global_norm(const std::vector<Tensor>& grads) { return std::sqrt(sum_of_squares(grads)); }
+
+double sum_of_squares(const std::vector<Tensor>& grads) {
   std::vector<Chunk> chunks;
   for (const Tensor& grad : grads) {
     const float* g = grad.data<float>();
@@ -44,7 +46,7 @@ double global_norm(const std::vector<Tensor>& grads) {
   }
   double total = 0;
   for (double s : partial) total += s;
-  return std::sqrt(total);
+  return total;
 }
 
 double clip_coefficient(double norm, double max_norm) {

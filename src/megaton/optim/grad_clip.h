@@ -14,6 +14,9 @@ double global_grad_norm(const nn::ParameterList& params);
 // The same over any fp32 gradient tensors, e.g. one flat ParamAndGradBuffer::grads() (its alignment
 // gaps are zero and add nothing).
 double global_norm(const std::vector<Tensor>& grads);
+// The sum of squares global_norm takes the root of (same order, so sqrt of it is bitwise global_norm):
+// a distributed optimizer sums each rank's part over the group before the root.
+double sum_of_squares(const std::vector<Tensor>& grads);
 
 // Returns the pre-clip global norm. When max_norm > 0 and the norm is finite, multiplies every grad by
 // clamp(max_norm / (norm + 1e-6), max 1) as PyTorch does (so grads shrink only when the norm exceeds

@@ -17,7 +17,7 @@ CheckpointManager::CheckpointManager(const TrainConfig& cfg, FaultInjector& faul
 std::string CheckpointManager::checkpoints_dir() const { return (fs::path(cfg_.run_dir) / "checkpoints").string(); }
 
 std::optional<TrainProgress> CheckpointManager::resume(const std::string& from, models::TransformerModel& model,
-                                                       optim::AdamW& optimizer) {
+                                                       optim::Optimizer& optimizer) {
   const std::string root = checkpoints_dir();
   if (from.empty()) {
     // Starting over next to an older run's checkpoints would interleave two runs' steps under
@@ -47,8 +47,13 @@ std::optional<TrainProgress> CheckpointManager::resume(const std::string& from, 
 }
 
 void CheckpointManager::start(MetricsLog& metrics, const models::TransformerModel& model,
-                              const optim::AdamW& optimizer) {
+                              const optim::Optimizer& optimizer) {
   metrics_ = &metrics;
+  // Checkpoint buffers up front: the first save then stalls no longer than the others, and a
+  // machine short of memory for them fails now rather than at the first save. Every rank has them:
+  // every rank captures (a distributed optimizer's state is gathered by all of its ranks).
+  if (cfg_.save_interval > 0 || cfg_.exit_interval > 0)
+    save_buffers_ = std::make_unique<StateSnapshot>(model.config(), optimizer);
   if (!writes_) return;
   for (const std::string& path : ckpt::remove_torn_checkpoints(checkpoints_dir())) {
     std::printf("removed %s (a checkpoint whose writing was interrupted)\n", path.c_str());
@@ -65,22 +70,21 @@ void CheckpointManager::start(MetricsLog& metrics, const models::TransformerMode
                    {"consumed_samples", resumed_samples_},
                    {"time", unix_time()}});
   }
-  // Checkpoint buffers up front: the first save then stalls no longer than the others, and a
-  // machine short of memory for them fails now rather than at the first save.
-  if (cfg_.save_interval > 0 || cfg_.exit_interval > 0)
-    save_buffers_ = std::make_unique<StateSnapshot>(model.config(), optimizer);
 }
 
-void CheckpointManager::save(const models::TransformerModel& model, const optim::AdamW& optimizer,
+void CheckpointManager::save(const models::TransformerModel& model, const optim::Optimizer& optimizer,
                              const TrainProgress& progress) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (writes_) {
+    writer_.wait();  // at most one save in flight: its buffers are free again once it is written
+    log_finished_writes();
+  }
+  // On every rank: capturing a distributed optimizer's state is collective. Rank 0 alone writes.
+  save_buffers_->capture(model, optimizer, progress, cfg_);
   if (!writes_) {
     last_saved_step_ = progress.step;
     return;
   }
-  const auto t0 = std::chrono::steady_clock::now();
-  writer_.wait();  // at most one save in flight: its buffers are free again once it is written
-  log_finished_writes();
-  save_buffers_->capture(model, optimizer, progress, cfg_);
   const int64_t step = progress.step;
   const std::string name = ckpt::checkpoint_name(step);
   pending_saves_[name] = {{"event", "checkpoint"},
@@ -124,7 +128,7 @@ void CheckpointManager::finish() {
   log_finished_writes();
 }
 
-void CheckpointManager::keep_rewind_point(const models::TransformerModel& model, const optim::AdamW& optimizer,
+void CheckpointManager::keep_rewind_point(const models::TransformerModel& model, const optim::Optimizer& optimizer,
                                           const TrainProgress& progress) {
   if (!cfg_.rewind || cfg_.snapshot_interval <= 0) return;
   if (rewind_point_ &&
@@ -136,7 +140,7 @@ void CheckpointManager::keep_rewind_point(const models::TransformerModel& model,
 
 std::pair<TrainProgress, std::string> CheckpointManager::restore_rewind_point(const std::string& why,
                                                                               models::TransformerModel& model,
-                                                                              optim::AdamW& optimizer) {
+                                                                              optim::Optimizer& optimizer) {
   if (rewind_point_) {
     rewind_point_->restore(model, optimizer);
     return {rewind_point_->progress(), "memory"};

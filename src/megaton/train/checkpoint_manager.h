@@ -20,8 +20,9 @@ namespace megaton::train {
 
 class CheckpointManager {
  public:
-  // world: every process of the run. With more than one, the model and optimizer state are
-  // replicated (data parallelism) and rank 0 alone writes checkpoints; every rank reads them.
+  // world: every process of the run. With more than one, the model is replicated (data
+  // parallelism) and the optimizer state replicated or sharded (distributed optimizer); every rank
+  // captures each checkpoint (gathering a sharded state), rank 0 alone writes it, every rank reads it.
   CheckpointManager(const TrainConfig& cfg, FaultInjector& faults, parallel::Communicator& world);
   std::string checkpoints_dir() const;
 
@@ -30,15 +31,15 @@ class CheckpointManager {
   // one under that directory). Loads it into model and optimizer and returns its progress; nullopt
   // when starting fresh. Runs before anything is written.
   std::optional<TrainProgress> resume(const std::string& from, models::TransformerModel& model,
-                                      optim::AdamW& optimizer);
+                                      optim::Optimizer& optimizer);
   // Opens for business once the metrics file exists: removes torn checkpoints, logs them, the
   // checkpoints resume() rejected and the resume itself; allocates the save buffers when saving is on.
-  void start(MetricsLog& metrics, const models::TransformerModel& model, const optim::AdamW& optimizer);
+  void start(MetricsLog& metrics, const models::TransformerModel& model, const optim::Optimizer& optimizer);
 
   // A full checkpoint of the current state: the step pays for the copy into the buffers (allocated
   // by start(), as saves happen only with logging.save_interval or training.exit_interval set);
   // the write runs in the background (or at once when checkpoint.async_save is off).
-  void save(const models::TransformerModel& model, const optim::AdamW& optimizer, const TrainProgress& progress);
+  void save(const models::TransformerModel& model, const optim::Optimizer& optimizer, const TrainProgress& progress);
   int64_t last_saved_step() const { return last_saved_step_; }
   // Logs the writes that finished since the last call.
   void log_finished_writes();
@@ -47,13 +48,13 @@ class CheckpointManager {
 
   // Before each step: refreshes the in-memory rewind point every rewind.snapshot_interval steps
   // (when that is 0, a rewind goes back to the newest checkpoint instead).
-  void keep_rewind_point(const models::TransformerModel& model, const optim::AdamW& optimizer,
+  void keep_rewind_point(const models::TransformerModel& model, const optim::Optimizer& optimizer,
                          const TrainProgress& progress);
   // Restores the rewind point into model and optimizer and returns its progress and where it came
   // from ("memory" or the checkpoint directory). `why` names the anomaly for the error when there
   // is nothing to go back to.
   std::pair<TrainProgress, std::string> restore_rewind_point(const std::string& why, models::TransformerModel& model,
-                                                             optim::AdamW& optimizer);
+                                                             optim::Optimizer& optimizer);
 
  private:
   const TrainConfig& cfg_;

@@ -38,25 +38,24 @@ void copy_bytes(const Tensor& src, const Tensor& dst) {
 
 }  // namespace
 
-StateSnapshot::StateSnapshot(const models::TransformerConfig& config, const optim::AdamW& optimizer) : model_(config) {
+StateSnapshot::StateSnapshot(const models::TransformerConfig& config, const optim::Optimizer& optimizer) : model_(config) {
   for (nn::Parameter* p : model_.parameters()) p->grad = Tensor();  // only the values are kept
-  for (const auto& [name, t] : optimizer.state_tensors())
-    moments_.emplace_back(name, Tensor::zeros(t.shape(), t.dtype(), MemCategory::Optimizer, name));  // touched now, not in the first save
+  for (const auto& [name, shape] : optimizer.state_specs())
+    moments_.emplace_back(name, Tensor::zeros(shape, DType::F32, MemCategory::Optimizer, name));  // touched now, not in the first save
 }
 
-void StateSnapshot::capture(const models::TransformerModel& model, const optim::AdamW& optimizer,
+void StateSnapshot::capture(const models::TransformerModel& model, const optim::Optimizer& optimizer,
                             const TrainProgress& progress, const TrainConfig& cfg) {
   const auto& from = model.parameters();
   const auto& to = model_.parameters();
   for (size_t i = 0; i < from.size(); ++i) copy_bytes(from[i]->value, to[i]->value);
-  const auto state = optimizer.state_tensors();
-  for (size_t i = 0; i < state.size(); ++i) copy_bytes(state[i].second, moments_[i].second);
+  optimizer.save_state(moments_);
   optimizer_steps_ = optimizer.steps();
   progress_ = progress;
   state_ = state_to_json(progress, cfg, optimizer_steps_);
 }
 
-void StateSnapshot::restore(models::TransformerModel& model, optim::AdamW& optimizer) const {
+void StateSnapshot::restore(models::TransformerModel& model, optim::Optimizer& optimizer) const {
   const auto& from = model_.parameters();
   const auto& to = model.parameters();
   for (size_t i = 0; i < from.size(); ++i) copy_bytes(from[i]->value, to[i]->value);
@@ -75,7 +74,7 @@ void StateSnapshot::write_optimizer_and_state(const std::string& dir) const {
   out.commit();
 }
 
-TrainProgress load_checkpoint(const std::string& dir, models::TransformerModel& model, optim::AdamW& optimizer,
+TrainProgress load_checkpoint(const std::string& dir, models::TransformerModel& model, optim::Optimizer& optimizer,
                               const TrainConfig& cfg) {
   const std::string model_file = (fs::path(dir) / "model.safetensors").string();
   const std::string state_file = (fs::path(dir) / kStateFile).string();

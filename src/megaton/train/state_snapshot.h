@@ -1,6 +1,9 @@
 // A copy of the training state (weights, AdamW moments, progress) in host buffers allocated once
 // and reused by every capture. It is both the in-memory rewind point and the source a checkpoint
 // is written from on the writer thread while training moves on, so a step pays only for copies.
+// The optimizer part is the optimizer's full, layout-free state (optim::Optimizer): with the
+// distributed optimizer, capturing gathers every rank's shard (every rank of the group must
+// capture together) and restoring copies each rank's owned elements back.
 #pragma once
 #include <nlohmann/json.hpp>
 #include <string>
@@ -8,18 +11,18 @@
 #include <vector>
 
 #include "megaton/models/transformer_model.h"
-#include "megaton/optim/adamw.h"
+#include "megaton/optim/optimizer.h"
 #include "megaton/train/train_state.h"
 
 namespace megaton::train {
 
 class StateSnapshot {
  public:
-  StateSnapshot(const models::TransformerConfig& config, const optim::AdamW& optimizer);
+  StateSnapshot(const models::TransformerConfig& config, const optim::Optimizer& optimizer);
 
-  void capture(const models::TransformerModel& model, const optim::AdamW& optimizer, const TrainProgress& progress,
+  void capture(const models::TransformerModel& model, const optim::Optimizer& optimizer, const TrainProgress& progress,
                const TrainConfig& cfg);
-  void restore(models::TransformerModel& model, optim::AdamW& optimizer) const;
+  void restore(models::TransformerModel& model, optim::Optimizer& optimizer) const;
   const TrainProgress& progress() const { return progress_; }
 
   // The checkpoint files, from the buffers. The model part is an HF folder (config.json +
@@ -29,7 +32,7 @@ class StateSnapshot {
 
  private:
   models::TransformerModel model_;  // holds the weights (its gradient buffers are released)
-  std::vector<std::pair<std::string, Tensor>> moments_;  // AdamW state under AdamW::state_tensors() names
+  std::vector<std::pair<std::string, Tensor>> moments_;  // the optimizer's full state, Optimizer::state_specs()
   int64_t optimizer_steps_ = 0;
   TrainProgress progress_;
   nlohmann::json state_;  // state.json as of the capture
@@ -37,7 +40,7 @@ class StateSnapshot {
 
 // Loads checkpoint DIR (already verified against its manifest) into model and optimizer and
 // returns its progress; errors name the file at fault.
-TrainProgress load_checkpoint(const std::string& dir, models::TransformerModel& model, optim::AdamW& optimizer,
+TrainProgress load_checkpoint(const std::string& dir, models::TransformerModel& model, optim::Optimizer& optimizer,
                               const TrainConfig& cfg);
 
 }  // namespace megaton::train

@@ -299,9 +299,10 @@ void validate(const TrainConfig& c) {
         "must be in [0, 1000000] (0: derived from the world size)");
   check(!c.sequence_parallel || c.tensor_model_parallel_size > 1, "parallel.sequence_parallel",
         "needs parallel.tensor_model_parallel_size > 1");
-  check(!c.use_distributed_optimizer, "parallel.use_distributed_optimizer", "is not supported yet");
   check(!c.overlap_param_gather || c.use_distributed_optimizer, "parallel.overlap_param_gather",
         "needs parallel.use_distributed_optimizer");
+  check(!c.overlap_param_gather, "parallel.overlap_param_gather",
+        "is not supported yet (the distributed optimizer all-gathers the updated weights right after its step)");
   check(c.bucket_size >= 1, "parallel.bucket_size", "must be positive");
   if (c.data_parallel_size > 0)
     check(c.global_batch_size % (c.micro_batch_size * c.data_parallel_size) == 0, "training.global_batch_size",

@@ -55,9 +55,7 @@ Trainer::Trainer(TrainConfig config, RunOptions options)
   if (cfg_.bf16) model_->set_compute_dtype(DType::BF16);
   step_ = std::make_unique<TrainingStep>(*model_, cfg_, data_.train, groups_->dp());
   step_->on_gradients([this](int64_t step, const Tensor& grads, double& loss) { faults_.corrupt_gradients(step, grads, loss); });
-  optimizer_ = std::make_unique<optim::AdamW>(
-      step_->buffer(),
-      optim::AdamWConfig{cfg_.lr, cfg_.adam_beta1, cfg_.adam_beta2, cfg_.adam_eps, cfg_.weight_decay});
+  optimizer_ = &step_->optimizer();
   schedule_ = {cfg_.lr, cfg_.min_lr, cfg_.lr_warmup_iters, cfg_.lr_decay_iters,
                optim::lr_decay_style_from_name(cfg_.lr_decay_style)};
   schedule_.lr_at(0);  // validates warmup vs decay steps now, before any file is written
@@ -122,7 +120,9 @@ TrainSummary Trainer::run() {
                 mc.name.c_str(), mc.num_layers, mc.hidden_size, mc.num_attention_heads, mc.num_query_groups,
                 static_cast<double>(nn::count_parameters(model_->parameters())) / 1e6, cfg_.train_iters,
                 cfg_.global_batch_size, cfg_.seq_length, num_threads(), peak_gflops_,
-                cfg_.data_parallel_size > 1 ? (" | data parallel " + std::to_string(cfg_.data_parallel_size) + " ranks").c_str()
+                cfg_.data_parallel_size > 1 ? (" | data parallel " + std::to_string(cfg_.data_parallel_size) + " ranks" +
+                                               (cfg_.use_distributed_optimizer ? ", distributed optimizer" : ""))
+                                                  .c_str()
                                             : "");
   TrainSummary summary;
   bool exiting = false;
@@ -143,7 +143,7 @@ TrainSummary Trainer::run() {
     // The schedule is indexed by the 1-based number of the update being made, so the first
     // update of a warmup already moves the weights.
     const double lr = schedule_.lr_at(step) * progress_.lr_multiplier(step);
-    step_->update(*optimizer_, lr, r.grad_norm);
+    step_->update(lr, r.grad_norm);
     progress_.step = step;
     progress_.consumed_samples = first_sample + cfg_.global_batch_size;
     log_->step(step, r, lr, progress_.consumed_samples);

@@ -64,7 +64,7 @@ class Trainer {
   // Forward, backward and update over the model's flat buffers (declared after model_: its buffer
   // unhooks the model's parameters when destroyed, so it must go first).
   std::unique_ptr<TrainingStep> step_;
-  std::unique_ptr<optim::AdamW> optimizer_;
+  optim::Optimizer* optimizer_ = nullptr;  // step_'s: AdamW, or the distributed optimizer
   optim::LRSchedule schedule_;
   std::unique_ptr<RunLog> log_;
   AnomalyDetector detector_;

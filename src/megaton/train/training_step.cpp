@@ -16,16 +16,29 @@ TrainingStep::TrainingStep(models::TransformerModel& model, const TrainConfig& c
       cfg_(cfg),
       train_(std::move(train)),
       dp_(data_parallel),
-      buffer_(std::make_unique<nn::ParamAndGradBuffer>(model.parameters(), cfg.bucket_size)),
+      buffer_(std::make_unique<nn::ParamAndGradBuffer>(model.parameters(), cfg.bucket_size,
+                                                       cfg.use_distributed_optimizer ? data_parallel.size() : 1)),
       schedule_(pipeline::no_pipelining(cfg.grad_accum_steps(), false, static_cast<int>(model.chunks().size()))) {
   if (dp_.size() != std::max<int64_t>(1, cfg.data_parallel_size))
     fail("data-parallel group '", dp_.name(), "' has ", dp_.size(), " ranks but the config resolved data_parallel_size ",
          cfg.data_parallel_size);
+  const optim::AdamWConfig adamw{cfg.lr, cfg.adam_beta1, cfg.adam_beta2, cfg.adam_eps, cfg.weight_decay};
+  if (cfg.use_distributed_optimizer) {
+    auto distributed = std::make_unique<parallel::DistributedOptimizer>(*buffer_, adamw, dp_);
+    distributed_ = distributed.get();
+    optimizer_ = std::move(distributed);
+  } else {
+    optimizer_ = std::make_unique<optim::AdamW>(*buffer_, adamw);
+  }
   pipeline::validate(schedule_);
   if (dp_.size() > 1 && cfg.overlap_grad_reduce) buffer_->on_bucket_ready([this](size_t b) { reduce_bucket(b); });
 }
 
 void TrainingStep::reduce_bucket(size_t bucket) {
+  if (distributed_) {
+    reductions_.push_back(distributed_->reduce_scatter_grads(bucket));
+    return;
+  }
   const nn::GradBucket& b = buffer_->buckets().at(bucket);
   reductions_.push_back(dp_.all_reduce_async(
       buffer_->grads().window(b.offset, {b.numel}, "grad_bucket_" + std::to_string(bucket)), parallel::ReduceOp::Sum));
@@ -73,16 +86,21 @@ TrainingStep::Result TrainingStep::forward_backward(int64_t step, int64_t first_
   double loss = stage.mean_loss();
   if (dp_.size() > 1) loss = dp_.all_reduce_scalar(loss) / static_cast<double>(dp_.size());
   if (hook_) hook_(step, buffer_->grads(), loss);
-  double grad_norm = optim::global_norm({buffer_->grads()});
-  // The reduced gradients are the same on every rank, unless something (a fault) touched one
-  // rank's after the reduction: one rank's non-finite norm is everyone's.
-  if (dp_.size() > 1 && dp_.all_reduce_scalar(std::isfinite(grad_norm) ? 0.0 : 1.0, parallel::ReduceOp::Max) > 0)
-    grad_norm = std::numeric_limits<double>::quiet_NaN();
+  double grad_norm = 0;
+  if (distributed_) {
+    grad_norm = distributed_->grad_norm();  // already the group's: non-finite on every rank if on one
+  } else {
+    grad_norm = optim::global_norm({buffer_->grads()});
+    // The reduced gradients are the same on every rank, unless something (a fault) touched one
+    // rank's after the reduction: one rank's non-finite norm is everyone's.
+    if (dp_.size() > 1 && dp_.all_reduce_scalar(std::isfinite(grad_norm) ? 0.0 : 1.0, parallel::ReduceOp::Max) > 0)
+      grad_norm = std::numeric_limits<double>::quiet_NaN();
+  }
   return {loss, grad_norm, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), comm_wait};
 }
 
-void TrainingStep::update(optim::AdamW& optimizer, double lr, double grad_norm) const {
-  if (std::isfinite(grad_norm)) optimizer.step(lr, optim::clip_coefficient(grad_norm, cfg_.clip_grad));
+void TrainingStep::update(double lr, double grad_norm) {
+  if (std::isfinite(grad_norm)) optimizer_->step(lr, optim::clip_coefficient(grad_norm, cfg_.clip_grad));
 }
 
 }  // namespace megaton::train

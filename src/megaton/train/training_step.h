@@ -10,6 +10,12 @@
 // backward goes on with earlier layers, else all buckets after backward. The loss is averaged over
 // the group and a non-finite gradient on any rank makes the norm non-finite on all of them, so
 // every rank takes the same decisions (skip, rewind).
+//
+// The step owns the optimizer: plain AdamW over the whole buffer, or with
+// parallel.use_distributed_optimizer the distributed optimizer (parallel/distributed_optimizer.h):
+// the buffer is then sharded over the data-parallel group, each bucket is reduce-scattered instead
+// of all-reduced (at the same moments), the grad norm adds the ranks' shards, and the update
+// all-gathers the weights. Everything else (micro-batches, loss scaling, timing) is shared.
 #pragma once
 #include <functional>
 #include <memory>
@@ -19,6 +25,7 @@
 #include "megaton/nn/param_and_grad_buffer.h"
 #include "megaton/optim/adamw.h"
 #include "megaton/parallel/communicator.h"
+#include "megaton/parallel/distributed_optimizer.h"
 #include "megaton/pipeline/generators.h"
 #include "megaton/train/train_config.h"
 
@@ -34,20 +41,26 @@ class TrainingStep {
   // grad norm is taken: where fault injection corrupts a step.
   using GradientHook = std::function<void(int64_t step, const Tensor& grads, double& loss)>;
 
-  // Wraps the model's parameters in a gradient buffer (before the optimizer is built on it).
+  // Wraps the model's parameters in a gradient buffer and builds the optimizer over it (AdamW with
+  // the config's settings; distributed over data_parallel when cfg.use_distributed_optimizer).
   // data_parallel: the group gradients are summed over; its size must be cfg.data_parallel_size
   // (or 1 with data_parallel_size 0).
   TrainingStep(models::TransformerModel& model, const TrainConfig& cfg, std::shared_ptr<const data::SampleSource> train,
                parallel::Communicator& data_parallel);
   const nn::ParamAndGradBuffer& buffer() const { return *buffer_; }
+  optim::Optimizer& optimizer() { return *optimizer_; }
+  const optim::Optimizer& optimizer() const { return *optimizer_; }
+  // The distributed optimizer when the config asks for it, else null.
+  const parallel::DistributedOptimizer* distributed_optimizer() const { return distributed_; }
   void on_gradients(GradientHook hook) { hook_ = std::move(hook); }
 
   // Forward and backward of the global batch starting at sample first_sample: the gradients hold the
   // mean over it (on every data-parallel rank). Reads this rank's slices through a prefetching
   // loader, recreated when first_sample is not where it stands.
   Result forward_backward(int64_t step, int64_t first_sample);
-  // Clips to cfg.clip_grad and updates with lr; a non-finite norm skips the update.
-  void update(optim::AdamW& optimizer, double lr, double grad_norm) const;
+  // Clips to cfg.clip_grad and updates with lr; a non-finite norm skips the update (on every rank:
+  // the norm is the same everywhere).
+  void update(double lr, double grad_norm);
 
  private:
   models::TransformerModel& model_;
@@ -55,13 +68,15 @@ class TrainingStep {
   std::shared_ptr<const data::SampleSource> train_;
   parallel::Communicator& dp_;
   std::unique_ptr<nn::ParamAndGradBuffer> buffer_;
+  std::unique_ptr<optim::Optimizer> optimizer_;             // over buffer_
+  parallel::DistributedOptimizer* distributed_ = nullptr;  // optimizer_, when it is the distributed one
   std::vector<parallel::WorkHandle> reductions_;  // this step's bucket reductions in flight
   pipeline::Schedule schedule_;  // no pipelining: F, B, W per micro-batch
   std::unique_ptr<data::DataLoader> loader_;
   int64_t loader_position_ = -1;
   GradientHook hook_;
 
-  void reduce_bucket(size_t bucket);
+  void reduce_bucket(size_t bucket);  // all-reduce, or the distributed optimizer's reduce-scatter
   // Waits for every bucket's reduction (issuing them first without overlap); returns the seconds blocked.
   double finish_reductions();
 };

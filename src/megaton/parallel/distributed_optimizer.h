@@ -1,0 +1,58 @@
+// Megatron's distributed optimizer (ZeRO stage 1, `[parallel] use_distributed_optimizer`): each
+// data-parallel rank keeps AdamW's moments for its shard of the weights only, so optimizer memory
+// per rank is 1/dp of the plain optimizer's.
+//
+// Layout: the model's ParamAndGradBuffer is built with dp shards (every bucket padded to a multiple
+// of 16 x dp elements and cut into dp equal contiguous shards); rank r owns shard r of every bucket.
+// A step: each bucket's gradient is reduce-scattered (summed) over the group as soon as backward
+// has finished it, so rank r holds the summed gradient of its shards (the rest of its gradient
+// buffer keeps its own, unreduced values and is not read); the grad norm is the square root of the
+// ranks' sums of squares of their shards added over the group (each element counted once); the
+// clipped AdamW update runs over the owned elements only, bitwise the update the whole-buffer AdamW
+// makes there; then every bucket's weights are all-gathered in place, so every rank has the full
+// updated weights for the next forward.
+//
+// The state seen by checkpoints and rewind points is layout-free (optim::Optimizer): the full
+// per-parameter "<param>.exp_avg" / ".exp_avg_sq" tensors of plain AdamW. Saving gathers the
+// shards (collective); loading copies each rank's owned elements out of the full tensors.
+#pragma once
+#include "megaton/nn/param_and_grad_buffer.h"
+#include "megaton/optim/adamw.h"
+#include "megaton/optim/optimizer.h"
+#include "megaton/parallel/communicator.h"
+
+namespace megaton::parallel {
+
+class DistributedOptimizer final : public optim::Optimizer {
+ public:
+  // buffer: the model's buffer, built with dp.size() shards; it and dp must outlive this.
+  DistributedOptimizer(const nn::ParamAndGradBuffer& buffer, optim::AdamWConfig config, Communicator& dp);
+
+  // Starts summing bucket `bucket`'s gradient over the group into this rank's shard of it. Every
+  // rank issues the buckets in the same order. With a group of one, nothing to do.
+  WorkHandle reduce_scatter_grads(size_t bucket);
+  // The global L2 norm of the reduced gradients (collective: the same value on every rank; NaN or
+  // inf on every rank when any rank's shard holds one).
+  double grad_norm() const;
+
+  // The sharded AdamW update, then every bucket's weights all-gathered in place (collective).
+  void step(double lr, double grad_scale = 1.0) override;
+  int64_t steps() const override { return adamw_.steps(); }
+  std::vector<optim::StateTensorSpec> state_specs() const override { return adamw_.state_specs(); }
+  // Gathers every rank's moments into the full tensors (collective: every rank calls it and every
+  // rank's `into` receives the full state), one bucket at a time through a bucket-sized buffer.
+  void save_state(const std::vector<std::pair<std::string, Tensor>>& into) const override;
+  void load_state(const std::map<std::string, Tensor>& tensors, int64_t step) override {
+    adamw_.load_state(tensors, step);
+  }
+
+  const optim::AdamW& shard_optimizer() const { return adamw_; }  // this rank's elements
+  const std::vector<nn::ElementRange>& owned() const { return adamw_.owned(); }
+
+ private:
+  const nn::ParamAndGradBuffer& buffer_;
+  Communicator& dp_;
+  optim::AdamW adamw_;
+};
+
+}  // namespace megaton::parallel

@@ -1,0 +1,105 @@
+// The distributed optimizer end to end: `mpirun -np 2 megaton train --set
+// parallel.use_distributed_optimizer=true` (each rank holding AdamW's moments for its half of every
+// bucket) gives the single-process run's losses, grad norms and final weights, with the gradient
+// reduce-scatter overlapped with backward or not, one bucket or many; so does -np 4. Its checkpoints
+// hold the full, layout-free optimizer state: a stopped dp2 run resumed at dp2 continues bitwise as
+// if never stopped, the same checkpoint resumes in a single plain process, and a single process's
+// checkpoint resumes under the distributed optimizer.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "dp_compare.h"
+#include "tiny_run.h"
+
+using namespace megaton;
+using megaton::testing::Metrics;
+using megaton::testing::TinyRunDir;
+
+namespace {
+
+const std::string kShort = "--set training.train_iters=10 --set logging.save_interval=0 --set training.threads=1 ";
+const std::string kDistOpt = "--set parallel.use_distributed_optimizer=true ";
+
+Metrics train_mpi_ok(const TinyRunDir& run, int np, const std::string& name, const std::string& args) {
+  const megaton::testing::CommandResult r = megaton::testing::train_mpi(run, np, name, args);
+  EXPECT_EQ(r.exit_code, 0) << name << "\n" << r.output;
+  const bool distributed = args.find(kDistOpt) != std::string::npos;
+  EXPECT_NE(r.output.find("data parallel " + std::to_string(np) + " ranks" + (distributed ? ", distributed optimizer" : "")),
+            std::string::npos)
+      << r.output;
+  return megaton::testing::read_metrics(run.run_dir(name));
+}
+
+class DistributedOptimizerRuns : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(DistributedOptimizerRuns, TwoRanksTrainLikeOneProcess) {
+  TinyRunDir run(GetParam());
+  const Metrics single = run.train_ok("single", kShort);
+  struct Variant {
+    const char* name;
+    std::string args;
+  };
+  for (const Variant& v : {Variant{"zero_dp2", ""}, Variant{"zero_dp2_no_overlap", "--set parallel.overlap_grad_reduce=false"},
+                           Variant{"zero_dp2_buckets", "--set parallel.bucket_size=4000 --set dp=2"}}) {
+    const Metrics dp = train_mpi_ok(run, 2, v.name, kShort + kDistOpt + v.args);
+    megaton::testing::expect_same_training(dp, single, run.run_dir(v.name), run.run_dir("single"), v.name);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, DistributedOptimizerRuns, ::testing::Values("gpt-tiny", "llama-tiny"),
+                         [](const auto& info) { return info.param == "gpt-tiny" ? "gpt" : "llama"; });
+
+// Four ranks, one micro-batch of 2 each per step, small buckets: each rank owns a quarter.
+TEST(DistributedOptimizer, FourRanksTrainLikeOneProcess) {
+  TinyRunDir run("gpt-tiny");
+  const Metrics single = run.train_ok("single", kShort);
+  const Metrics dp = train_mpi_ok(run, 4, "zero_dp4", kShort + kDistOpt + "--set training.micro_batch_size=2 --set parallel.bucket_size=4000");
+  megaton::testing::expect_same_training(dp, single, run.run_dir("zero_dp4"), run.run_dir("single"), "zero_dp4");
+}
+
+TEST(DistributedOptimizer, CheckpointsAreLayoutFreeAndResumeExactly) {
+  namespace fs = std::filesystem;
+  TinyRunDir run("gpt-tiny");
+  const std::string small_buckets = "--set parallel.bucket_size=4000 ";
+  const Metrics straight = train_mpi_ok(run, 2, "straight", kShort + kDistOpt + small_buckets);
+  // Stopped after step 5 (a checkpoint with the gathered moments), then resumed at dp2.
+  EXPECT_EQ(train_mpi_ok(run, 2, "stopped", kShort + kDistOpt + small_buckets + "--set training.exit_interval=5").losses.size(), 5u);
+  fs::copy(run.run_dir("stopped"), run.run_dir("stopped_single"), fs::copy_options::recursive);
+  const Metrics resumed = train_mpi_ok(run, 2, "stopped", kShort + kDistOpt + small_buckets + "--resume auto");
+  ASSERT_EQ(resumed.losses.size(), 10u);
+  EXPECT_EQ(resumed.losses, straight.losses);  // bitwise
+  for (const auto& [step, rec] : straight.last)
+    EXPECT_EQ(resumed.last.at(step)["grad_norm"], rec["grad_norm"]) << "step " << step;  // null when not finite
+  megaton::testing::expect_bitwise_equal(megaton::testing::final_weights(run.run_dir("stopped")),
+                                         megaton::testing::final_weights(run.run_dir("straight")));
+  // The same checkpoint resumed by a single process with plain AdamW.
+  const Metrics single = run.train_ok("stopped_single", kShort + "--resume auto");
+  megaton::testing::expect_same_training(single, straight, run.run_dir("stopped_single"), run.run_dir("straight"),
+                                         "dp2 checkpoint resumed in one process");
+  // And the other way: a single process's checkpoint resumed under the distributed optimizer.
+  EXPECT_EQ(run.train_ok("from_single", kShort + "--set training.exit_interval=5").losses.size(), 5u);
+  const Metrics dist = train_mpi_ok(run, 2, "from_single", kShort + kDistOpt + small_buckets + "--resume auto");
+  megaton::testing::expect_same_training(dist, straight, run.run_dir("from_single"), run.run_dir("straight"),
+                                         "single-process checkpoint resumed at dp2 with the distributed optimizer");
+}
+
+TEST(DistributedOptimizer, OverlapParamGatherIsRefusedClearly) {
+  TinyRunDir run;
+  const megaton::testing::CommandResult r =
+      run.train("gather", kShort + kDistOpt + "--set parallel.overlap_param_gather=true");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("parallel.overlap_param_gather"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("not supported yet"), std::string::npos) << r.output;
+}
+
+// With one process the distributed optimizer owns everything: the plain run's training, to the
+// rounding of the grad norm's summation order (per bucket instead of over the whole buffer).
+TEST(DistributedOptimizer, OneProcessTrainsLikePlainAdamW) {
+  TinyRunDir run;
+  const Metrics plain = run.train_ok("plain", kShort);
+  const Metrics dist = run.train_ok("dist", kShort + kDistOpt + "--set parallel.bucket_size=4000");
+  megaton::testing::expect_same_training(dist, plain, run.run_dir("dist"), run.run_dir("plain"), "one process");
+}
+
+}  // namespace
