@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 
 #include "commands.h"
@@ -101,19 +102,41 @@ void add_train_command(CLI::App& app) {
                   "(a checkpoint directory, or a checkpoints directory to take the newest valid one from)");
   cmd->add_option("--inject", options.inject,
                   "Inject a fault (repeatable, for testing): nan@step=N, spike@step=N, crash@step=N, crash@save[=N], "
-                  "fail@save[=N], slow@save=SECONDS");
+                  "fail@save[=N], slow@save=SECONDS; add ,rank=R to inject it on one rank of a data-parallel job only");
+  static int nproc = 1;
+  static std::string launcher;
   cmd->add_option("--max-restarts", max_restarts,
-                  "Run training in a child process and restart it with --resume auto when it dies, up to this many "
-                  "times")
+                  "Run training in a child process (with --nproc: the whole job) and restart it with --resume auto "
+                  "when it dies, up to this many times")
       ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--nproc", nproc,
+                  "Train data parallel on this many processes: starts the job as `mpirun -np N megaton train ...` "
+                  "(the other arguments passed on) and waits for it; with --max-restarts, restarts the whole job when "
+                  "any rank dies")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--launcher", launcher,
+                  "With --nproc: the command that starts the ranks instead of `mpirun -np N` ({nproc} is replaced by "
+                  "N), e.g. \"srun --mpi=pmix -n {nproc}\"; default: the MEGATON_LAUNCHER environment variable");
   cmd->callback([] {
     std::vector<std::string> overrides = config.empty() ? demo_settings(sets) : std::vector<std::string>{};
     overrides.insert(overrides.end(), sets.begin(), sets.end());
     train::TrainConfig cfg = train::load_train_config(config, overrides);  // config errors: no child started
-    if (max_restarts > 0) {
-      // The child gets this command line without --max-restarts; restarts continue from the
-      // newest valid checkpoint.
-      std::vector<std::string> args{"train"};
+    if (!launcher.empty() && nproc == 1) fail("--launcher '", launcher, "' starts a job: it needs --nproc N with N > 1");
+    if ((nproc > 1 || max_restarts > 0) && parallel::launched_distributed())
+      fail(nproc > 1 ? "--nproc" : "--max-restarts",
+           " starts and supervises the job itself: run `megaton train --nproc N ...` alone, not under mpirun / srun");
+    if (nproc > 1 || max_restarts > 0) {
+      // Errors the job would meet on every rank, before anything is started.
+      train::resolve_parallel_layout(cfg, nproc);
+      train::FaultInjector::validate(options.inject, nproc);
+      // The child gets this command line without --nproc, --launcher and --max-restarts; restarts
+      // continue from the newest valid checkpoint.
+      std::vector<std::string> args;
+      if (nproc > 1) {
+        const char* env = std::getenv("MEGATON_LAUNCHER");
+        args = train::launch_command(!launcher.empty() ? launcher : env ? env : "", nproc);
+      }
+      args.insert(args.end(), {train::self_executable(), "train"});
       if (!config.empty()) args.insert(args.end(), {"--config", config});
       for (const std::string& s : sets) args.insert(args.end(), {"--set", s});
       for (const std::string& f : options.inject) args.insert(args.end(), {"--inject", f});
@@ -125,8 +148,9 @@ void add_train_command(CLI::App& app) {
     }
     train::Trainer trainer(std::move(cfg), options);
     auto summary = trainer.run();
-    // Last, after the sample: the one number a run is judged by (rank 0 prints for the job).
-    if (summary.final_val_loss >= 0 && parallel::world().rank() == 0) std::printf("final validation loss: %.4f nats/token\n", summary.final_val_loss);
+    // Last, after the sample: the one number a run is judged by (rank 0 alone prints).
+    if (summary.final_val_loss >= 0 && parallel::world().rank() == 0)
+      std::printf("final validation loss: %.4f nats/token\n", summary.final_val_loss);
   });
 }
 

@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+
+#include "megaton/core/tensor.h"
 
 namespace megaton::train {
 
@@ -44,6 +47,22 @@ void AnomalyDetector::accept(AnomalyWindow& recent, double loss, double grad_nor
     recent.losses.pop_front();
     recent.grad_norms.pop_front();
   }
+}
+
+std::string agree_on_anomaly(parallel::Communicator& group, const std::string& why) {
+  const int n = group.size();
+  if (n == 1) return why;
+  const int first = static_cast<int>(
+      group.all_reduce_scalar(why.empty() ? n : group.rank(), parallel::ReduceOp::Min));  // n: no rank saw one
+  if (first == n) return {};
+  // Only on the anomaly path: the deciding rank's reason travels to the others, so the metrics and
+  // the message rank 0 writes say what happened where.
+  constexpr int64_t kMaxReason = 512;
+  Tensor text = Tensor::zeros({kMaxReason}, DType::U8, MemCategory::Other, "anomaly_reason");
+  if (group.rank() == first) std::memcpy(text.raw(), why.data(), std::min<size_t>(why.size(), kMaxReason - 1));
+  group.broadcast(text, first);
+  const std::string reason(static_cast<const char*>(text.raw()));
+  return "rank " + std::to_string(first) + ": " + reason;
 }
 
 }  // namespace megaton::train

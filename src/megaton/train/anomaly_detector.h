@@ -7,6 +7,8 @@
 #include <deque>
 #include <string>
 
+#include "megaton/parallel/communicator.h"
+
 namespace megaton::train {
 
 struct AnomalyWindow {
@@ -28,5 +30,14 @@ class AnomalyDetector {
   int64_t window_;
   double zscore_;
 };
+
+// Every rank of a job must take the same decision, or one rewinds while the others step on (and the
+// job deadlocks or its replicas part ways). The ranks see the same averaged loss and, from the
+// reduced gradients, the same grad norm, so they normally agree already; a fault on one rank after
+// the reduction (a NaN or a spike in its gradients or loss) is seen by that rank alone. Given this
+// rank's verdict (empty: normal), returns the group's: the verdict of the lowest rank that saw an
+// anomaly, as "rank R: <its reason>" (the same text on every rank), or empty when no rank saw one;
+// a group of one returns `why` as it is. A collective: every rank calls it for every step it checks.
+std::string agree_on_anomaly(parallel::Communicator& group, const std::string& why);
 
 }  // namespace megaton::train

@@ -6,8 +6,10 @@
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <sstream>
 
 #include "megaton/core/error.h"
 
@@ -29,18 +31,17 @@ std::string describe(int status) {
   return "exited with status " + std::to_string(WEXITSTATUS(status));
 }
 
-// Starts this executable with `args`; returns its wait status.
-int run_child(const std::vector<std::string>& args) {
-  const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
-  std::vector<char*> argv{const_cast<char*>(self.c_str())};
-  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+// Starts `command` (its program looked up in PATH); returns its wait status.
+int run_child(const std::vector<std::string>& command) {
+  std::vector<char*> argv;
+  for (const std::string& a : command) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
   std::fflush(nullptr);  // or the child would inherit (and repeat) unflushed output
   const pid_t pid = ::fork();
   if (pid < 0) fail("cannot start the training process: fork: ", std::strerror(errno));
   if (pid == 0) {
-    ::execv(self.c_str(), argv.data());
-    std::fprintf(stderr, "error: cannot run %s: %s\n", self.c_str(), std::strerror(errno));
+    ::execvp(argv[0], argv.data());
+    std::fprintf(stderr, "error: cannot run %s: %s\n", argv[0], std::strerror(errno));
     ::_exit(127);
   }
   g_child = pid;
@@ -51,10 +52,50 @@ int run_child(const std::vector<std::string>& args) {
   return status;
 }
 
+// `name` itself when it holds a '/', else the first executable of that name in PATH; "" if none.
+std::string find_program(const std::string& name) {
+  if (name.find('/') != std::string::npos) return ::access(name.c_str(), X_OK) == 0 ? name : "";
+  const char* path = std::getenv("PATH");
+  std::stringstream dirs(path ? path : "/usr/bin:/bin");
+  for (std::string dir; std::getline(dirs, dir, ':');) {
+    const std::string candidate = (dir.empty() ? std::string(".") : dir) + "/" + name;
+    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+  }
+  return {};
+}
+
 }  // namespace
 
-void supervise(const std::vector<std::string>& args, const std::vector<std::string>& restart_args, int max_restarts,
-               const std::string& metrics_path) {
+std::string self_executable() { return std::filesystem::read_symlink("/proc/self/exe").string(); }
+
+std::vector<std::string> launch_command(const std::string& launcher, int nproc) {
+  if (nproc < 1) fail("--nproc ", nproc, ": a job needs at least one process");
+  std::vector<std::string> words;
+  if (launcher.empty()) {
+    words = {"mpirun", "-np", std::to_string(nproc)};
+    if (::geteuid() == 0) words.insert(words.end(), {"--allow-run-as-root", "--oversubscribe"});
+  } else {
+    std::istringstream in(launcher);
+    for (std::string w; in >> w;) {
+      for (size_t p; (p = w.find("{nproc}")) != std::string::npos;) w.replace(p, 7, std::to_string(nproc));
+      words.push_back(w);
+    }
+    if (words.empty()) fail("launcher '", launcher, "' is empty (--launcher or MEGATON_LAUNCHER)");
+  }
+  if (find_program(words[0]).empty())
+    fail("cannot start ", nproc, " training processes: launcher program '", words[0], "' not found",
+         words[0].find('/') == std::string::npos ? " in PATH" : "",
+         launcher.empty() ? " (install Open MPI, or name another launcher with --launcher or MEGATON_LAUNCHER)"
+                          : " (from the launcher '" + launcher + "')");
+  return words;
+}
+
+void supervise(const std::vector<std::string>& command, const std::vector<std::string>& restart_command,
+               int max_restarts, const std::string& metrics_path) {
+  if (command.empty() || restart_command.empty()) fail("supervise: no command to run");
+  // This executable re-run is "the training process"; a launcher's job is named by its launcher.
+  const std::string what =
+      command[0] == self_executable() ? "the training process" : "the training job (" + command[0] + ")";
   auto metrics_bytes = [&] {
     std::error_code ec;
     const auto n = std::filesystem::file_size(metrics_path, ec);
@@ -67,16 +108,16 @@ void supervise(const std::vector<std::string>& args, const std::vector<std::stri
   ::sigaction(SIGTERM, &sa, nullptr);
   for (int restart = 0;; ++restart) {
     const uintmax_t logged = metrics_bytes();
-    const int status = run_child(restart == 0 ? args : restart_args);
+    const int status = run_child(restart == 0 ? command : restart_command);
     if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return;
-    if (g_stop_signal) fail("training stopped by signal ", static_cast<int>(g_stop_signal), "; the process ", describe(status));
+    if (g_stop_signal) fail("training stopped by signal ", static_cast<int>(g_stop_signal), "; ", what, " ", describe(status));
     if (metrics_bytes() == logged)
-      fail("the training process ", describe(status), " before it started training (nothing new in ", metrics_path,
+      fail(what, " ", describe(status), " before it started training (nothing new in ", metrics_path,
            "); not restarting, that would fail the same way");
     if (restart == max_restarts)
-      fail("the training process ", describe(status), "; giving up after ", max_restarts, " restarts (--max-restarts)");
-    std::fprintf(stderr, "megaton train: the training process %s; restarting from the latest valid checkpoint (restart %d of %d)\n",
-                 describe(status).c_str(), restart + 1, max_restarts);
+      fail(what, " ", describe(status), "; giving up after ", max_restarts, " restarts (--max-restarts)");
+    std::fprintf(stderr, "megaton train: %s %s; restarting from the latest valid checkpoint (restart %d of %d)\n",
+                 what.c_str(), describe(status).c_str(), restart + 1, max_restarts);
   }
 }
 

@@ -1,18 +1,32 @@
-// `megaton train --max-restarts R`: the training runs in a child process (this executable,
-// re-run with the same arguments); when the child dies (a signal, a non-zero exit) it is started
-// again with --resume auto, continuing from the newest valid checkpoint, up to R times. A child
-// that dies before it wrote anything to the run's metrics file failed while setting up (config,
-// data, checkpoint errors): that would only repeat, so it is not restarted. SIGINT and SIGTERM
-// are passed on to the child and end the supervision instead of restarting.
+// `megaton train --max-restarts R` / `--nproc N`: the training runs as a child command (this
+// executable re-run with the same arguments, or a launcher such as `mpirun -np N` starting it on N
+// ranks); when the child dies (a signal, a non-zero exit: for a job, any rank's death ends the job
+// and its launcher exits non-zero) it is started again with --resume auto, continuing from the
+// newest valid checkpoint, up to R times. A child that dies before it wrote anything to the run's
+// metrics file failed while setting up (config, data, checkpoint errors): that would only repeat,
+// so it is not restarted. SIGINT and SIGTERM are passed on to the child and end the supervision
+// instead of restarting.
 #pragma once
 #include <string>
 #include <vector>
 
 namespace megaton::train {
 
-// `args` and `restart_args` exclude the program name. Returns once a child exits with status 0;
-// throws when the child keeps dying (R restarts used up) or was stopped by SIGINT/SIGTERM.
-void supervise(const std::vector<std::string>& args, const std::vector<std::string>& restart_args, int max_restarts,
-               const std::string& metrics_path);
+// `command` and `restart_command` are whole command lines: the program (looked up in PATH when it
+// has no '/') and its arguments. Returns once a child exits with status 0; throws when the child
+// keeps dying (R restarts used up) or was stopped by SIGINT/SIGTERM.
+void supervise(const std::vector<std::string>& command, const std::vector<std::string>& restart_command,
+               int max_restarts, const std::string& metrics_path);
+
+// The path of the running executable (/proc/self/exe), for re-running it.
+std::string self_executable();
+
+// The words that start a job of `nproc` ranks, to be followed by the program and its arguments.
+// `launcher` empty: `mpirun -np N`, plus --allow-run-as-root --oversubscribe when running as root
+// (Open MPI refuses root otherwise; a container's root usually has fewer cores than ranks). Else the
+// launcher's command split at whitespace (no quoting), every {nproc} in it replaced by N, e.g.
+// "srun --mpi=pmix -n {nproc}" or "srun --mpi=pmix -n 4". Its program must be found (in PATH when it
+// has no '/'); errors name the launcher.
+std::vector<std::string> launch_command(const std::string& launcher, int nproc);
 
 }  // namespace megaton::train

@@ -22,7 +22,7 @@ Trainer::Trainer(TrainConfig config, RunOptions options)
       world_(parallel::world()),
       primary_(world_.rank() == 0),
       detector_(cfg_.rewind_window, cfg_.rewind_zscore),
-      faults_(options.inject, cfg_.run_dir),
+      faults_(options.inject, cfg_.run_dir, world_.rank(), world_.size()),
       checkpoints_(cfg_, faults_, world_) {
   resolve_parallel_layout(cfg_, world_.size());
   groups_ = std::make_unique<parallel::ProcessGroups>(
@@ -133,7 +133,8 @@ TrainSummary Trainer::run() {
     const int64_t first_sample = progress_.next_batch(cfg_.global_batch_size);
     const TrainingStep::Result r = step_->forward_backward(step, first_sample);
     if (cfg_.rewind) {
-      const std::string why = detector_.check(progress_.recent, r.loss, r.grad_norm);
+      // Every rank rewinds, or none: a fault may have touched one rank's loss or gradients alone.
+      const std::string why = agree_on_anomaly(world_, detector_.check(progress_.recent, r.loss, r.grad_norm));
       if (!why.empty()) {
         rewind(step, why, first_sample);
         continue;
