@@ -1,14 +1,16 @@
-"""Data-parallel communication: the fraction of step time each rank spends blocked on gradient
-reductions, with the bucket reductions overlapped with backward and without.
+"""Data-parallel communication and memory: the fraction of step time each rank spends blocked on
+gradient reductions, with the bucket reductions overlapped with backward and without, and with the
+distributed optimizer; and rank 0's peak memory by category in each run.
 
   python3 bench/dp_comm.py --megaton build/megaton [--model gpt2-124m] [--np 2] [--steps 5]
       [--batch 4] [--seq-len 256] [--threads 1] [--bucket-size 40000000]
 
 Runs `mpirun -np NP megaton train` on the demo corpus (built on first use) with one data-parallel
 micro-batch of B x T per rank per step, once with parallel.overlap_grad_reduce = true and once with
-false, plus the single-process run of the same global batch. From rank 0's metrics.jsonl: the
-median over steps 2.. of step_time_s and of comm_wait_s (timers around the waits for the bucket
-reductions, TrainingStep::Result::comm_wait_seconds). Prints the CPU line first and one row per run.
+false, once with parallel.use_distributed_optimizer = true, plus the single-process run of the same
+global batch. From rank 0's metrics.jsonl: the median over steps 2.. of step_time_s and of
+comm_wait_s (timers around the waits for the bucket reductions), and the peak_memory_mb record of the
+first step. Prints the CPU line first and one row per run.
 """
 import argparse
 import json
@@ -37,7 +39,8 @@ def medians(run_dir: Path):
         raise SystemExit(f"no step records in {run_dir}")
     step_time = statistics.median(s["step_time_s"] for s in steps)
     wait = statistics.median(s.get("comm_wait_s", 0.0) for s in steps)
-    return step_time, wait, statistics.median(s["tokens_per_s"] for s in steps)
+    first = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
+    return step_time, wait, statistics.median(s["tokens_per_s"] for s in steps), first.get("peak_memory_mb", {})
 
 
 def main():
@@ -57,20 +60,24 @@ def main():
     common = ["--set", f"model.preset={args.model}", "--set", f"training.micro_batch_size={args.batch}",
               "--set", f"training.global_batch_size={args.batch * args.np}", "--set", f"training.seq_length={args.seq_len}",
               "--set", f"training.train_iters={args.steps}", "--set", f"training.threads={args.threads}",
-              "--set", "logging.eval_iters=1", "--set", "sample.tokens=0", "--set", f"parallel.bucket_size={args.bucket_size}"]
+              "--set", "logging.eval_iters=1", "--set", "sample.tokens=0", "--set", "optimizer.lr_warmup_iters=0", "--set", f"parallel.bucket_size={args.bucket_size}"]
     mpirun = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(args.np)]
     print(f"{args.model}, {args.np} ranks x B={args.batch} T={args.seq_len}, {args.threads} thread(s) per rank, "
           f"bucket_size {args.bucket_size}; medians over steps 2..{args.steps}")
-    print(f"{'run':28} {'step s':>8} {'wait s':>8} {'wait %':>7} {'tokens/s':>9}")
+    cats = ["params", "grads", "optimizer", "activations"]
+    print(f"{'run':34} {'step s':>8} {'wait s':>8} {'wait %':>7} {'tokens/s':>9}  peak MB: " + " ".join(cats))
     with tempfile.TemporaryDirectory() as tmp:
         runs = [("1 process, same global batch", [binary, "train"], [])]
         runs += [(f"dp{args.np} overlap_grad_reduce={o}", mpirun + [binary, "train"],
                   ["--set", f"parallel.overlap_grad_reduce={o}"]) for o in ("true", "false")]
+        runs.append((f"dp{args.np} distributed optimizer", mpirun + [binary, "train"],
+                     ["--set", "parallel.use_distributed_optimizer=true"]))
         for name, prefix, extra in runs:
             run_dir = Path(tmp) / name.replace(" ", "_").replace(",", "")
             run(prefix + common + extra + ["--set", f"logging.run_dir=\"{run_dir}\""], env)
-            step_time, wait, tok_s = medians(run_dir)
-            print(f"{name:28} {step_time:8.2f} {wait:8.3f} {100 * wait / step_time:6.1f}% {tok_s:9.0f}", flush=True)
+            step_time, wait, tok_s, mem = medians(run_dir)
+            print(f"{name:34} {step_time:8.2f} {wait:8.3f} {100 * wait / step_time:6.1f}% {tok_s:9.0f}  " +
+                  " ".join(f"{mem.get(c, float('nan')):.0f}" for c in cats), flush=True)
 
 
 if __name__ == "__main__":

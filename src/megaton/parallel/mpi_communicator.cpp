@@ -183,6 +183,11 @@ class ProgressEngine {
 
   void run(std::promise<void>& ready) {
     try {
+      // The progress thread waits inside blocking collectives while the compute thread works; Open
+      // MPI's default busy-polling there takes a core from the computation it should overlap with
+      // (gpt2-124m dp2 on 2 cores, 10M-element buckets: 24.2 s steps polling, 17.4 s yielding).
+      // Yield instead, unless the user chose otherwise.
+      setenv("OMPI_MCA_mpi_yield_when_idle", "1", 0);
       int provided = MPI_THREAD_SINGLE;
       check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided), "MPI_Init_thread");
       if (provided < MPI_THREAD_SERIALIZED) {

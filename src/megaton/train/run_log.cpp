@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "megaton/core/allocator.h"
+
 namespace megaton::train {
 
 namespace {
@@ -54,6 +56,15 @@ void RunLog::step(int64_t step, const TrainingStep::Result& r, double lr, int64_
                         {"consumed_samples", consumed_samples},
                         {"time", unix_time()}};
   if (cfg_.data_parallel_size > 1) rec["comm_wait_s"] = r.comm_wait_seconds;
+  if (rates_.size() == 1) {
+    // After this process's first step every category has reached its steady-state peak: the
+    // per-rank memory by category (Megatron's memory report), in MB.
+    const MemStats mem = Allocator::host().stats();
+    nlohmann::json peak;
+    for (size_t c = 0; c < kNumMemCategories; ++c)
+      peak[std::string(mem_category_name(static_cast<MemCategory>(c)))] = static_cast<double>(mem.peak[c]) / 1e6;
+    rec["peak_memory_mb"] = peak;
+  }
   if (!std::isfinite(r.grad_norm)) rec["skipped"] = "non-finite gradient";
   metrics_->write(rec);
   if (primary_ && (step % cfg_.log_interval == 0 || step == cfg_.train_iters)) {

@@ -124,6 +124,9 @@ TrainSummary Trainer::run() {
                                                (cfg_.use_distributed_optimizer ? ", distributed optimizer" : ""))
                                                   .c_str()
                                             : "");
+  // From here on the allocator's peaks are the training's (not construction's transients): the
+  // per-category figures RunLog reports after the first step.
+  Allocator::host().reset_peaks();
   TrainSummary summary;
   bool exiting = false;
   while (progress_.step < cfg_.train_iters && !exiting) {
