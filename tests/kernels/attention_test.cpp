@@ -10,6 +10,7 @@
 #include <limits>
 #include <vector>
 
+#include "../support/host_tensors.h"
 #include "../support/temp_dir.h"
 #include "finite_diff.h"
 #include "megaton/kernels/cpu/attention.h"
@@ -159,18 +160,9 @@ void check_against_naive(const AttnShape& s, double tol, bool single) {
 // T = 150 spans three 64-row tiles, the last one partial; pad checks that only head slots are written.
 const AttnShape kLongGqa{.B = 2, .T = 150, .Hq = 4, .Hkv = 2, .D = 64, .pad = 3};
 
-Tensor tensor_of(const std::vector<float>& v, Shape shape, const std::string& name) {
-  Tensor t = Tensor::empty(std::move(shape), DType::F32, MemCategory::Other, name);
-  EXPECT_EQ(static_cast<size_t>(t.numel()), v.size());
-  std::copy(v.begin(), v.end(), t.data<float>());
-  return t;
-}
-
-std::vector<float> values(const Tensor& t) { return {t.data<float>(), t.data<float>() + t.numel()}; }
-
-Tensor zeros(Shape shape, const std::string& name, DType dtype = DType::F32) {
-  return Tensor::zeros(std::move(shape), dtype, MemCategory::Other, name);
-}
+using megaton::testing::tensor_of;
+using megaton::testing::values;
+using megaton::testing::zeros;
 
 // The tensor API's training calls on a fused QKV tensor of shape s, as nn/attention.cpp makes them.
 void forward_tensor(const ExecContext& ctx, const Tensor& out, const Tensor& lse, const Tensor& qkv,

@@ -11,6 +11,7 @@
 #include <numbers>
 #include <vector>
 
+#include "../support/host_tensors.h"
 #include "../support/temp_dir.h"
 #include "finite_diff.h"
 #include "megaton/kernels/cpu/rope.h"
@@ -71,18 +72,9 @@ void apply_tensor(const ExecContext& ctx, const Tensor& x, const Tensor& cos, co
   rope_apply(ctx, x, cos, sin, kB, kT, kHkv, kH / kHkv + 1, kD, at, pos_offset, layout, inverse);
 }
 
-Tensor tensor_of(const std::vector<float>& v, Shape shape, const std::string& name) {
-  Tensor t = Tensor::empty(std::move(shape), DType::F32, MemCategory::Other, name);
-  EXPECT_EQ(static_cast<size_t>(t.numel()), v.size());
-  std::copy(v.begin(), v.end(), t.data<float>());
-  return t;
-}
-
-std::vector<float> values(const Tensor& t) { return {t.data<float>(), t.data<float>() + t.numel()}; }
-
-Tensor zeros(Shape shape, const std::string& name, DType dtype = DType::F32) {
-  return Tensor::zeros(std::move(shape), dtype, MemCategory::Other, name);
-}
+using megaton::testing::tensor_of;
+using megaton::testing::values;
+using megaton::testing::zeros;
 
 }  // namespace
 

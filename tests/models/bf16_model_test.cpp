@@ -14,15 +14,6 @@ using namespace megaton;
 
 namespace {
 
-std::pair<Tensor, Tensor> batch(int64_t B, int64_t T) {
-  Tensor in = Tensor::empty({B, T}, DType::I32), tg = Tensor::empty({B, T}, DType::I32);
-  for (int64_t i = 0; i < B * T; ++i) {
-    in.data<int32_t>()[i] = static_cast<int32_t>((i * 7 + 3) % 257);
-    tg.data<int32_t>()[i] = static_cast<int32_t>((i * 13 + 5) % 257);
-  }
-  return {in, tg};
-}
-
 struct Result {
   double loss;
   std::vector<std::vector<double>> grads;  // per parameter
@@ -34,7 +25,7 @@ Result run(const std::string& preset, DType dtype, bool defer_head = false) {
   m.init_weights(5);
   m.set_compute_dtype(dtype);
   nn::zero_grads(m.parameters());
-  auto [in, tg] = batch(2, 32);
+  auto [in, tg] = megaton::testing::tiny_batch(2, 32);
   Allocator::host().reset_peaks();
   const int64_t before = Allocator::host().stats().live[static_cast<size_t>(MemCategory::Activations)];
   models::ModelCtx ctx;
@@ -81,7 +72,7 @@ TEST(Bf16Model, ComputeCopiesFollowTheMainWeightsWhenRefreshed) {
   models::TransformerModel m(megaton::testing::tiny_config("llama-tiny"));
   m.init_weights(5);
   m.set_compute_dtype(DType::BF16);
-  auto [in, tg] = batch(2, 32);
+  auto [in, tg] = megaton::testing::tiny_batch(2, 32);
   auto loss = [&] {
     models::ModelCtx ctx;
     return m.forward(ctx, in, tg, false).loss;

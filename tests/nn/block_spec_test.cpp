@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "../support/temp_dir.h"
 #include "../support/tiny_model.h"
 #include "megaton/models/hf_format.h"
 #include "megaton/models/transformer_model.h"
@@ -14,17 +15,9 @@
 
 using namespace megaton;
 
-namespace {
+using megaton::testing::error_message;
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+namespace {
 
 // A minimal MLP kind: y = x * scale per hidden unit, one parameter. Host loops over f32 (it is a
 // test module, not a kernel).
@@ -77,34 +70,25 @@ void register_scale_kind() {
   (void)once;
 }
 
-std::pair<Tensor, Tensor> batch(int64_t B, int64_t T) {
-  Tensor in = Tensor::empty({B, T}, DType::I32), tg = Tensor::empty({B, T}, DType::I32);
-  for (int64_t i = 0; i < B * T; ++i) {
-    in.data<int32_t>()[i] = static_cast<int32_t>((i * 7 + 3) % 257);
-    tg.data<int32_t>()[i] = static_cast<int32_t>((i * 13 + 5) % 257);
-  }
-  return {in, tg};
-}
-
 }  // namespace
 
 TEST(BlockSpec, UnknownKindsAreRejectedNamingTheKnownOnes) {
   auto c = megaton::testing::tiny_config("llama-tiny");
   c.attention_type = "latent";
-  std::string msg = error_of([&] { c.validate(); });
+  std::string msg = error_message([&] { c.validate(); });
   EXPECT_NE(msg.find("attention_type 'latent'"), std::string::npos) << msg;
   EXPECT_NE(msg.find("self_attention"), std::string::npos) << msg;
   c.attention_type = "self_attention";
   c.mlp_type = "experts";
-  msg = error_of([&] { models::TransformerModel m(c); });
+  msg = error_message([&] { models::TransformerModel m(c); });
   EXPECT_NE(msg.find("mlp_type 'experts'"), std::string::npos) << msg;
   EXPECT_NE(msg.find("dense"), std::string::npos) << msg;
 
   nn::BlockSpec spec;
   spec.mlp = "experts";
-  msg = error_of([&] { nn::make_mlp("x", spec); });
+  msg = error_message([&] { nn::make_mlp("x", spec); });
   EXPECT_NE(msg.find("unknown mlp kind 'experts' (known: dense"), std::string::npos) << msg;
-  msg = error_of([] { nn::register_attention_kind("self_attention", nullptr); });
+  msg = error_message([] { nn::register_attention_kind("self_attention", nullptr); });
   EXPECT_NE(msg.find("already registered"), std::string::npos) << msg;
 }
 
@@ -127,7 +111,7 @@ TEST(BlockSpec, ARegisteredMlpKindTrainsInsideAnUnchangedBlock) {
 
   // The gradient the block routes through the kind's B and W equals the loss's directional
   // derivative (central differences) along it: along g / |g| that derivative is |g|.
-  auto [in, tg] = batch(2, 16);
+  auto [in, tg] = megaton::testing::tiny_batch(2, 16);
   nn::zero_grads(m.parameters());
   models::ModelCtx ctx;
   m.forward(ctx, in, tg, true);
@@ -152,9 +136,9 @@ TEST(BlockSpec, ARegisteredMlpKindTrainsInsideAnUnchangedBlock) {
   EXPECT_NEAR(analytic, numeric, 2e-2 * analytic);
 
   // No HF format fits a custom kind: export says so instead of writing something wrong.
-  const std::string msg = error_of([&] { models::config_to_hf(c); });
+  const std::string msg = error_message([&] { models::config_to_hf(c); });
   EXPECT_NE(msg.find("mlp_type 'test_scale'"), std::string::npos) << msg;
-  EXPECT_NE(error_of([&] { m.layers()[0]->dense_mlp(); }).find("has mlp kind 'test_scale', not dense"),
+  EXPECT_NE(error_message([&] { m.layers()[0]->dense_mlp(); }).find("has mlp kind 'test_scale', not dense"),
             std::string::npos);
 }
 
@@ -171,9 +155,9 @@ TEST(BlockSpec, ASublayerContextOfTheWrongKindIsRefused) {
     for (int64_t i = 0; i < p->value.numel(); ++i) p->value.data<float>()[i] = 0.01f * static_cast<float>(i % 5);
   Tensor x = Tensor::zeros({2 * 4, 16}, DType::F32);
   nn::BlockCtx ctx;
-  EXPECT_NE(error_of([&] { block.backward_input(ctx, x, 2, 4); }).find("without a forward"), std::string::npos);
+  EXPECT_NE(error_message([&] { block.backward_input(ctx, x, 2, 4); }).find("without a forward"), std::string::npos);
   const Tensor y = block.forward(ctx, x, 2, 4);
   std::swap(ctx.attn, ctx.mlp);
-  EXPECT_NE(error_of([&] { block.backward_input(ctx, y, 2, 4); }).find("context of the wrong kind"),
+  EXPECT_NE(error_message([&] { block.backward_input(ctx, y, 2, 4); }).find("context of the wrong kind"),
             std::string::npos);
 }

@@ -44,13 +44,17 @@ void TrainingStep::reduce_bucket(size_t bucket) {
       buffer_->grads().window(b.offset, {b.numel}, "grad_bucket_" + std::to_string(bucket)), parallel::ReduceOp::Sum));
 }
 
+void TrainingStep::wait_reductions() {
+  for (auto& work : reductions_) work->wait();
+  reductions_.clear();
+}
+
 double TrainingStep::finish_reductions() {
   if (dp_.size() == 1) return 0;
   const auto t0 = std::chrono::steady_clock::now();
   if (!cfg_.overlap_grad_reduce)
     for (size_t b = 0; b < buffer_->buckets().size(); ++b) reduce_bucket(b);
-  for (auto& work : reductions_) work->wait();
-  reductions_.clear();
+  wait_reductions();
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
@@ -77,8 +81,7 @@ TrainingStep::Result TrainingStep::forward_backward(int64_t step, int64_t first_
     pipeline::execute(schedule_.ops.at(0), stage);
   } catch (...) {
     // The buckets in flight still point into the gradient buffer: let them land before unwinding.
-    for (auto& work : reductions_) work->wait();
-    reductions_.clear();
+    wait_reductions();
     throw;
   }
   buffer_->end_step();

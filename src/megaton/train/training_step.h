@@ -77,6 +77,7 @@ class TrainingStep {
   GradientHook hook_;
 
   void reduce_bucket(size_t bucket);  // all-reduce, or the distributed optimizer's reduce-scatter
+  void wait_reductions();  // waits for the reductions in flight and forgets them
   // Waits for every bucket's reduction (issuing them first without overlap); returns the seconds blocked.
   double finish_reductions();
 };
