@@ -1,0 +1,114 @@
+// TransformerEngine's delayed scaling (fp8/delayed_scaling.h) and the scale helpers (fp8/scaling.h).
+#include "megaton/fp8/delayed_scaling.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "megaton/fp8/scaling.h"
+
+namespace megaton::fp8 {
+namespace {
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+TEST(Fp8Scaling, CurrentScaleFromAmax) {
+  EXPECT_EQ(scale_from_amax(2.0f, 448.0f), 224.0f);
+  EXPECT_EQ(scale_from_amax(3.0f, 448.0f, /*pow2=*/true), 128.0f);  // 149.33 rounded down
+  EXPECT_EQ(scale_from_amax(0.0f, 448.0f), 1.0f);
+  EXPECT_EQ(scale_from_amax(kInf, 448.0f), 1.0f);
+  EXPECT_EQ(scale_from_amax(kNaN, 448.0f), 1.0f);
+  EXPECT_EQ(scale_from_amax(1e-45f, 448.0f), std::numeric_limits<float>::max());
+  EXPECT_EQ(scale_from_amax(1e-9f, 448.0f, false, /*epsilon=*/1.0f), 448.0f);
+}
+
+TEST(Fp8Scaling, E8M0RoundsUp) {
+  EXPECT_EQ(e8m0_from_float(1.0f), 127);
+  EXPECT_EQ(e8m0_from_float(1.5f), 128);
+  EXPECT_EQ(e8m0_from_float(0.25f), 125);
+  EXPECT_EQ(e8m0_from_float(0.0f), 0);
+  EXPECT_EQ(e8m0_from_float(kInf), 0xfe);
+  EXPECT_EQ(e8m0_from_float(kNaN), 0xff);
+  EXPECT_EQ(e8m0_to_float(130), 8.0f);
+  EXPECT_TRUE(std::isnan(e8m0_to_float(0xff)));
+  // Block amax 500 over E4M3: 500 / 448 -> 2, so the largest element maps to 250 <= 448.
+  EXPECT_EQ(mx_scale_code(500.0f, 448.0f), 128);
+  EXPECT_EQ(mx_scale_code(448.0f, 448.0f), 127);
+}
+
+TEST(Fp8DelayedScaling, ScaleFromTheHistoryThenRoll) {
+  DelayedScaling s(Format::E4M3, {.margin = 0, .history_len = 3, .algo = AmaxAlgo::Max});
+  EXPECT_EQ(s.scale(), 1.0f);
+  s.record(2.0f);
+  s.record(4.0f);  // several quantisations in a step: the step's max
+  s.update();
+  EXPECT_EQ(s.scale(), 112.0f);  // 448 / 4
+  EXPECT_EQ(s.newest_amax(), 0.0f);
+  s.record(1.0f);
+  s.update();
+  EXPECT_EQ(s.scale(), 112.0f);  // max over the history still sees 4
+  s.record(1.0f);
+  s.update();
+  EXPECT_EQ(s.scale(), 112.0f);
+  s.record(1.0f);
+  s.update();
+  EXPECT_EQ(s.scale(), 448.0f);  // the 4 has rolled out of a 3-slot history
+}
+
+TEST(Fp8DelayedScaling, MostRecentAndMargin) {
+  DelayedScaling s(Format::E5M2, {.margin = 2, .history_len = 4, .algo = AmaxAlgo::MostRecent});
+  s.record(1024.0f);
+  s.update();
+  EXPECT_EQ(s.scale(), 14.0f);  // 57344 / 1024 / 4
+  s.record(8.0f);
+  s.update();
+  EXPECT_EQ(s.scale(), 1792.0f);  // 57344 / 8 / 4: only the newest slot counts
+}
+
+TEST(Fp8DelayedScaling, KeepsThePreviousScaleOnZeroInfOrNaN) {
+  DelayedScaling s(Format::E4M3, {});
+  s.record(7.0f);
+  s.update();
+  EXPECT_EQ(s.scale(), 64.0f);
+  for (float bad : {0.0f, kInf, kNaN}) {
+    s.record(bad);
+    s.update();
+    EXPECT_EQ(s.scale(), 64.0f) << bad;
+  }
+  s.record(1.0f);
+  s.record(kNaN);  // a NaN recorded in the step is not hidden by a later finite record
+  s.record(2.0f);
+  EXPECT_TRUE(std::isnan(s.newest_amax()));
+  s.set_newest_amax(14.0f);  // what the group's max-reduction writes back
+  s.update();
+  EXPECT_EQ(s.scale(), 32.0f);
+}
+
+TEST(Fp8DelayedScaling, StateRoundTripsBitwise) {
+  DelayedScalingConfig c{.margin = 1, .history_len = 3, .algo = AmaxAlgo::Max};
+  DelayedScaling a(Format::E4M3, c), b(Format::E4M3, c);
+  for (float amax : {3.0f, 5.0f, 0.5f, 9.0f}) {
+    a.record(amax);
+    a.update();
+  }
+  a.record(6.0f);
+  b.load_state(a.state());
+  EXPECT_EQ(b.state(), a.state());
+  a.update();
+  b.update();
+  EXPECT_EQ(b.scale(), a.scale());
+  EXPECT_EQ(b.state(), a.state());
+  DelayedScaling shorter(Format::E4M3, {.margin = 1, .history_len = 2, .algo = AmaxAlgo::Max});
+  EXPECT_THROW(shorter.load_state(a.state()), std::exception);
+}
+
+TEST(Fp8DelayedScaling, ConfigIsRangeChecked) {
+  EXPECT_THROW(DelayedScaling(Format::E4M3, {.margin = -1}), std::exception);
+  EXPECT_THROW(DelayedScaling(Format::E4M3, {.history_len = 0}), std::exception);
+  EXPECT_THROW(amax_algo_from_name("mean"), std::exception);
+}
+
+}  // namespace
+}  // namespace megaton::fp8
