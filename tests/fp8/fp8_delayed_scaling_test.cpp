@@ -1,4 +1,4 @@
-// TransformerEngine's delayed scaling (fp8/delayed_scaling.h) and the scale helpers (fp8/scaling.h).
+// TransformerEngine's delayed scaling (fp8/delayed_scaling.h).
 #include "megaton/fp8/delayed_scaling.h"
 
 #include <gtest/gtest.h>
@@ -6,37 +6,12 @@
 #include <cmath>
 #include <limits>
 
-#include "megaton/fp8/scaling.h"
 
 namespace megaton::fp8 {
 namespace {
 
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr float kInf = std::numeric_limits<float>::infinity();
-
-TEST(Fp8Scaling, CurrentScaleFromAmax) {
-  EXPECT_EQ(scale_from_amax(2.0f, 448.0f), 224.0f);
-  EXPECT_EQ(scale_from_amax(3.0f, 448.0f, /*pow2=*/true), 128.0f);  // 149.33 rounded down
-  EXPECT_EQ(scale_from_amax(0.0f, 448.0f), 1.0f);
-  EXPECT_EQ(scale_from_amax(kInf, 448.0f), 1.0f);
-  EXPECT_EQ(scale_from_amax(kNaN, 448.0f), 1.0f);
-  EXPECT_EQ(scale_from_amax(1e-45f, 448.0f), std::numeric_limits<float>::max());
-  EXPECT_EQ(scale_from_amax(1e-9f, 448.0f, false, /*epsilon=*/1.0f), 448.0f);
-}
-
-TEST(Fp8Scaling, E8M0RoundsUp) {
-  EXPECT_EQ(e8m0_from_float(1.0f), 127);
-  EXPECT_EQ(e8m0_from_float(1.5f), 128);
-  EXPECT_EQ(e8m0_from_float(0.25f), 125);
-  EXPECT_EQ(e8m0_from_float(0.0f), 0);
-  EXPECT_EQ(e8m0_from_float(kInf), 0xfe);
-  EXPECT_EQ(e8m0_from_float(kNaN), 0xff);
-  EXPECT_EQ(e8m0_to_float(130), 8.0f);
-  EXPECT_TRUE(std::isnan(e8m0_to_float(0xff)));
-  // Block amax 500 over E4M3: 500 / 448 -> 2, so the largest element maps to 250 <= 448.
-  EXPECT_EQ(mx_scale_code(500.0f, 448.0f), 128);
-  EXPECT_EQ(mx_scale_code(448.0f, 448.0f), 127);
-}
 
 TEST(Fp8DelayedScaling, ScaleFromTheHistoryThenRoll) {
   DelayedScaling s(Format::E4M3, {.margin = 0, .history_len = 3, .algo = AmaxAlgo::Max});

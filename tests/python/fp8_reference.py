@@ -1,7 +1,7 @@
-"""Independent numpy re-implementation of Megaton's FP8 quantisation recipes (fp8/quantize.h) on a
+"""Independent numpy re-implementation of Megaton's FP8 quantisation recipes (kernels/fp8_quantize.h) on a
 fixed fixture matrix: per-tensor current and given scales, DeepSeek-V3's 1x128 tiles and 128x128
 blocks, and MXFP8's 1x32 E8M0 blocks. Writes the expected scales and a hash of the codes; the C++
-test (tests/fp8/fp8_quantize_test.cpp) compares against the committed result and
+test (tests/kernels/fp8_quantize_test.cpp) compares against the committed result and
 selftest_fp8_fixture.py shows the committed file is what this script computes.
 
 Rounding here goes through float64 arithmetic and numpy's rint (round half to even) on the value's

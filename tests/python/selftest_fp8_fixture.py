@@ -1,7 +1,7 @@
-"""The committed FP8 recipe fixture (tests/fp8/data/fp8_recipes_fixture.json) is exactly what the
+"""The committed FP8 recipe fixture (tests/kernels/data/fp8_recipes_fixture.json) is exactly what the
 independent reference (fp8_reference.py) computes, so the C++ test compares against the reference
 and not against a snapshot of itself. Regenerate with:
-    /usr/bin/python3 tests/python/fp8_reference.py > tests/fp8/data/fp8_recipes_fixture.json"""
+    /usr/bin/python3 tests/python/fp8_reference.py > tests/kernels/data/fp8_recipes_fixture.json"""
 import json
 import os
 import sys
@@ -9,7 +9,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fp8_reference  # noqa: E402
 
-path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fp8", "data", "fp8_recipes_fixture.json")
+path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "kernels", "data", "fp8_recipes_fixture.json")
 with open(path) as f:
     committed = json.load(f)
 fresh = json.loads(json.dumps(fp8_reference.compute()))

@@ -25,8 +25,8 @@ namespace {
 constexpr std::string_view kMetadataKey = "__metadata__";
 
 // Safetensors dtype names in megaton::DType order.
-constexpr std::array<std::string_view, 12> kDTypeNames{"F32", "F64", "BF16", "F16", "I32", "I64",
-                                                       "U8",  "I8",  "U16",  "I16", "U32", "U64"};
+constexpr std::array<std::string_view, 14> kDTypeNames{"F32", "F64", "BF16", "F16", "I32",     "I64",    "U8",
+                                                       "I8",  "U16", "I16",  "U32", "U64", "F8_E4M3", "F8_E5M2"};
 
 std::optional<DType> dtype_from_safetensors(std::string_view name) {
   for (size_t i = 0; i < kDTypeNames.size(); ++i)

@@ -13,7 +13,7 @@ struct DTypeInfo {
   std::string_view name;
   size_t size;
 };
-constexpr std::array<DTypeInfo, 12> kInfo{{{DType::F32, "f32", 4},
+constexpr std::array<DTypeInfo, 14> kInfo{{{DType::F32, "f32", 4},
                                            {DType::F64, "f64", 8},
                                            {DType::BF16, "bf16", 2},
                                            {DType::F16, "f16", 2},
@@ -24,7 +24,9 @@ constexpr std::array<DTypeInfo, 12> kInfo{{{DType::F32, "f32", 4},
                                            {DType::U16, "u16", 2},
                                            {DType::I16, "i16", 2},
                                            {DType::U32, "u32", 4},
-                                           {DType::U64, "u64", 8}}};
+                                           {DType::U64, "u64", 8},
+                                           {DType::F8E4M3, "f8e4m3", 1},
+                                           {DType::F8E5M2, "f8e5m2", 1}}};
 }  // namespace
 
 size_t dtype_size(DType t) { return kInfo[static_cast<size_t>(t)].size; }
@@ -33,7 +35,7 @@ std::string_view dtype_name(DType t) { return kInfo[static_cast<size_t>(t)].name
 DType dtype_from_name(std::string_view name) {
   for (const auto& i : kInfo)
     if (i.name == name) return i.type;
-  fail("unknown dtype '", name, "' (expected one of f32, f64, bf16, f16, i32, i64, u8, i8, u16, i16, u32, u64)");
+  fail("unknown dtype '", name, "' (expected one of f32, f64, bf16, f16, i32, i64, u8, i8, u16, i16, u32, u64, f8e4m3, f8e5m2)");
 }
 
 uint16_t float_to_f16(float f) {

@@ -7,7 +7,8 @@
 
 namespace megaton {
 
-enum class DType : uint8_t { F32, F64, BF16, F16, I32, I64, U8, I8, U16, I16, U32, U64 };
+// F8E4M3 / F8E5M2: FP8 codes (core/fp8_format.h); their scales are held beside the tensor.
+enum class DType : uint8_t { F32, F64, BF16, F16, I32, I64, U8, I8, U16, I16, U32, U64, F8E4M3, F8E5M2 };
 
 size_t dtype_size(DType t);
 std::string_view dtype_name(DType t);          // "f32", "bf16", ...
@@ -17,6 +18,14 @@ DType dtype_from_name(std::string_view name);  // throws Error naming the unknow
 // that Tensor::data<BFloat16>() and kernel templates tell bf16 storage from u16.
 struct BFloat16 {
   uint16_t bits;
+};
+
+// FP8 elements as stored: distinct types so that data<T>() tells the two formats and u8 apart.
+struct Float8E4M3 {
+  uint8_t bits;
+};
+struct Float8E5M2 {
+  uint8_t bits;
 };
 
 template <typename T>
@@ -32,6 +41,8 @@ template <> constexpr DType dtype_of<uint16_t>() { return DType::U16; }
 template <> constexpr DType dtype_of<int16_t>() { return DType::I16; }
 template <> constexpr DType dtype_of<uint32_t>() { return DType::U32; }
 template <> constexpr DType dtype_of<uint64_t>() { return DType::U64; }
+template <> constexpr DType dtype_of<Float8E4M3>() { return DType::F8E4M3; }
+template <> constexpr DType dtype_of<Float8E5M2>() { return DType::F8E5M2; }
 
 // bfloat16: upper 16 bits of an IEEE float, rounded to nearest even (NaN stays NaN).
 inline uint16_t float_to_bf16(float f) {

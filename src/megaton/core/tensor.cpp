@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "megaton/core/checked.h"
+#include "megaton/core/fp8_format.h"
 
 #ifdef MEGATON_WITH_CUDA
 #include "megaton/core/cuda/cuda_memory.h"
@@ -121,6 +122,8 @@ double load_as_double(const void* p, DType t, int64_t i) {
     case DType::I16: return static_cast<const int16_t*>(p)[i];
     case DType::U32: return static_cast<const uint32_t*>(p)[i];
     case DType::U64: return static_cast<double>(static_cast<const uint64_t*>(p)[i]);
+    case DType::F8E4M3: return fp8::decode(static_cast<const uint8_t*>(p)[i], fp8::Format::E4M3);
+    case DType::F8E5M2: return fp8::decode(static_cast<const uint8_t*>(p)[i], fp8::Format::E5M2);
   }
   return 0;
 }
@@ -138,6 +141,9 @@ void store_from_double(void* p, DType t, int64_t i, double v) {
     case DType::I16: static_cast<int16_t*>(p)[i] = static_cast<int16_t>(v); break;
     case DType::U32: static_cast<uint32_t*>(p)[i] = static_cast<uint32_t>(v); break;
     case DType::U64: static_cast<uint64_t*>(p)[i] = static_cast<uint64_t>(v); break;
+    // Unscaled and saturating: a cast, not a quantisation (kernels/fp8_quantize.h scales).
+    case DType::F8E4M3: static_cast<uint8_t*>(p)[i] = fp8::encode(static_cast<float>(v), fp8::Format::E4M3); break;
+    case DType::F8E5M2: static_cast<uint8_t*>(p)[i] = fp8::encode(static_cast<float>(v), fp8::Format::E5M2); break;
   }
 }
 }  // namespace

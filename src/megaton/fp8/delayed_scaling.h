@@ -14,7 +14,7 @@
 #include <string_view>
 #include <vector>
 
-#include "megaton/fp8/format.h"
+#include "megaton/core/fp8_format.h"
 
 namespace megaton::fp8 {
 

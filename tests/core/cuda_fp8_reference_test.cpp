@@ -5,7 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "megaton/core/dtype.h"
-#include "megaton/fp8/format.h"
+#include "megaton/core/fp8_format.h"
 
 #ifdef MEGATON_HAVE_CUDA_FP8_H
 #include <cuda_fp8.h>

@@ -1,7 +1,7 @@
 // FP8 formats on their own terms (the bit-exact comparison with CUDA's conversions is in
 // cuda_fp8_reference_test.cpp): published extremes, every code round-trips, rounding is to nearest
 // even at representative ties, and overflow follows the chosen rule.
-#include "megaton/fp8/format.h"
+#include "megaton/core/fp8_format.h"
 
 #include <gtest/gtest.h>
 
@@ -66,25 +66,24 @@ TEST(Fp8Format, OverflowSaturatesOrGoesNonFinite) {
   EXPECT_EQ(encode(-std::numeric_limits<float>::quiet_NaN(), Format::E4M3), 0x7f);
 }
 
-TEST(Fp8Format, ScaledBulkConversionReportsAmax) {
-  const float x[] = {0.5f, -3.0f, 100.0f, -1000.0f};
-  uint8_t codes[4];
-  const float amax = encode_scaled(x, 4, 0.25f, Format::E4M3, codes);
-  EXPECT_EQ(amax, 1000.0f);
-  float back[4];
-  decode_scaled(codes, 4, 4.0f, Format::E4M3, back);
-  EXPECT_EQ(back[0], 0.5f);
-  EXPECT_EQ(back[1], -3.0f);
-  EXPECT_EQ(back[2], 96.0f);  // 25 -> 24 (E4M3 spacing 2 in [16, 32), tie to even)
-  EXPECT_EQ(back[3], -1024.0f);  // -250 -> -256 (spacing 16 in [128, 256))
-  const float with_nan[] = {1.0f, std::numeric_limits<float>::quiet_NaN(), 2.0f};
-  EXPECT_TRUE(std::isnan(encode_scaled(with_nan, 3, 1.0f, Format::E4M3, codes)));
+TEST(Fp8Format, E8M0RoundsUp) {
+  EXPECT_EQ(e8m0_from_float(1.0f), 127);
+  EXPECT_EQ(e8m0_from_float(1.5f), 128);
+  EXPECT_EQ(e8m0_from_float(0.25f), 125);
+  EXPECT_EQ(e8m0_from_float(0.0f), 0);
+  EXPECT_EQ(e8m0_from_float(std::numeric_limits<float>::infinity()), 0xfe);
+  EXPECT_EQ(e8m0_from_float(std::numeric_limits<float>::quiet_NaN()), 0xff);
+  EXPECT_EQ(e8m0_to_float(130), 8.0f);
+  EXPECT_TRUE(std::isnan(e8m0_to_float(0xff)));
 }
 
 TEST(Fp8Format, NamesParse) {
   EXPECT_EQ(format_from_name("e4m3"), Format::E4M3);
   EXPECT_EQ(format_from_name("e5m2"), Format::E5M2);
   EXPECT_THROW(format_from_name("e3m4"), std::exception);
+  EXPECT_EQ(format_of_dtype(dtype_of_format(Format::E5M2)), Format::E5M2);
+  EXPECT_EQ(dtype_name(DType::F8E4M3), "f8e4m3");
+  EXPECT_THROW(format_of_dtype(DType::U8), std::exception);
 }
 
 }  // namespace

@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <string_view>
 
+#include "megaton/core/dtype.h"
+
 namespace megaton::fp8 {
 
 enum class Format : uint8_t { E4M3, E5M2 };
@@ -22,6 +24,8 @@ struct FormatInfo {
 };
 const FormatInfo& info(Format f);
 Format format_from_name(std::string_view name);  // throws naming an unknown format
+DType dtype_of_format(Format f);                  // F8E4M3, F8E5M2
+Format format_of_dtype(DType t);                  // throws unless t is an FP8 dtype
 
 enum class Overflow : uint8_t { Saturate, NonFinite };
 
@@ -30,9 +34,10 @@ uint8_t encode(float x, Format f, Overflow overflow = Overflow::Saturate);
 // The value of a code (NaN codes decode to a quiet NaN; E5M2's inf codes to +-inf).
 float decode(uint8_t code, Format f);
 
-// Bulk forms used by quantisation: out[i] = encode(x[i] * scale), and the largest |x[i]| seen
-// (NaN propagates into the result, so a non-finite tensor is noticed by the scaling recipe).
-float encode_scaled(const float* x, size_t n, float scale, Format f, uint8_t* out);
-void decode_scaled(const uint8_t* codes, size_t n, float scale_inv, Format f, float* out);
+// E8M0 (the OCP MX scale format): value 2^(code - 127), 0xff is NaN. from_float is TE's
+// float_to_e8m0: the exponent of `v` rounded up (a value with a mantissa moves to the next power of
+// two), inf -> 0xfe, NaN -> 0xff, 0 -> 0x00.
+uint8_t e8m0_from_float(float v);
+float e8m0_to_float(uint8_t code);  // 2^(code - 127) (0 gives 2^-127); NaN for 0xff
 
 }  // namespace megaton::fp8

@@ -1,6 +1,5 @@
-#include "megaton/fp8/format.h"
+#include "megaton/core/fp8_format.h"
 
-#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstring>
@@ -61,6 +60,14 @@ Format format_from_name(std::string_view name) {
   fail("unknown FP8 format '", name, "' (expected e4m3 or e5m2)");
 }
 
+DType dtype_of_format(Format f) { return f == Format::E4M3 ? DType::F8E4M3 : DType::F8E5M2; }
+
+Format format_of_dtype(DType t) {
+  if (t == DType::F8E4M3) return Format::E4M3;
+  if (t == DType::F8E5M2) return Format::E5M2;
+  fail("dtype ", dtype_name(t), " is not an FP8 format (expected f8e4m3 or f8e5m2)");
+}
+
 uint8_t encode(float x, Format f, Overflow overflow) {
   const FormatInfo& fi = info(f);
   uint32_t u;
@@ -92,19 +99,23 @@ uint8_t encode(float x, Format f, Overflow overflow) {
 
 float decode(uint8_t code, Format f) { return table(f)[code]; }
 
-float encode_scaled(const float* x, size_t n, float scale, Format f, uint8_t* out) {
-  float amax = 0.0f;
-  for (size_t i = 0; i < n; ++i) {
-    const float v = x[i];
-    amax = std::isnan(v) || std::isnan(amax) ? std::numeric_limits<float>::quiet_NaN() : std::max(amax, std::fabs(v));
-    out[i] = encode(v * scale, f);
-  }
-  return amax;
+uint8_t e8m0_from_float(float v) {
+  if (std::isnan(v)) return 0xff;
+  if (std::isinf(v)) return 0xfe;
+  if (v == 0.0f) return 0x00;
+  uint32_t bits;
+  std::memcpy(&bits, &v, sizeof bits);
+  uint32_t exponent = (bits >> 23) & 0xffu;
+  const uint32_t mantissa = bits & 0x7fffffu;
+  // Round up to the next power of two, saturating at 0xfe; a float subnormal at most half the
+  // smallest normal (mantissa <= 2^22) maps to 2^-127 = code 0.
+  if (mantissa > 0 && exponent != 0xfe && !(exponent == 0 && mantissa <= 0x400000u)) ++exponent;
+  return static_cast<uint8_t>(exponent);
 }
 
-void decode_scaled(const uint8_t* codes, size_t n, float scale_inv, Format f, float* out) {
-  const std::array<float, 256>& t = table(f);
-  for (size_t i = 0; i < n; ++i) out[i] = t[codes[i]] * scale_inv;
+float e8m0_to_float(uint8_t code) {
+  if (code == 0xff) return std::numeric_limits<float>::quiet_NaN();
+  return std::ldexp(1.0f, static_cast<int>(code) - 127);
 }
 
 }  // namespace megaton::fp8

@@ -1,0 +1,80 @@
+#include "megaton/fp8/linear_quantizer.h"
+
+namespace megaton::fp8 {
+
+namespace {
+
+bool per_tensor(kernels::Fp8Granularity g) { return g == kernels::Fp8Granularity::Tensor; }
+
+}  // namespace
+
+LinearQuantizer::LinearQuantizer(std::string name, const Fp8Config& config)
+    : config_(config),
+      input_{name + ".input_fp8", config.forward_format(), config.activation_granularity(), std::nullopt},
+      weight_{name + ".weight_fp8", config.forward_format(), config.weight_granularity(), std::nullopt},
+      grad_{name + ".grad_output_fp8", config.gradient_format(), config.activation_granularity(), std::nullopt} {
+  if (config.recipe == Recipe::Delayed)
+    for (Role* r : {&input_, &weight_, &grad_}) r->delayed.emplace(r->format, config.delayed);
+}
+
+kernels::Fp8Matrix LinearQuantizer::quantize(Role& role, const Tensor& t, bool transpose, const std::string& name,
+                                             MemCategory cat) {
+  kernels::Fp8QuantizeOptions o{.format = role.format,
+                                .granularity = role.granularity,
+                                .pow2_scales = config_.pow2_scales,
+                                .transpose = transpose,
+                                .category = cat};
+  if (role.delayed) o.scale = role.delayed->scale();
+  kernels::Fp8Matrix q = kernels::fp8_quantize(t, o, name);
+  if (role.delayed) role.delayed->record(q.amax);
+  return q;
+}
+
+LinearQuantizer::Input LinearQuantizer::input(const Tensor& x) {
+  Input in;
+  in.fprop = quantize(input_, x, false, input_.name, MemCategory::Activations);
+  // Per-tensor scales transpose exactly; tiles are re-cut along M from the source (recording the
+  // same amax again changes nothing: the history keeps the step's max).
+  in.wgrad = per_tensor(input_.granularity) ? kernels::fp8_transpose(in.fprop, input_.name + "_t")
+                                            : quantize(input_, x, true, input_.name + "_t", MemCategory::Activations);
+  return in;
+}
+
+const kernels::Fp8Matrix& LinearQuantizer::weight(const Tensor& w) {
+  if (!weight_cache_) weight_cache_ = quantize(weight_, w, false, weight_.name, MemCategory::Params);
+  return *weight_cache_;
+}
+
+const kernels::Fp8Matrix& LinearQuantizer::weight_transposed(const Tensor& w) {
+  if (!weight_t_cache_) {
+    // 128x128 blocks and per-tensor scales transpose exactly; MX tiles are re-cut from the weight.
+    const bool exact = weight_.granularity != kernels::Fp8Granularity::Mx1x32;
+    weight_t_cache_ = exact ? kernels::fp8_transpose(weight(w), weight_.name + "_t")
+                            : quantize(weight_, w, true, weight_.name + "_t", MemCategory::Params);
+  }
+  return *weight_t_cache_;
+}
+
+kernels::Fp8Matrix LinearQuantizer::grad_output(const Tensor& dy) {
+  return quantize(grad_, dy, false, grad_.name, MemCategory::Activations);
+}
+
+kernels::Fp8Matrix LinearQuantizer::grad_output_transposed(const Tensor& dy) {
+  return quantize(grad_, dy, true, grad_.name + "_t", MemCategory::Activations);
+}
+
+void LinearQuantizer::next_step() {
+  for (Role* r : {&input_, &weight_, &grad_})
+    if (r->delayed) r->delayed->update();
+  weight_cache_.reset();
+  weight_t_cache_.reset();
+}
+
+std::vector<DelayedScaling*> LinearQuantizer::delayed_states() {
+  std::vector<DelayedScaling*> states;
+  for (Role* r : {&input_, &weight_, &grad_})
+    if (r->delayed) states.push_back(&*r->delayed);
+  return states;
+}
+
+}  // namespace megaton::fp8

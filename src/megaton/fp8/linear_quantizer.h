@@ -1,0 +1,55 @@
+// The FP8 operands of one linear layer's three GEMMs under a recipe (recipe.h), each K-contiguous as
+// kernels::fp8_gemm takes them:
+//   fprop  y [M, N] = x [M, K]      . W [N, K]^T      x along K, W along K
+//   dgrad  dx[M, K] = dy[M, N]      . W^T [K, N]^T    dy along N, W^T along N
+//   wgrad  dW[N, K] = dy^T [N, M]   . x^T [K, M]^T    dy^T along M, x^T along M
+// Per-tensor recipes transpose the 8-bit codes exactly; the tiled recipes quantise the transposed
+// source (DeepSeek-V3's re-tiling), so the forward keeps both layouts of x, 8-bit, for the backward.
+// The weight's two layouts are made once per step and reused by every micro-batch until
+// next_step(). Under delayed scaling every quantisation records its amax into its tensor's history
+// and uses the scale of earlier steps; next_step() rolls the histories.
+#pragma once
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "megaton/fp8/recipe.h"
+
+namespace megaton::fp8 {
+
+class LinearQuantizer {
+ public:
+  LinearQuantizer(std::string name, const Fp8Config& config);
+
+  struct Input {
+    kernels::Fp8Matrix fprop;  // x along K
+    kernels::Fp8Matrix wgrad;  // x^T along M, what backward-W reads (8-bit, saved in the context)
+  };
+  Input input(const Tensor& x);
+  const kernels::Fp8Matrix& weight(const Tensor& w);             // fprop operand, cached for the step
+  const kernels::Fp8Matrix& weight_transposed(const Tensor& w);  // dgrad operand, cached for the step
+  kernels::Fp8Matrix grad_output(const Tensor& dy);              // dgrad operand
+  kernels::Fp8Matrix grad_output_transposed(const Tensor& dy);   // wgrad operand
+
+  // After the optimizer step: delayed scales updated from the (already group-reduced) histories,
+  // the weight's cached layouts dropped.
+  void next_step();
+  // The delayed-scaling states (input, weight, grad_output), empty for the other recipes: the
+  // trainer reduces their newest amax over the parallel groups and checkpoints them.
+  std::vector<DelayedScaling*> delayed_states();
+
+ private:
+  struct Role {
+    std::string name;
+    Format format;
+    kernels::Fp8Granularity granularity;
+    std::optional<DelayedScaling> delayed;
+  };
+  kernels::Fp8Matrix quantize(Role& role, const Tensor& t, bool transpose, const std::string& name, MemCategory cat);
+
+  Fp8Config config_;
+  Role input_, weight_, grad_;
+  std::optional<kernels::Fp8Matrix> weight_cache_, weight_t_cache_;
+};
+
+}  // namespace megaton::fp8

@@ -1,0 +1,69 @@
+// FP8 quantisation of a row-major matrix [rows, cols] with the scaling granularities of the recipes:
+//   Tensor       one scale for the whole tensor (delayed or current scaling);
+//   Tile1x128    one scale per 1 x 128 run of a row (DeepSeek-V3's activations and gradients);
+//   Block128x128 one scale per 128 x 128 block (DeepSeek-V3's weights);
+//   Mx1x32       one power-of-two E8M0 scale per 1 x 32 run of a row (OCP MXFP8).
+// Ragged edges form smaller tiles. The data is F8E4M3 / F8E5M2 (one byte per element, as the
+// allocator counts it); scale_inv is fp32 [scale rows, scale cols], or U8 E8M0 codes for Mx1x32.
+// A quantised value is q = encode(x * scale), and x ~ decode(q) * scale_inv with scale_inv = 1 / scale,
+// as TransformerEngine stores them. fp8_dequantize(fp8_quantize(x)) is x rounded to FP8 at the
+// tile's scale. CPU only for now.
+#pragma once
+#include <optional>
+#include <string_view>
+
+#include "megaton/core/fp8_format.h"
+#include "megaton/core/tensor.h"
+
+namespace megaton::kernels {
+
+// TransformerEngine's compute_scale_from_amax (current scaling, and every tile of the block
+// recipes): amax below epsilon counts as epsilon; an amax of 0, inf or NaN gives scale 1; a scale
+// that overflows fp32 becomes FLT_MAX; pow2 rounds it down to a power of two (exact scaling).
+float fp8_scale_from_amax(float amax, float fp8_max, bool pow2 = false, float epsilon = 0.0f);
+// The MX scale of a block with this amax: the E8M0 of amax / fp8_max, rounded up, so every
+// |x| / 2^(code - 127) <= fp8_max.
+uint8_t mx_scale_code(float amax, float fp8_max);
+
+enum class Fp8Granularity : uint8_t { Tensor, Tile1x128, Block128x128, Mx1x32 };
+std::string_view granularity_name(Fp8Granularity g);
+struct Fp8TileShape {
+  int64_t rows, cols;
+};
+// The elements one scale covers in a [rows, cols] matrix (the whole matrix for Tensor).
+Fp8TileShape fp8_tile_shape(Fp8Granularity g, int64_t rows, int64_t cols);
+
+struct Fp8Matrix {
+  Tensor data;       // F8E4M3 / F8E5M2 codes, [rows, cols]
+  Tensor scale_inv;  // F32 (or U8 E8M0 for Mx1x32), [scale rows, scale cols]
+  Fp8Granularity granularity = Fp8Granularity::Tensor;
+  float amax = 0.0f; // of the whole input (NaN if it held one): what delayed scaling records
+  fp8::Format format() const { return fp8::format_of_dtype(data.dtype()); }
+  Fp8TileShape tile() const { return fp8_tile_shape(granularity, data.size(0), data.size(1)); }
+  // The factor that turns the code at (row, col) back into its value: scale_inv of its tile.
+  float scale_inv_at(int64_t row, int64_t col) const;
+};
+
+struct Fp8QuantizeOptions {
+  fp8::Format format = fp8::Format::E4M3;
+  Fp8Granularity granularity = Fp8Granularity::Tensor;
+  // Tensor granularity only: quantise with this given scale (delayed scaling) instead of one
+  // computed from the tensor's own amax (current scaling).
+  std::optional<float> scale = std::nullopt;
+  bool pow2_scales = false;  // current / block scales rounded down to powers of two
+  // Quantise x^T ([cols, rows]) instead of x: the K-contiguous operand of a backward GEMM (the
+  // weight gradient contracts over the rows), tiled along its own rows as DeepSeek-V3 re-tiles.
+  bool transpose = false;
+  MemCategory category = MemCategory::Activations;
+};
+
+// x: 2-D, f32 or bf16, on the host.
+Fp8Matrix fp8_quantize(const Tensor& x, const Fp8QuantizeOptions& options, const std::string& name = "fp8");
+// The same values transposed, without re-quantising: exact for per-tensor scales and 128x128
+// blocks (the block grid transposes with them); tiles along a row cannot be transposed (quantise
+// the source with `transpose` instead) and are refused.
+Fp8Matrix fp8_transpose(const Fp8Matrix& q, const std::string& name);
+// The f32 matrix the codes stand for.
+Tensor fp8_dequantize(const Fp8Matrix& q, MemCategory category = MemCategory::Workspace);
+
+}  // namespace megaton::kernels

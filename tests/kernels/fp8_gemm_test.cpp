@@ -1,0 +1,138 @@
+// FP8 GEMM (kernels/fp8_gemm.h): equal, to fp32 rounding, to the exact sum over K groups of
+// (codes' values products) x (group scales) computed in double; within TransformerEngine's FP8
+// tolerance of the fp32 product of the unquantised inputs; every granularity pairing, mixed formats,
+// ragged K, bf16 output and accumulation; bad pairings are refused.
+#include "megaton/kernels/fp8_gemm.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "megaton/kernels/cpu/gemm.h"
+
+namespace megaton::kernels {
+namespace {
+
+Tensor random_matrix(int64_t rows, int64_t cols, uint32_t seed, float spread) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  Tensor t = Tensor::empty({rows, cols}, DType::F32, MemCategory::Other, "x");
+  // Rows and columns at different magnitudes, so per-tile scales differ from the tensor's.
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c)
+      t.data<float>()[r * cols + c] = normal(gen) * std::exp2(spread * std::sin(0.37f * static_cast<float>(r) + 0.11f * static_cast<float>(c)));
+  return t;
+}
+
+// sum over K groups of (sum_k value_a * value_b) * scale_a * scale_b, in double, with the groups the
+// kernel promises (the finer granularity's width along K).
+double reference_at(const Fp8Matrix& a, const Fp8Matrix& b, int64_t m, int64_t n, int64_t group) {
+  const int64_t K = a.data.size(1);
+  const auto* ca = static_cast<const uint8_t*>(a.data.raw());
+  const auto* cb = static_cast<const uint8_t*>(b.data.raw());
+  double total = 0.0;
+  for (int64_t k0 = 0; k0 < K; k0 += group) {
+    double part = 0.0;
+    for (int64_t k = k0; k < std::min(K, k0 + group); ++k)
+      part += static_cast<double>(fp8::decode(ca[m * K + k], a.format())) * fp8::decode(cb[n * K + k], b.format());
+    total += part * a.scale_inv_at(m, k0) * b.scale_inv_at(n, k0);
+  }
+  return total;
+}
+
+struct Case {
+  const char* name;
+  Fp8Granularity ga, gb;
+  fp8::Format fa, fb;
+  int64_t group;  // the K group width the kernel uses for these granularities
+};
+
+class Fp8GemmTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(Fp8GemmTest, MatchesTheScaledSumAndTheFp32Product) {
+  const Case& c = GetParam();
+  const int64_t M = 37, N = 150, K = 300;  // K not a multiple of 128 or 32: ragged last group
+  const Tensor x = random_matrix(M, K, 1, 3.0f), w = random_matrix(N, K, 2, 2.0f);
+  const Fp8Matrix a = fp8_quantize(x, {.format = c.fa, .granularity = c.ga});
+  const Fp8Matrix b = fp8_quantize(w, {.format = c.fb, .granularity = c.gb});
+  Tensor out = Tensor::empty({M, N}, DType::F32);
+  fp8_gemm(ExecContext::on(out), out, a, b);
+  const Tensor fx = fp8_dequantize(a), fw = fp8_dequantize(b);
+  double worst_exact = 0, worst_fp32 = 0;
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      const float got = out.data<float>()[m * N + n];
+      ASSERT_TRUE(std::isfinite(got));
+      const int64_t group = c.group == 0 ? K : c.group;
+      const double exact = reference_at(a, b, m, n, group);
+      double magnitude = 0, fp32 = 0;  // sum |a||b| bounds the rounding of an fp32 sum
+      for (int64_t k = 0; k < K; ++k) {
+        magnitude += std::fabs(static_cast<double>(fx.data<float>()[m * K + k]) * fw.data<float>()[n * K + k]);
+        fp32 += static_cast<double>(x.data<float>()[m * K + k]) * w.data<float>()[n * K + k];
+      }
+      worst_exact = std::max(worst_exact, std::fabs(got - exact) / (magnitude + 1e-30));
+      // TE's FP8 tolerance against the unquantised product, relative to the row's magnitude.
+      worst_fp32 = std::max(worst_fp32, std::fabs(got - fp32) / (0.0675 + 0.125 * magnitude));
+    }
+  EXPECT_LT(worst_exact, 1e-5) << c.name;
+  EXPECT_LT(worst_fp32, 1.0) << c.name;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Pairings, Fp8GemmTest,
+    ::testing::Values(
+        Case{"tensor_e4m3", Fp8Granularity::Tensor, Fp8Granularity::Tensor, fp8::Format::E4M3, fp8::Format::E4M3, 0},
+        Case{"hybrid_e5m2_x_e4m3", Fp8Granularity::Tensor, Fp8Granularity::Tensor, fp8::Format::E5M2, fp8::Format::E4M3, 0},
+        Case{"deepseek_1x128_x_128x128", Fp8Granularity::Tile1x128, Fp8Granularity::Block128x128, fp8::Format::E4M3,
+             fp8::Format::E4M3, 128},
+        Case{"wgrad_1x128_x_1x128", Fp8Granularity::Tile1x128, Fp8Granularity::Tile1x128, fp8::Format::E4M3,
+             fp8::Format::E4M3, 128},
+        Case{"tile_x_tensor", Fp8Granularity::Tile1x128, Fp8Granularity::Tensor, fp8::Format::E4M3, fp8::Format::E4M3, 128},
+        Case{"mxfp8", Fp8Granularity::Mx1x32, Fp8Granularity::Mx1x32, fp8::Format::E4M3, fp8::Format::E4M3, 32}),
+    [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
+
+TEST(Fp8Gemm, SameResultOnEitherGemmLibraryPath) {
+  // oneDNN bf16 panels where the CPU has native bf16, f32 panels on OpenBLAS elsewhere: the widened
+  // values are exact either way, so only the summation order may differ.
+  const Tensor x = random_matrix(20, 256, 3, 1.0f), w = random_matrix(24, 256, 4, 1.0f);
+  const Fp8Matrix a = fp8_quantize(x, {.granularity = Fp8Granularity::Tile1x128});
+  const Fp8Matrix b = fp8_quantize(w, {.granularity = Fp8Granularity::Block128x128});
+  Tensor first = Tensor::empty({20, 24}, DType::F32), second = Tensor::empty({20, 24}, DType::F32);
+  cpu::force_gemm_library(cpu::GemmLibrary::OpenBlas);
+  fp8_gemm(ExecContext::on(first), first, a, b);
+  cpu::force_gemm_library(std::nullopt);
+  fp8_gemm(ExecContext::on(second), second, a, b);
+  for (int64_t i = 0; i < first.numel(); ++i)
+    EXPECT_NEAR(first.data<float>()[i], second.data<float>()[i], 1e-5 * (1 + std::fabs(first.data<float>()[i])));
+}
+
+TEST(Fp8Gemm, Bf16OutputAndAccumulation) {
+  const Tensor x = random_matrix(8, 64, 5, 1.0f), w = random_matrix(16, 64, 6, 1.0f);
+  const Fp8Matrix a = fp8_quantize(x, {}), b = fp8_quantize(w, {});
+  Tensor f32 = Tensor::empty({8, 16}, DType::F32), bf16 = Tensor::empty({8, 16}, DType::BF16);
+  fp8_gemm(ExecContext::on(f32), f32, a, b);
+  fp8_gemm(ExecContext::on(bf16), bf16, a, b);
+  Tensor twice = f32.clone(MemCategory::Other);
+  fp8_gemm(ExecContext::on(twice), twice, a, b, /*accumulate=*/true);
+  for (int64_t i = 0; i < f32.numel(); ++i) {
+    const float v = f32.data<float>()[i];
+    EXPECT_EQ(bf16_to_float(bf16.data<BFloat16>()[i].bits), bf16_to_float(float_to_bf16(v)));
+    EXPECT_FLOAT_EQ(twice.data<float>()[i], 2 * v);
+  }
+  EXPECT_THROW(fp8_gemm(ExecContext::on(bf16), bf16, a, b, /*accumulate=*/true), std::exception);
+}
+
+TEST(Fp8Gemm, RefusesMismatchedOperands) {
+  const Tensor x = random_matrix(4, 64, 7, 1.0f), w = random_matrix(8, 32, 8, 1.0f), v = random_matrix(8, 64, 9, 1.0f);
+  const Fp8Matrix a = fp8_quantize(x, {}), b = fp8_quantize(w, {});
+  Tensor out = Tensor::empty({4, 8}, DType::F32);
+  EXPECT_THROW(fp8_gemm(ExecContext::on(out), out, a, b), std::exception);  // K differs
+  const Fp8Matrix mx = fp8_quantize(v, {.granularity = Fp8Granularity::Mx1x32});
+  EXPECT_THROW(fp8_gemm(ExecContext::on(out), out, a, mx), std::exception);  // MX with per-tensor
+  Tensor wrong = Tensor::empty({4, 9}, DType::F32);
+  EXPECT_THROW(fp8_gemm(ExecContext::on(wrong), wrong, a, fp8_quantize(v, {})), std::exception);
+}
+
+}  // namespace
+}  // namespace megaton::kernels

@@ -1,0 +1,181 @@
+// FP8 quantisation granularities and scales (kernels/fp8_quantize.h) against the independent numpy reference
+// (tests/python/fp8_reference.py, whose result is committed in data/fp8_recipes_fixture.json and
+// re-checked by selftest_fp8_fixture.py), plus the error bound every granularity must meet.
+#include "megaton/kernels/fp8_quantize.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <limits>
+
+namespace megaton::kernels {
+namespace {
+
+// The reference's fixture_matrix(), the same integer hash.
+Tensor fixture_matrix(int64_t rows, int64_t cols) {
+  Tensor x = Tensor::empty({rows, cols}, DType::F32, MemCategory::Other, "fixture");
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) {
+      uint32_t u = static_cast<uint32_t>(static_cast<uint64_t>(i) * 2654435761u + static_cast<uint64_t>(j) * 40503u + 12345u);
+      u ^= u >> 13;
+      u *= 0x5bd1e995u;
+      u ^= u >> 15;
+      const int64_t mant = static_cast<int64_t>(u & 0xfffffu) - (1 << 19);
+      const int e = static_cast<int>((u >> 20) % 16) - 30 + static_cast<int>(i % 7) * 3;
+      x.data<float>()[i * cols + j] = i == 5 ? 0.0f : std::ldexp(static_cast<float>(mant), e);
+    }
+  return x;
+}
+
+Fp8Granularity granularity_from(const std::string& name) {
+  for (Fp8Granularity g : {Fp8Granularity::Tensor, Fp8Granularity::Tile1x128, Fp8Granularity::Block128x128, Fp8Granularity::Mx1x32})
+    if (granularity_name(g) == name) return g;
+  throw std::runtime_error("fixture granularity " + name);
+}
+
+std::string fnv1a64(const uint8_t* p, size_t n) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+TEST(Fp8Scale, CurrentScaleFromAmax) {
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  EXPECT_EQ(fp8_scale_from_amax(2.0f, 448.0f), 224.0f);
+  EXPECT_EQ(fp8_scale_from_amax(3.0f, 448.0f, /*pow2=*/true), 128.0f);  // 149.33 rounded down
+  EXPECT_EQ(fp8_scale_from_amax(0.0f, 448.0f), 1.0f);
+  EXPECT_EQ(fp8_scale_from_amax(kInf, 448.0f), 1.0f);
+  EXPECT_EQ(fp8_scale_from_amax(std::numeric_limits<float>::quiet_NaN(), 448.0f), 1.0f);
+  EXPECT_EQ(fp8_scale_from_amax(1e-45f, 448.0f), std::numeric_limits<float>::max());
+  EXPECT_EQ(fp8_scale_from_amax(1e-9f, 448.0f, false, /*epsilon=*/1.0f), 448.0f);
+  // Block amax 500 over E4M3: 500 / 448 rounds up to 2, so the largest element maps to 250 <= 448.
+  EXPECT_EQ(mx_scale_code(500.0f, 448.0f), 128);
+  EXPECT_EQ(mx_scale_code(448.0f, 448.0f), 127);
+}
+
+TEST(Fp8Quantize, MatchesTheNumpyReference) {
+  std::ifstream in(std::string(MEGATON_SOURCE_DIR) + "/tests/kernels/data/fp8_recipes_fixture.json");
+  ASSERT_TRUE(in) << "fixture missing";
+  const nlohmann::json fixture = nlohmann::json::parse(in);
+  const Tensor x = fixture_matrix(fixture["rows"], fixture["cols"]);
+  for (const auto& c : fixture["cases"]) {
+    Fp8QuantizeOptions o;
+    o.format = fp8::format_from_name(c["format"].get<std::string>());
+    o.granularity = granularity_from(c["granularity"]);
+    o.pow2_scales = c["pow2"];
+    if (!c["scale"].is_null()) o.scale = c["scale"].get<float>();
+    const std::string what = c["format"].get<std::string>() + " " + c["granularity"].get<std::string>() + (o.pow2_scales ? " pow2" : "");
+    const Fp8Matrix q = fp8_quantize(x, o);
+    const auto& scales = c["scale_inv"];
+    ASSERT_EQ(static_cast<int64_t>(scales.size()), q.scale_inv.numel()) << what;
+    for (size_t t = 0; t < scales.size(); ++t) {
+      if (o.granularity == Fp8Granularity::Mx1x32) EXPECT_EQ(q.scale_inv.data<uint8_t>()[t], scales[t].get<int>()) << what << " tile " << t;
+      else EXPECT_EQ(q.scale_inv.data<float>()[t], scales[t].get<float>()) << what << " tile " << t;
+    }
+    const auto* codes = static_cast<const uint8_t*>(q.data.raw());
+    char head[129];
+    for (int i = 0; i < 64; ++i) std::snprintf(head + 2 * i, 3, "%02x", codes[i]);
+    EXPECT_EQ(std::string(head), c["codes_head"].get<std::string>()) << what;
+    EXPECT_EQ(fnv1a64(codes, static_cast<size_t>(q.data.numel())), c["codes_fnv1a64"].get<std::string>()) << what;
+  }
+}
+
+TEST(Fp8Quantize, DequantisedErrorIsWithinHalfAStepOfTheTile) {
+  const Tensor x = fixture_matrix(130, 300);
+  for (Fp8Granularity g : {Fp8Granularity::Tensor, Fp8Granularity::Tile1x128, Fp8Granularity::Block128x128, Fp8Granularity::Mx1x32}) {
+    Fp8QuantizeOptions o;
+    o.granularity = g;
+    const Fp8Matrix q = fp8_quantize(x, o);
+    const Tensor back = fp8_dequantize(q);
+    for (int64_t i = 0; i < x.numel(); ++i) {
+      const float v = x.data<float>()[i], d = back.data<float>()[i];
+      ASSERT_TRUE(std::isfinite(d));
+      // Relative 2^-4 (E4M3's half step) for values in the normal range of their tile; below it the
+      // absolute error is at most half the tile's smallest subnormal step, itself below 2^-4 of
+      // the tile's amax / 2^6.
+      const int64_t r = i / 300, c = i % 300;
+      const int64_t tile_cols = q.scale_inv.size(1);
+      const int64_t tr = g == Fp8Granularity::Tensor ? 0 : (g == Fp8Granularity::Block128x128 ? r / 128 : r);
+      const int64_t tc = g == Fp8Granularity::Tensor ? 0 : c / (g == Fp8Granularity::Mx1x32 ? 32 : 128);
+      const float scale_inv = g == Fp8Granularity::Mx1x32 ? std::ldexp(1.0f, q.scale_inv.data<uint8_t>()[tr * tile_cols + tc] - 127)
+                                                       : q.scale_inv.data<float>()[tr * tile_cols + tc];
+      const float tiny = std::ldexp(1.0f, -10) * scale_inv;  // half the smallest E4M3 subnormal, scaled back
+      ASSERT_LE(std::fabs(d - v), std::max(std::fabs(v) * 0.0625f, tiny)) << granularity_name(g) << " element " << i;
+    }
+  }
+}
+
+TEST(Fp8Quantize, AmaxAndGivenScale) {
+  Tensor x = Tensor::zeros({2, 3}, DType::F32);
+  float* p = x.data<float>();
+  p[0] = 1.0f, p[4] = -600.0f;
+  Fp8QuantizeOptions o;
+  o.scale = 0.5f;  // delayed scaling: the tensor's own amax (600) does not change the scale
+  Fp8Matrix q = fp8_quantize(x, o);
+  EXPECT_EQ(q.amax, 600.0f);
+  EXPECT_EQ(q.scale_inv.data<float>()[0], 2.0f);
+  EXPECT_EQ(fp8_dequantize(q).data<float>()[4], -576.0f);  // -300 -> -288 (E4M3 spacing 32 in [256, 448])
+  p[1] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_TRUE(std::isnan(fp8_quantize(x, o).amax));
+  o.scale = std::numeric_limits<float>::infinity();
+  EXPECT_THROW(fp8_quantize(x, o), std::exception);
+  o.scale.reset();
+  o.granularity = Fp8Granularity::Tile1x128;
+  o.scale = 1.0f;
+  EXPECT_THROW(fp8_quantize(x, o), std::exception);  // a given scale is per tensor only
+}
+
+Tensor transposed(const Tensor& x) {
+  const int64_t rows = x.size(0), cols = x.size(1);
+  Tensor t = Tensor::empty({cols, rows}, DType::F32, MemCategory::Other, "xT");
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) t.data<float>()[c * rows + r] = x.data<float>()[r * cols + c];
+  return t;
+}
+
+void expect_same(const Fp8Matrix& a, const Fp8Matrix& b, const std::string& what) {
+  ASSERT_EQ(a.data.shape(), b.data.shape()) << what;
+  ASSERT_EQ(a.scale_inv.shape(), b.scale_inv.shape()) << what;
+  EXPECT_EQ(std::memcmp(a.data.raw(), b.data.raw(), a.data.nbytes()), 0) << what;
+  EXPECT_EQ(std::memcmp(a.scale_inv.raw(), b.scale_inv.raw(), a.scale_inv.nbytes()), 0) << what;
+}
+
+TEST(Fp8Quantize, TransposedQuantisationIsTheQuantisationOfTheTranspose) {
+  const Tensor x = fixture_matrix(130, 300), xt = transposed(x);
+  for (Fp8Granularity g : {Fp8Granularity::Tensor, Fp8Granularity::Tile1x128, Fp8Granularity::Block128x128, Fp8Granularity::Mx1x32}) {
+    Fp8QuantizeOptions o{.granularity = g};
+    const Fp8Matrix direct = fp8_quantize(xt, o);
+    o.transpose = true;
+    expect_same(fp8_quantize(x, o), direct, std::string(granularity_name(g)));
+  }
+}
+
+TEST(Fp8Quantize, BlocksAndTensorsTransposeExactly) {
+  const Tensor x = fixture_matrix(130, 300), xt = transposed(x);
+  for (Fp8Granularity g : {Fp8Granularity::Tensor, Fp8Granularity::Block128x128}) {
+    const Fp8Matrix q = fp8_quantize(x, {.granularity = g});
+    // A 128x128 block grid is the same grid transposed, so re-quantising x^T gives the same codes.
+    expect_same(fp8_transpose(q, "t"), fp8_quantize(xt, {.granularity = g}), std::string(granularity_name(g)));
+  }
+  EXPECT_THROW(fp8_transpose(fp8_quantize(x, {.granularity = Fp8Granularity::Tile1x128}), "t"), std::exception);
+}
+
+TEST(Fp8Quantize, DataIsOneBytePerElement) {
+  const Tensor x = fixture_matrix(130, 300);
+  Fp8QuantizeOptions o;
+  o.granularity = Fp8Granularity::Tile1x128;
+  const Fp8Matrix q = fp8_quantize(x, o);
+  EXPECT_EQ(q.data.dtype(), DType::F8E4M3);
+  EXPECT_EQ(q.data.nbytes(), 130u * 300u);
+  EXPECT_EQ(q.data.category(), MemCategory::Activations);
+  EXPECT_EQ(q.scale_inv.numel(), 130 * 3);
+}
+
+}  // namespace
+}  // namespace megaton::kernels
