@@ -86,10 +86,10 @@ TEST(Schedule, ZbH2AndDualPipeVOrderTheirOps) {
 
 TEST(Schedule, ZbVOrdersItsOps) {
   // p = 2, m = 3 (the warm-up's 2p-1): stage 0 holds model chunks 0 and 3, stage 1 chunks 1 and 2.
-  // Stage 0: 3 chunk-0 forwards; 2 of F1 B1 W; then F0 B0 W F1 B1 W with the forwards used up; 1 of
-  // B0 W. Stage 1: 1 chunk-0 forward; 1 pair F1 F0; 1 of F1 B1 W; 2 steady rounds (the second
-  // without a forward); 1 pair B0 B1; 1 of B0 W; then its deferred Ws, oldest first. A W right after
-  // its own B follows a SendBackward, except on stage 1's chunk 1, whose gradient stays on the stage.
+  // Stage 0: 3 chunk-0 forwards; 2 of F1 B1 W; one steady round with the forwards used up (B0 W F1
+  // B1 W); 2 of B0 W. Stage 1: 1 chunk-0 forward; 1 pair F1 F0; 1 of F1 B1 W; one steady round (F0
+  // B0 W F1 B1 W); 1 pair B0 B1; 1 of B0 W; then its deferred Ws, oldest first. A W right after its
+  // own B follows a SendBackward, except on stage 1's chunk 1, whose gradient stays on the stage.
   const Schedule s = zbv(2, 3);
   EXPECT_EQ(describe(s),
             "stage 0: F0 F1 F2 F0.1 B0.1 sendB0.1 W0.1 F1.1 B1.1 sendB1.1 W1.1 B0 W0 F2.1 B2.1 sendB2.1 W2.1 B1 W1 B2 "
