@@ -32,7 +32,8 @@ pipeline::OpCosts parse_costs(const std::string& text) {
     if (key == "W") field = &c.backward_weight;
     if (key == "T") field = &c.transfer;
     if (key == "FB") field = &c.forward_backward;
-    if (eq == std::string::npos || !field) fail("--costs: '", item, "' is not one of F=, B=, W=, T=, FB= with a number");
+    if (eq == std::string::npos || !field)
+      fail("--costs: '", item, "' is not one of F=, B=, W=, T=, FB= with a number");
     double v = 0;
     try {
       size_t used = 0;
@@ -97,7 +98,9 @@ void add_schedule_command(CLI::App& app) {
   for (const auto& k : pipeline::schedule_kinds()) kinds += (kinds.empty() ? "" : ", ") + k;
   cmd->add_option("--kind", kind, "Schedule: " + kinds)->capture_default_str();
   cmd->add_option("--pp", pp, "Pipeline stages")->capture_default_str()->check(CLI::Range(1, 4096));
-  cmd->add_option("--vpp", vpp, "Model chunks per stage (interleaved; 2 for zbv, dualpipe, dualpipev)")->capture_default_str()->check(CLI::Range(1, 1024));
+  cmd->add_option("--vpp", vpp, "Model chunks per stage (interleaved; 2 for zbv, dualpipe, dualpipev)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
   cmd->add_option("--microbatches", microbatches, "Micro-batches per step")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));

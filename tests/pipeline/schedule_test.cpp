@@ -98,9 +98,11 @@ TEST(Schedule, ZbVOrdersItsOps) {
   EXPECT_EQ(s.model_chunk, (std::vector<std::vector<int>>{{0, 3}, {1, 2}}));
   EXPECT_EQ(s.copies, 1);
   // One micro-batch: the order built for 2p-1 with the others' ops dropped.
-  EXPECT_EQ(describe(zbv(2, 1)), "stage 0: F0 F0.1 B0.1 sendB0.1 W0.1 B0 W0\nstage 1: F0 F0.1 B0.1 W0.1 B0 sendB0 W0\n");
+  EXPECT_EQ(describe(zbv(2, 1)), "stage 0: F0 F0.1 B0.1 sendB0.1 W0.1 B0 W0\n"
+                                 "stage 1: F0 F0.1 B0.1 W0.1 B0 sendB0 W0\n");
   EXPECT_ERROR_CONTAINS(generate("zbv", 2, 1, 4), "schedule 'zbv' has two model chunks per stage (a V), not 1");
   EXPECT_THROW(zbv(0, 4), Error);
+  EXPECT_ERROR_CONTAINS(zbv(1 << 30, int64_t{1} << 40), "pipeline schedule ops: size");  // before any allocation
 }
 
 TEST(Schedule, DualPipeRunsEachDirectionOnItsOwnCopy) {

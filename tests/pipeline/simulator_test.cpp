@@ -255,7 +255,8 @@ TEST(Simulator, EveryGeneratorRunsEachFBWOnceInOrderWithoutDeadlock) {
                 const auto& f = at[{mb, c, OpKind::Forward}];
                 const auto& b = at[{mb, c, OpKind::BackwardInput}];
                 const auto& w = at[{mb, c, OpKind::BackwardWeight}];
-                ASSERT_TRUE(f.size() == 1 && b.size() == 1 && w.size() == 1) << "stage " << st << " mb " << mb << " chunk " << c;
+                ASSERT_TRUE(f.size() == 1 && b.size() == 1 && w.size() == 1)
+                    << "stage " << st << " mb " << mb << " chunk " << c;
                 EXPECT_TRUE(f[0] < b[0] && b[0] < w[0]) << "stage " << st << " mb " << mb << " chunk " << c;
               }
             EXPECT_EQ(at.size(), expected) << "stage " << st << ": ops of micro-batches / chunks that do not run here";

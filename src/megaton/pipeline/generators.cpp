@@ -4,6 +4,7 @@
 #include <deque>
 #include <string>
 
+#include "megaton/core/checked.h"
 #include "megaton/core/error.h"
 
 namespace megaton::pipeline {
@@ -13,6 +14,8 @@ namespace {
 void check_sizes(int stages, int chunks, int64_t microbatches) {
   MEGATON_CHECK(stages > 0 && chunks > 0 && microbatches > 0, "a schedule needs at least one stage, chunk and "
                 "micro-batch; got ", stages, " stages, ", chunks, " chunks and ", microbatches, " micro-batches");
+  // The lists hold 3 compute ops per (stage, chunk, micro-batch), and the V schedules count to 2p.
+  checked_mul("pipeline schedule ops", checked_mul("pipeline schedule ops", 6 * int64_t{stages}, chunks), microbatches);
 }
 
 // 1F1B-shaped list of one stage: `warmup` forwards, then a forward and a backward at a time, then
@@ -184,7 +187,7 @@ Schedule zbv(int stages, int64_t microbatches) {
       push_weight(ops, s, r, weights.front());
       weights.pop_front();
     };
-    for (int i = 0; i < 2 * (p - r) - 1; ++i) F(0);  // 1: chunk-0 forwards down the V
+    for (int64_t i = 0; i < 2 * int64_t{p - r} - 1; ++i) F(0);  // 1: chunk-0 forwards down the V
     for (int i = 0; i < r; ++i) F(1), F(0);           // 2: the first chunk-1 forwards come back up
     for (int i = 0; i < p - r; ++i) F(1), B(1), W();  // 3: the first input gradients start down
     while (next_f[1] < next_f[0] || next_f[0] < n) {  // 4: steady, F B W of each chunk in turn
@@ -240,10 +243,10 @@ std::vector<Op> dualpipe_stage(const Schedule& s, int stage, const DualPipeStage
     weights.pop_front();
   };
   const int rest = d.half - d.h - 1;
-  for (int i = 0; i < 2 * rest; ++i) F(0);           // 1: phase-0 forwards
+  for (int64_t i = 0; i < 2 * int64_t{rest}; ++i) F(0);  // 1: phase-0 forwards
   for (int i = 0; i < d.h + 1; ++i) F(0), F(1);       // 2: both phases
   for (int i = 0; i < rest; ++i) B(1, true), W(), F(1);  // 3: B W F on phase 1 (W deferred, run at once)
-  for (int64_t i = 0; i < d.per_phase - 2 * d.half + d.h + 1; ++i) {  // 4: main, F0&B1 then F1&B0
+  for (int64_t i = 0; i < d.per_phase - 2 * int64_t{d.half} + d.h + 1; ++i) {  // 4: main, F0&B1 then F1&B0
     // The last stage of the half runs its first pair apart, as dualpipe.py does "to further reduce
     // bubble size": the F need not wait for the B's gradient. (There the F's output is sent after the
     // B; here it leaves when the F ends.)

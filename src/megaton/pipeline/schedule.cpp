@@ -15,7 +15,8 @@ std::vector<Op> compute_parts(const Op& op) {
     case OpKind::BackwardWeight:
       return {op};
     case OpKind::ForwardBackward:
-      return {{OpKind::Forward, op.microbatch, op.chunk}, {OpKind::BackwardInput, op.backward_microbatch, op.backward_chunk}};
+      return {{OpKind::Forward, op.microbatch, op.chunk},
+              {OpKind::BackwardInput, op.backward_microbatch, op.backward_chunk}};
     default:
       return {};
   }
@@ -62,10 +63,11 @@ void validate_placement(const Schedule& s) {
                 "': model_chunk lists ", s.model_chunk.size(), " stages for ", s.stages);
   std::set<std::pair<int, int>> held;  // (copy, model chunk)
   for (int st = 0; st < s.stages; ++st) {
-    for (const auto* table : {&s.model_chunk, &s.chunk_copy})
-      MEGATON_CHECK(table->empty() || (*table)[static_cast<size_t>(st)].size() == static_cast<size_t>(s.chunks_per_stage),
-                    "schedule '", s.name, "' stage ", st, ": chunk placement lists ",
-                    (*table)[static_cast<size_t>(st)].size(), " chunks for ", s.chunks_per_stage);
+    for (const auto* table : {&s.model_chunk, &s.chunk_copy}) {
+      const size_t listed = table->empty() ? 0 : (*table)[static_cast<size_t>(st)].size();
+      MEGATON_CHECK(table->empty() || listed == static_cast<size_t>(s.chunks_per_stage), "schedule '", s.name,
+                    "' stage ", st, ": chunk placement lists ", listed, " chunks for ", s.chunks_per_stage);
+    }
     for (int c = 0; c < s.chunks_per_stage; ++c) {
       const int copy = s.copy_of(st, c), mc = s.model_chunk_of(st, c);
       MEGATON_CHECK(copy >= 0 && copy < s.copies && mc >= 0 && mc < s.model_chunks(), "schedule '", s.name,
@@ -91,7 +93,9 @@ void validate(const Schedule& s) {
     std::map<std::pair<int64_t, int>, int> done;
     for (const Op& whole : s.ops[static_cast<size_t>(st)])
       for (const Op& op : compute_parts(whole)) {
-        const auto where = [&] { return "schedule '" + s.name + "' stage " + std::to_string(st) + " op " + op_name(whole); };
+        const auto where = [&] {
+          return "schedule '" + s.name + "' stage " + std::to_string(st) + " op " + op_name(whole);
+        };
         MEGATON_CHECK(op.microbatch >= 0 && op.microbatch < s.microbatches, where(), ": micro-batch out of range [0, ",
                       s.microbatches, ")");
         MEGATON_CHECK(op.chunk >= 0 && op.chunk < s.chunks_per_stage, where(), ": chunk out of range [0, ",

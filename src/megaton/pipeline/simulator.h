@@ -4,8 +4,8 @@
 // model chunk, its own F; W needs its B), with a transfer cost between stages. A B directly
 // followed by its own W is one call in the executor, so its input gradient leaves the stage only
 // after both. DualPipe's overlapped F&B is one op of its own cost: it waits for both inputs, and
-// its outputs leave when it (and its B's own W, directly after it) ends. The same lists the executor runs, so the predicted step time, bubble and
-// activation peak are the schedule's own.
+// its outputs leave when it (and its B's own W, directly after it) ends. The same lists the
+// executor runs, so the predicted step time, bubble and activation peak are the schedule's own.
 // A schedule whose stages wait on each other in a cycle is a deadlock, reported by name.
 #pragma once
 #include <vector>
