@@ -150,11 +150,13 @@ TEST(Simulator, DualPipeAndDualPipeVHaveThePublishedBubbleAndActivations) {
 }
 
 // At F=2, B=1, W=1 the published formula gives (PP/2-1)(F+2B-W) = 3(PP/2-1); the exact simulation
-// of the list gives 2F(PP/2-1) = 4(PP/2-1) (the two agree when F = 2B - W). The first stage's F&Bs
-// that take back its own direction's first gradients wait for them, and that gradient's round
-// trip grows with F: at p = 4 stage 0 waits F before each of its two such F&Bs. The published figure
-// is an estimate that does not model this wait; an independent transcription of dualpipe.py's
-// phases and of these dependency rules (in Python) gives the same 4(PP/2-1).
+// of the lists gives 2F(PP/2-1) = 4(PP/2-1) (the two agree when F = 2B - W, e.g. F = B = W). Worked
+// out by hand at p = 4 (lists in schedule_test): stage 1 runs five forwards, then B4.1 + W, then
+// F6.1&B0 + W, ending at 6F + B + 2W + FB = 18; stage 0 is free for its F6.1&B0 at
+// max(4F + B + W, 5F) + F + FB + W = 16, so it waits min(F, B + W) = 2 for B0's gradient, and once
+// more as long before F7.1&B1: the round trip of a stage's first gradients grows with F, which the
+// published estimate leaves out. An independent transcription of dualpipe.py's phases and of these
+// dependency rules (in Python) gives the same 4(PP/2-1) for p up to 8.
 TEST(Simulator, DualPipeWithASlowerForwardWaitsLongerThanPublished) {
   const OpCosts c = kCosts[1];
   for (int p : {2, 4, 6, 8})
