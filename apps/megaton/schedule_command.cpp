@@ -17,7 +17,8 @@ namespace megaton::app {
 
 namespace {
 
-// "F=2,B=1,W=1[,T=0.1]": per-op costs of one model chunk and micro-batch; T is the transfer.
+// "F=2,B=1,W=1[,T=0.1][,FB=2.5]": per-op costs of one model chunk and micro-batch; T is the
+// transfer, FB an overlapped F&B (DualPipe; F + B unless given).
 pipeline::OpCosts parse_costs(const std::string& text) {
   pipeline::OpCosts c;
   std::stringstream in(text);
@@ -30,7 +31,9 @@ pipeline::OpCosts parse_costs(const std::string& text) {
     if (key == "B") field = &c.backward_input;
     if (key == "W") field = &c.backward_weight;
     if (key == "T") field = &c.transfer;
-    if (eq == std::string::npos || !field) fail("--costs: '", item, "' is not one of F=, B=, W=, T= with a number");
+    if (key == "FB") field = &c.forward_backward;
+    if (eq == std::string::npos || !field)
+      fail("--costs: '", item, "' is not one of F=, B=, W=, T=, FB= with a number");
     double v = 0;
     try {
       size_t used = 0;
@@ -40,7 +43,7 @@ pipeline::OpCosts parse_costs(const std::string& text) {
       fail("--costs: '", item, "' is not a number");
     }
     if (!std::isfinite(v) || v < 0 || (key != "T" && v == 0) || v > 1e9)
-      fail("--costs: ", key, " = ", v, " is out of range (F, B, W in (0, 1e9], T in [0, 1e9])");
+      fail("--costs: ", key, " = ", v, " is out of range (F, B, W, FB in (0, 1e9], T in [0, 1e9])");
     *field = v;
   }
   return c;
@@ -69,10 +72,13 @@ std::string timeline(const pipeline::Simulation& sim, double unit) {
 void write_trace(const std::string& path, const pipeline::Schedule& s, const pipeline::Simulation& sim) {
   nlohmann::json events = nlohmann::json::array();
   for (size_t st = 0; st < sim.timeline.size(); ++st)
-    for (const pipeline::TimedOp& op : sim.timeline[st])  // one cost unit drawn as one millisecond
+    for (const pipeline::TimedOp& op : sim.timeline[st]) {  // one cost unit drawn as one millisecond
+      nlohmann::json args{{"microbatch", op.op.microbatch}, {"chunk", op.op.chunk}};
+      if (op.op.kind == pipeline::OpKind::ForwardBackward)
+        args.update({{"backward_microbatch", op.op.backward_microbatch}, {"backward_chunk", op.op.backward_chunk}});
       events.push_back({{"name", pipeline::op_name(op.op)}, {"ph", "X"}, {"pid", 0}, {"tid", st},
-                        {"ts", op.start * 1000}, {"dur", (op.end - op.start) * 1000},
-                        {"args", {{"microbatch", op.op.microbatch}, {"chunk", op.op.chunk}}}});
+                        {"ts", op.start * 1000}, {"dur", (op.end - op.start) * 1000}, {"args", args}});
+    }
   const std::string text = nlohmann::json{{"traceEvents", events}, {"otherData", {{"schedule", s.name}}}}.dump();
   AtomicFile out(path);
   out.write(text.data(), text.size());
@@ -92,11 +98,14 @@ void add_schedule_command(CLI::App& app) {
   for (const auto& k : pipeline::schedule_kinds()) kinds += (kinds.empty() ? "" : ", ") + k;
   cmd->add_option("--kind", kind, "Schedule: " + kinds)->capture_default_str();
   cmd->add_option("--pp", pp, "Pipeline stages")->capture_default_str()->check(CLI::Range(1, 4096));
-  cmd->add_option("--vpp", vpp, "Model chunks per stage (interleaved)")->capture_default_str()->check(CLI::Range(1, 1024));
+  cmd->add_option("--vpp", vpp, "Model chunks per stage (interleaved; 2 for zbv, dualpipe, dualpipev)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
   cmd->add_option("--microbatches", microbatches, "Micro-batches per step")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
-  cmd->add_option("--costs", costs_text, "Per-op costs F=,B=,W= and the stage-to-stage transfer T=")
+  cmd->add_option("--costs", costs_text,
+                  "Per-op costs F=,B=,W=, the stage-to-stage transfer T= and an overlapped F&B FB= (default F+B)")
       ->capture_default_str();
   cmd->add_flag("--json", json, "Print the figures as one JSON object");
   cmd->add_option("--trace", trace, "Write a Chrome trace (JSON) of the simulated ops to this file");
@@ -105,24 +114,29 @@ void add_schedule_command(CLI::App& app) {
     const pipeline::Schedule s = pipeline::generate(kind, pp, vpp, microbatches);
     const pipeline::Simulation sim = pipeline::simulate(s, costs);
     if (!trace.empty()) write_trace(trace, s, sim);
-    const std::vector<int> param_copies(static_cast<size_t>(s.stages), 1);  // DualPipe will hold 2
     if (json) {
       std::printf("%s\n", nlohmann::json{{"schedule", s.name}, {"stages", s.stages}, {"chunks", s.chunks_per_stage},
                                          {"microbatches", s.microbatches}, {"step_time", sim.step_time},
                                          {"bubble_fraction", sim.bubble_fraction},
-                                         {"peak_activations", sim.peak_activations}, {"param_copies", param_copies}}
+                                         {"peak_activations", sim.peak_activations}, {"param_copies", sim.param_copies}}
                               .dump()
                               .c_str());
       return;
     }
-    const double unit = std::min({costs.forward, costs.backward_input, costs.backward_weight});
+    double unit = std::min({costs.forward, costs.backward_input, costs.backward_weight});
+    if (costs.forward_backward > 0) unit = std::min(unit, costs.forward_backward);
     std::printf("%s, %d stages x %d chunks, %ld micro-batches, costs %s (one column = %g)\n%s", s.name.c_str(),
                 s.stages, s.chunks_per_stage, static_cast<long>(s.microbatches), costs_text.c_str(), unit,
                 timeline(sim, unit).c_str());
-    std::string peaks;
-    for (int p : sim.peak_activations) peaks += (peaks.empty() ? "" : " ") + std::to_string(p);
-    std::printf("step time %g | bubble %.1f%% | peak activations per stage (micro-batch chunks): %s\n", sim.step_time,
-                100.0 * sim.bubble_fraction, peaks.c_str());
+    const auto joined = [](const std::vector<int>& values) {
+      std::string out;
+      for (int v : values) out += (out.empty() ? "" : " ") + std::to_string(v);
+      return out;
+    };
+    std::printf("step time %g | bubble %.1f%% | peak activations per stage (micro-batch chunks): %s | parameter "
+                "copies per stage: %s\n",
+                sim.step_time, 100.0 * sim.bubble_fraction, joined(sim.peak_activations).c_str(),
+                joined(sim.param_copies).c_str());
   });
 }
 

@@ -140,6 +140,20 @@ TEST(Executor, FusesABackwardInputWithItsOwnWeightGradientOnly) {
   EXPECT_EQ(r.calls, (std::vector<std::string>{"F0.0", "F1.0", "BW0.0", "B1.0", "W0.1", "W1.0"}));
 }
 
+// DualPipe's overlapped F&B: a runner without an overlapped kernel runs the F, then the B (with its
+// W when the op is followed by that W, as one backward call).
+TEST(Executor, RunsAnOverlappedForwardBackwardAsItsForwardThenItsBackward) {
+  RecordingRunner r;
+  using pipeline::OpKind;
+  pipeline::execute({{OpKind::ForwardBackward, 3, 0, 1, 1},
+                     {OpKind::BackwardWeight, 1, 1},  // the F&B's B's own W: fused
+                     {OpKind::ForwardBackward, 4, 0, 2, 1},
+                     {OpKind::BackwardWeight, 4, 0},  // the W of the F&B's forward micro-batch: not fused
+                     {OpKind::BackwardWeight, 2, 1}},
+                    r);
+  EXPECT_EQ(r.calls, (std::vector<std::string>{"F3.0", "BW1.1", "F4.0", "B2.1", "W4.0", "W2.1"}));
+}
+
 TEST(Executor, CommunicationInASingleProcessIsAnErrorNamingTheOp) {
   RecordingRunner r;
   EXPECT_ERROR_CONTAINS(pipeline::execute({{pipeline::OpKind::SendForward, 4}}, r), "sendF4");

@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
+#include <tuple>
 
 #include "../support/temp_dir.h"
 #include "megaton/pipeline/generators.h"
@@ -21,11 +23,11 @@ std::string costs_str(const OpCosts& c) {
          " W=" + std::to_string(c.backward_weight);
 }
 
-// Every stage does m (or m * chunks) of each op; the rest of the step is bubble.
+// Every stage does m (or m * chunks, over the copies) of each op; the rest of the step is bubble.
 void expect_step(const Schedule& s, const OpCosts& c, double bubble) {
   SCOPED_TRACE(s.name + " p=" + std::to_string(s.stages) + " v=" + std::to_string(s.chunks_per_stage) +
                " m=" + std::to_string(s.microbatches) + " " + costs_str(c));
-  const double work = static_cast<double>(s.microbatches * s.chunks_per_stage) *
+  const double work = static_cast<double>(s.microbatches * s.chunks_per_stage / s.copies) *
                       (c.forward + c.backward_input + c.backward_weight);
   const Simulation sim = simulate(s, c);
   EXPECT_DOUBLE_EQ(sim.step_time, work + bubble);
@@ -119,23 +121,148 @@ TEST(Simulator, ZbH2HasZeroBubbleWithinEachStage) {
   EXPECT_DOUBLE_EQ(largest_stage_bubble(simulate(one_f_one_b(4, 8), {})), 3 * 3);
 }
 
-// DualPipeV (github.com/deepseek-ai/DualPipe README): bubble (PP/2-1)(F&B + B - 3W) with PP = 2p
-// pipeline stages (model chunks), B the full backward (our B + W) and F&B an overlapped forward and
-// backward pair; activations PP + 1 chunk units per device. The simulator runs the pair one after
-// the other (F&B = F + B + W here) and sends a deferred W's gradient before the W, as
-// dualpipev.py does; so measured, the bubble is (p-1)F when B = W, below the README's
-// (p-1)(F + 2B - W) for these costs. With B != W the step is not that simple (not tested).
-TEST(Simulator, DualPipeVBubbleAndActivations) {
-  for (int p : {2, 4, 8})
-    for (int64_t m : {int64_t{2 * p}, int64_t{2 * p + 1}, int64_t{3 * p}, int64_t{4 * p}}) {
-      const Schedule s = dualpipev(p, m);
-      for (const OpCosts& c : kCosts) {
-        expect_step(s, c, (p - 1) * c.forward);
-        const double readme = (p - 1) * (c.forward + 2 * c.backward_input - c.backward_weight);
-        EXPECT_LE(simulate(s, c).step_time, 2 * m * (c.forward + c.backward_input + c.backward_weight) + readme);
+// The DualPipe README's bubble (PP/2-1)(F&B + B - 3W), PP pipeline stages (model chunks of one
+// copy), B the full backward (our B + W), F&B an overlapped forward and full backward (our F&B op
+// and its W): in our terms (PP/2-1)(FB + B - W). Activations PP+1 chunk units per device; DualPipe
+// keeps 2 parameter copies, DualPipeV 1 (two half-size chunks). At F = B = W the simulated step
+// is the published bubble exactly, for DualPipe (PP = p) and DualPipeV (PP = 2p) alike.
+TEST(Simulator, DualPipeAndDualPipeVHaveThePublishedBubbleAndActivations) {
+  for (const OpCosts& c : {OpCosts{1, 1, 1, 0}, OpCosts{2, 2, 2, 0}}) {
+    const double FB = c.forward + c.backward_input, B = c.backward_input, W = c.backward_weight;
+    for (int p : {2, 4, 6, 8})
+      for (int64_t m : {int64_t{2 * p}, int64_t{2 * p + 2}, int64_t{3 * p + p % 4}, int64_t{4 * p}}) {
+        const Schedule s = dualpipe(p, m);
+        expect_step(s, c, (p / 2 - 1) * (FB + B - W));
+        const Simulation sim = simulate(s, c);
+        EXPECT_EQ(sim.peak_activations, std::vector<int>(static_cast<size_t>(p), p + 1)) << "p=" << p << " m=" << m;
+        EXPECT_EQ(sim.param_copies, std::vector<int>(static_cast<size_t>(p), 2));
       }
-      const Simulation sim = simulate(s, {});
-      for (int peak : sim.peak_activations) EXPECT_EQ(peak, 2 * p + 1) << "p=" << p << " m=" << m;
-    }
+    for (int p : {2, 3, 4, 8})
+      for (int64_t m : {int64_t{2 * p}, int64_t{2 * p + 1}, int64_t{3 * p}, int64_t{4 * p}}) {
+        const Schedule s = dualpipev(p, m);
+        expect_step(s, c, (p - 1) * (FB + B - W));
+        const Simulation sim = simulate(s, c);
+        EXPECT_EQ(sim.peak_activations, std::vector<int>(static_cast<size_t>(p), 2 * p + 1)) << "p=" << p << " m=" << m;
+        EXPECT_EQ(sim.param_copies, std::vector<int>(static_cast<size_t>(p), 1));
+      }
+  }
   EXPECT_ERROR_CONTAINS(dualpipev(4, 7), "at least twice as many micro-batches");
+}
+
+// At F=2, B=1, W=1 the published formula gives (PP/2-1)(F+2B-W) = 3(PP/2-1); the exact simulation
+// of the lists gives 2F(PP/2-1) = 4(PP/2-1) (the two agree when F = 2B - W, e.g. F = B = W). Worked
+// out by hand at p = 4 (lists in schedule_test): stage 1 runs five forwards, then B4.1 + W, then
+// F6.1&B0 + W, ending at 6F + B + 2W + FB = 18; stage 0 is free for its F6.1&B0 at
+// max(4F + B + W, 5F) + F + FB + W = 16, so it waits min(F, B + W) = 2 for B0's gradient, and once
+// more as long before F7.1&B1: the round trip of a stage's first gradients grows with F, which the
+// published estimate leaves out. An independent transcription of dualpipe.py's phases and of these
+// dependency rules (in Python) gives the same 4(PP/2-1) for p up to 8.
+TEST(Simulator, DualPipeWithASlowerForwardWaitsLongerThanPublished) {
+  const OpCosts c = kCosts[1];
+  for (int p : {2, 4, 6, 8})
+    for (int64_t m : {int64_t{2 * p}, int64_t{4 * p}}) {
+      expect_step(dualpipe(p, m), c, (p / 2 - 1) * 2 * c.forward);
+      const double published = (p / 2 - 1) * (c.forward + 2 * c.backward_input - c.backward_weight);
+      EXPECT_GE(simulate(dualpipe(p, m), c).step_time, m * 4.0 + published);
+    }
+  for (int p : {2, 3, 4})
+    expect_step(dualpipev(p, 3 * p), c, (p - 1) * 2 * c.forward);
+}
+
+// The F&B's own cost replaces F + B, and the op waits for both of its inputs: DualPipe p = 2, m = 4
+// (see schedule_test for the lists), unit costs, transfers of 0.5. Stage 0: F0 [0,1], F2.1 [1.5,2.5]
+// (stage 1's F2.1 ended at 1), F1 [2.5,3.5], B2.1 + W [3.5,5.5]; then F3.1&B0, whose F3.1 input is
+// there at 4 (stage 1's F3.1 [2.5,3.5]) but whose B0 gradient is not before 6 (stage 1's B0 + W
+// [3.5,5.5]): [6, 6+FB], though the stage is free at 5.5.
+TEST(Simulator, AnOverlappedForwardBackwardHasItsOwnCostAndWaitsForBothInputs) {
+  for (double fb : {0.0, 1.5, 3.0}) {
+    const Simulation sim = simulate(dualpipe(2, 4), {1, 1, 1, 0.5, fb});
+    const TimedOp& pair = sim.timeline[0][5];
+    EXPECT_EQ(op_name(pair.op), "F3.1&B0");
+    EXPECT_DOUBLE_EQ(pair.start, 6.0) << fb;
+    EXPECT_DOUBLE_EQ(pair.end, 6.0 + (fb > 0 ? fb : 2.0)) << fb;
+  }
+  EXPECT_DOUBLE_EQ(simulate(dualpipe(2, 4), {1, 1, 1, 0, 1.5}).step_time, 12 - 0.5);  // one F&B per stage, no bubble
+}
+
+// ZB-V (Qi et al., arXiv 2401.10241 section 6; the repository's table): zero bubble when F = B = W
+// with 1F1B's activation memory. Each stage is busy from its first op to its last; the step is the
+// work plus (p-1)F, the last stage's wait for its first input (post-validation overlaps it with the
+// previous step, as for ZB-H2); every stage peaks at 2p chunk activations, chunks of 1/(2p) of the
+// model: p whole stages, 1F1B's first-stage peak.
+TEST(Simulator, ZbVHasZeroBubbleAndTheActivationsOf1F1B) {
+  for (int p : {1, 2, 3, 4, 8})
+    for (int64_t m : {int64_t{2 * p - 1}, int64_t{2 * p}, int64_t{3 * p + 1}, int64_t{4 * p}})
+      for (const OpCosts& c : {OpCosts{1, 1, 1, 0}, OpCosts{2, 2, 2, 0}}) {
+        const Schedule s = zbv(p, m);
+        expect_step(s, c, (p - 1) * c.forward);
+        const Simulation sim = simulate(s, c);
+        EXPECT_DOUBLE_EQ(largest_stage_bubble(sim), 0) << "p=" << p << " m=" << m;
+        EXPECT_EQ(sim.peak_activations, std::vector<int>(static_cast<size_t>(p), 2 * p)) << "p=" << p << " m=" << m;
+        const Simulation one_f_one_b_sim = simulate(one_f_one_b(p, m), c);
+        EXPECT_EQ(2 * one_f_one_b_sim.peak_activations.front(), sim.peak_activations.front());  // same bytes
+      }
+}
+
+// The paper states ZB-V's bubble for F = B = W only (its order is built for equal costs). At F=2,
+// B=1, W=1 it still cannot beat the last stage's start offset, and at the same activation memory
+// it beats ZB-H1 (whose per-stage costs are two chunks': F=4, B=2, W=2, bubble (p-1)(F+B-W)).
+TEST(Simulator, ZbVWithASlowerForwardStaysBelowZbH1) {
+  const OpCosts c = kCosts[1], stage{4, 2, 2, 0};
+  for (int p : {2, 3, 4, 8})
+    for (int64_t m : {int64_t{2 * p - 1}, int64_t{3 * p}}) {
+      const double work = 2.0 * static_cast<double>(m) * (c.forward + c.backward_input + c.backward_weight);
+      const double step = simulate(zbv(p, m), c).step_time;
+      EXPECT_GE(step, work + (p - 1) * c.forward) << "p=" << p << " m=" << m;
+      EXPECT_LT(step, simulate(zb_h1(p, m), stage).step_time) << "p=" << p << " m=" << m;
+    }
+}
+
+// Every generator, over sizes each accepts: on every stage each micro-batch's F, B and W run
+// exactly once on each chunk it passes (its copy's), F before B before W, and the stages' lists
+// together run to the end (the simulator fails on a deadlock). Counted here from the lists
+// themselves, not by validate().
+TEST(Simulator, EveryGeneratorRunsEachFBWOnceInOrderWithoutDeadlock) {
+  for (const std::string& kind : schedule_kinds())
+    for (int p = 1; p <= 8; ++p)
+      for (int v : {1, 2, 3})
+        for (int64_t m = 1; m <= 4 * p + 1; ++m) {
+          // The sizes each kind takes (its generator refuses the others, tested in schedule_test).
+          const bool v_ok = kind == "none" || kind == "interleaved" ? true
+                            : kind == "zbv" || kind == "dualpipe" || kind == "dualpipev" ? v == 2
+                                                                                         : v == 1;
+          const bool takes = v_ok && (kind != "none" || p == 1) && (kind != "interleaved" || m % p == 0) &&
+                             (kind != "dualpipev" || m >= 2 * p) &&
+                             (kind != "dualpipe" || (p % 2 == 0 && m % 2 == 0 && m >= 2 * p));
+          if (!takes) continue;
+          SCOPED_TRACE(kind + " p=" + std::to_string(p) + " v=" + std::to_string(v) + " m=" + std::to_string(m));
+          const Schedule s = generate(kind, p, v, m);
+          for (int st = 0; st < p; ++st) {
+            std::map<std::tuple<int64_t, int, OpKind>, std::vector<size_t>> at;  // where each F / B / W runs
+            const auto& ops = s.ops[static_cast<size_t>(st)];
+            for (size_t i = 0; i < ops.size(); ++i) {
+              if (ops[i].kind == OpKind::ForwardBackward) {
+                at[{ops[i].microbatch, ops[i].chunk, OpKind::Forward}].push_back(i);
+                at[{ops[i].backward_microbatch, ops[i].backward_chunk, OpKind::BackwardInput}].push_back(i);
+              } else if (ops[i].kind == OpKind::Forward || ops[i].kind == OpKind::BackwardInput ||
+                         ops[i].kind == OpKind::BackwardWeight) {
+                at[{ops[i].microbatch, ops[i].chunk, ops[i].kind}].push_back(i);
+              }
+            }
+            size_t expected = 0;
+            for (int64_t mb = 0; mb < m; ++mb)
+              for (int c = 0; c < v; ++c) {
+                if (s.copy_of(st, c) != mb * s.copies / m) continue;
+                expected += 3;
+                const auto& f = at[{mb, c, OpKind::Forward}];
+                const auto& b = at[{mb, c, OpKind::BackwardInput}];
+                const auto& w = at[{mb, c, OpKind::BackwardWeight}];
+                ASSERT_TRUE(f.size() == 1 && b.size() == 1 && w.size() == 1)
+                    << "stage " << st << " mb " << mb << " chunk " << c;
+                EXPECT_TRUE(f[0] < b[0] && b[0] < w[0]) << "stage " << st << " mb " << mb << " chunk " << c;
+              }
+            EXPECT_EQ(at.size(), expected) << "stage " << st << ": ops of micro-batches / chunks that do not run here";
+          }
+          EXPECT_NO_THROW(simulate(s, kCosts[1]));
+        }
 }

@@ -12,18 +12,25 @@ void StageRunner::communicate(const Op& op) {
 void execute(const std::vector<Op>& ops, StageRunner& runner) {
   for (size_t i = 0; i < ops.size(); ++i) {
     const Op& op = ops[i];
+    // Whether the next op is the W of this op's B (alone or in an F&B): one call, then skipped.
+    const auto takes_next_w = [&](int64_t microbatch, int chunk) {
+      const bool fused = i + 1 < ops.size() && ops[i + 1] == Op{OpKind::BackwardWeight, microbatch, chunk};
+      i += fused ? 1 : 0;
+      return fused;
+    };
     switch (op.kind) {
       case OpKind::Forward:
         runner.forward(op.microbatch, op.chunk);
         break;
       case OpKind::BackwardInput:
-        if (i + 1 < ops.size() && ops[i + 1] == Op{OpKind::BackwardWeight, op.microbatch, op.chunk}) {
-          runner.backward(op.microbatch, op.chunk);
-          ++i;
-        } else {
-          runner.backward_input(op.microbatch, op.chunk);
-        }
+        if (takes_next_w(op.microbatch, op.chunk)) runner.backward(op.microbatch, op.chunk);
+        else runner.backward_input(op.microbatch, op.chunk);
         break;
+      case OpKind::ForwardBackward: {
+        const bool with_weight = takes_next_w(op.backward_microbatch, op.backward_chunk);
+        runner.forward_backward(op.microbatch, op.chunk, op.backward_microbatch, op.backward_chunk, with_weight);
+        break;
+      }
       case OpKind::BackwardWeight:
         runner.backward_weight(op.microbatch, op.chunk);
         break;

@@ -21,13 +21,23 @@ class StageRunner {
     backward_input(microbatch, chunk);
     backward_weight(microbatch, chunk);
   }
+  // DualPipe's overlapped F&B: the forward of (f_microbatch, f_chunk) and the input gradient of
+  // (b_microbatch, b_chunk), with that B's W too when `with_weight` (the op is followed by it). A
+  // runner that cannot interleave the two runs them one after the other, as DualPipe itself does
+  // for modules without an overlapped forward-backward: the same result, without the overlap.
+  virtual void forward_backward(int64_t f_microbatch, int f_chunk, int64_t b_microbatch, int b_chunk,
+                                bool with_weight) {
+    forward(f_microbatch, f_chunk);
+    if (with_weight) backward(b_microbatch, b_chunk);
+    else backward_input(b_microbatch, b_chunk);
+  }
   // Point-to-point transfers with the neighbouring stages. A single-process runner has none, so
   // the defaults refuse with the op's name.
   virtual void communicate(const Op& op);
 };
 
 // Runs `ops` in order on `runner` (B immediately followed by the same micro-batch's W goes to
-// runner.backward).
+// runner.backward; an F&B followed by its B's W to forward_backward with the weight).
 void execute(const std::vector<Op>& ops, StageRunner& runner);
 
 }  // namespace megaton::pipeline

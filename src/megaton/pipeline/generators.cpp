@@ -4,6 +4,7 @@
 #include <deque>
 #include <string>
 
+#include "megaton/core/checked.h"
 #include "megaton/core/error.h"
 
 namespace megaton::pipeline {
@@ -13,6 +14,8 @@ namespace {
 void check_sizes(int stages, int chunks, int64_t microbatches) {
   MEGATON_CHECK(stages > 0 && chunks > 0 && microbatches > 0, "a schedule needs at least one stage, chunk and "
                 "micro-batch; got ", stages, " stages, ", chunks, " chunks and ", microbatches, " micro-batches");
+  // The lists hold 3 compute ops per (stage, chunk, micro-batch), and the V schedules count to 2p.
+  checked_mul("pipeline schedule ops", checked_mul("pipeline schedule ops", 6 * int64_t{stages}, chunks), microbatches);
 }
 
 // 1F1B-shaped list of one stage: `warmup` forwards, then a forward and a backward at a time, then
@@ -45,6 +48,25 @@ std::vector<Op> one_f_one_b_stage(int64_t total, int64_t warmup, int64_t lag, Fo
 
 Op forward_op(int64_t m, int chunk = 0) { return {OpKind::Forward, m, chunk}; }
 Op backward_op(int64_t m, int chunk = 0) { return {OpKind::BackwardInput, m, chunk}; }
+
+// Whether the B of chunk `chunk` on `stage` sends its input gradient to another stage: it has a
+// model chunk before it and another stage holds that one.
+bool gradient_leaves(const Schedule& s, int stage, int chunk) {
+  const int mc = s.model_chunk_of(stage, chunk), copy = s.copy_of(stage, chunk);
+  if (mc == 0) return false;
+  for (int c = 0; c < s.chunks_per_stage; ++c)
+    if (s.model_chunk_of(stage, c) == mc - 1 && s.copy_of(stage, c) == copy) return false;
+  return true;
+}
+
+// Appends a deferred W. Run right after its own B, it would make one call with it and hold the
+// gradient back until the W ends; the schedule sent the gradient first, so a SendBackward between
+// them says so (no send when the gradient stays on the stage).
+void push_weight(std::vector<Op>& ops, const Schedule& s, int stage, const Op& w) {
+  if (!ops.empty() && ops.back() == backward_op(w.microbatch, w.chunk) && gradient_leaves(s, stage, w.chunk))
+    ops.push_back({OpKind::SendBackward, w.microbatch, w.chunk});
+  ops.push_back(w);
+}
 
 // 1F1B or ZB-H1: the same forwards and input gradients, W lagging by `lag(r)` on stage r.
 template <typename Lag>
@@ -143,59 +165,148 @@ Schedule zb_h2(int stages, int64_t microbatches) {
   return s;
 }
 
-Schedule dualpipev(int stages, int64_t microbatches) {
+Schedule zbv(int stages, int64_t microbatches) {
   check_sizes(stages, 2, microbatches);
-  MEGATON_CHECK(microbatches >= 2 * int64_t{stages}, "dualpipev needs at least twice as many micro-batches (",
-                microbatches, ") as pipeline stages (", stages, ")");
-  Schedule s{"dualpipev", stages, 2, microbatches, {}, {}};
+  Schedule s{"zbv", stages, 2, microbatches};
   const int p = stages;
+  // Fewer than 2p-1 micro-batches cannot fill the warm-up: build the order for 2p-1 and drop the
+  // ops of the micro-batches that do not exist (every stage drops the same ones, so what is left
+  // keeps its dependencies and order; the missing ones leave bubbles).
+  const int64_t n = std::max<int64_t>(microbatches, 2 * int64_t{p} - 1);
+  for (int r = 0; r < p; ++r) s.model_chunk.push_back({r, 2 * p - 1 - r});
   for (int r = 0; r < p; ++r) {
-    s.model_chunk.push_back({r, 2 * p - 1 - r});
     std::vector<Op> ops;
     int64_t next_f[2] = {0, 0}, next_b[2] = {0, 0};
     std::deque<Op> weights;  // deferred Ws, run oldest first
     const auto F = [&](int c) { ops.push_back(forward_op(next_f[c]++, c)); };
-    // B of chunk c; its W right after (one call) or, with `defer`, queued for a later pop_w.
-    const auto B = [&](int c, bool defer) {
-      const Op b = backward_op(next_b[c]++, c);
-      ops.push_back(b);
-      const Op w{OpKind::BackwardWeight, b.microbatch, c};
-      if (defer) weights.push_back(w);
-      else ops.push_back(w);
+    const auto B = [&](int c) {
+      ops.push_back(backward_op(next_b[c], c));
+      weights.push_back({OpKind::BackwardWeight, next_b[c]++, c});
     };
-    const auto pop_w = [&] {
-      const Op w = weights.front();
+    const auto W = [&] {
+      push_weight(ops, s, r, weights.front());
       weights.pop_front();
-      // A deferred W popped right after its own B: the gradient has already been sent (DualPipeV
-      // sends before it runs W), so say so, or the B and W would be one call. No send from model
-      // chunk 0, nor from stage p-1's chunk 1 (its gradient stays on the stage).
-      const bool sends = s.model_chunk_of(r, w.chunk) != 0 && !(r == p - 1 && w.chunk == 1);
-      if (sends && ops.back() == Op{OpKind::BackwardInput, w.microbatch, w.chunk})
-        ops.push_back({OpKind::SendBackward, w.microbatch, w.chunk});
-      ops.push_back(w);
     };
-    for (int i = 0; i < 2 * (p - r - 1); ++i) F(0);          // 1: chunk-0 forwards
-    for (int i = 0; i < r + 1; ++i) F(0), F(1);               // 2: both chunks
-    for (int i = 0; i < p - r - 1; ++i) B(1, true), pop_w(), F(1);  // 3: B W F on chunk 1
-    for (int64_t i = 0; i < microbatches - 2 * p + r + 1; ++i)      // 4: main, F0 B1 F1 B0
-      F(0), B(1, false), F(1), B(0, false);
-    for (int i = 0; i < p - r - 1; ++i) B(1, false), F(1), B(0, false);  // 5: no more chunk-0 forwards
-    bool defer = false;  // 6: the backwards left; the second half defers W
-    for (int i = 0; i < r + 1; ++i) {
-      if (i == (r + 1) / 2 && r % 2 == 1) defer = true;
-      B(1, defer);
-      if (i == (r + 1) / 2 && r % 2 == 0) defer = true;
-      B(0, defer);
+    for (int64_t i = 0; i < 2 * int64_t{p - r} - 1; ++i) F(0);  // 1: chunk-0 forwards down the V
+    for (int i = 0; i < r; ++i) F(1), F(0);           // 2: the first chunk-1 forwards come back up
+    for (int i = 0; i < p - r; ++i) F(1), B(1), W();  // 3: the first input gradients start down
+    while (next_f[1] < next_f[0] || next_f[0] < n) {  // 4: steady, F B W of each chunk in turn
+      if (next_f[0] < n) F(0);
+      B(0), W(), F(1), B(1), W();
     }
-    for (int i = 0; i < p - r - 1; ++i) pop_w(), B(0, true);  // 7: a W, then a chunk-0 B
-    while (!weights.empty()) pop_w();                          // 8: the Ws left
+    for (int i = 0; i < r; ++i) B(0), B(1);  // 5: input gradients only, their Ws deferred
+    for (int i = 0; i < p - r; ++i) B(0), W();  // 6: the last chunk-0 gradients, a W each
+    while (!weights.empty()) W();               // 7: the Ws left
+    std::erase_if(ops, [&](const Op& op) { return op.microbatch >= microbatches; });
     s.ops.push_back(std::move(ops));
   }
   validate(s);
   return s;
 }
 
-std::vector<std::string> schedule_kinds() { return {"none", "1f1b", "interleaved", "zb-h1", "zb-h2", "dualpipev"}; }
+namespace {
+
+// One stage of the DualPipe family: dualpipe.py and dualpipev.py run the same eight phases on two
+// "phases" of work, each a model chunk of the stage with its own run of micro-batches. `half`:
+// stages in one half of the pipeline (DualPipeV: all p, DualPipe: p/2); `h`: the stage's place in
+// its half; phase f runs on chunk[f], micro-batches first[f] .. first[f] + per_phase - 1.
+struct DualPipeStage {
+  int half, h;
+  int64_t per_phase;
+  int chunk[2];
+  int64_t first[2];
+};
+
+std::vector<Op> dualpipe_stage(const Schedule& s, int stage, const DualPipeStage& d) {
+  std::vector<Op> ops;
+  int64_t next_f[2] = {0, 0}, next_b[2] = {0, 0};
+  std::deque<Op> weights;  // deferred Ws, run oldest first
+  const auto fwd = [&](int f) { return forward_op(d.first[f] + next_f[f]++, d.chunk[f]); };
+  const auto bwd = [&](int f) { return backward_op(d.first[f] + next_b[f]++, d.chunk[f]); };
+  const auto weight_of = [](const Op& b) { return Op{OpKind::BackwardWeight, b.microbatch, b.chunk}; };
+  const auto F = [&](int f) { ops.push_back(fwd(f)); };
+  // B of phase f; its W right after (one call: the full backward) or, with `defer`, queued.
+  const auto B = [&](int f, bool defer) {
+    const Op b = bwd(f);
+    ops.push_back(b);
+    if (defer) weights.push_back(weight_of(b));
+    else ops.push_back(weight_of(b));
+  };
+  // The overlapped F of phase f and B of phase g, with the B's whole backward (W included).
+  const auto FB = [&](int f, int g) {
+    const Op forward = fwd(f), backward = bwd(g);
+    ops.push_back({OpKind::ForwardBackward, forward.microbatch, forward.chunk, backward.microbatch, backward.chunk});
+    ops.push_back(weight_of(backward));
+  };
+  const auto W = [&] {
+    push_weight(ops, s, stage, weights.front());
+    weights.pop_front();
+  };
+  const int rest = d.half - d.h - 1;
+  for (int64_t i = 0; i < 2 * int64_t{rest}; ++i) F(0);  // 1: phase-0 forwards
+  for (int i = 0; i < d.h + 1; ++i) F(0), F(1);       // 2: both phases
+  for (int i = 0; i < rest; ++i) B(1, true), W(), F(1);  // 3: B W F on phase 1 (W deferred, run at once)
+  for (int64_t i = 0; i < d.per_phase - 2 * int64_t{d.half} + d.h + 1; ++i) {  // 4: main, F0&B1 then F1&B0
+    // The last stage of the half runs its first pair apart, as dualpipe.py does "to further reduce
+    // bubble size": the F need not wait for the B's gradient. (There the F's output is sent after the
+    // B; here it leaves when the F ends.)
+    if (i == 0 && d.h == d.half - 1) F(0), B(1, false);
+    else FB(0, 1);
+    FB(1, 0);
+  }
+  for (int i = 0; i < rest; ++i) B(1, false), FB(1, 0);  // 5: no more phase-0 forwards
+  bool defer = false;  // 6: the backwards left; the second half defers W
+  for (int i = 0; i < d.h + 1; ++i) {
+    if (i == (d.h + 1) / 2 && d.h % 2 == 1) defer = true;
+    B(1, defer);
+    if (i == (d.h + 1) / 2 && d.h % 2 == 0) defer = true;
+    B(0, defer);
+  }
+  for (int i = 0; i < rest; ++i) W(), B(0, true);  // 7: a W, then a phase-0 B
+  while (!weights.empty()) W();                    // 8: the Ws left
+  return ops;
+}
+
+}  // namespace
+
+Schedule dualpipev(int stages, int64_t microbatches) {
+  check_sizes(stages, 2, microbatches);
+  MEGATON_CHECK(microbatches >= 2 * int64_t{stages}, "dualpipev needs at least twice as many micro-batches (",
+                microbatches, ") as pipeline stages (", stages, ")");
+  Schedule s{"dualpipev", stages, 2, microbatches};
+  for (int r = 0; r < stages; ++r) s.model_chunk.push_back({r, 2 * stages - 1 - r});
+  for (int r = 0; r < stages; ++r) s.ops.push_back(dualpipe_stage(s, r, {stages, r, microbatches, {0, 1}, {0, 0}}));
+  validate(s);
+  return s;
+}
+
+Schedule dualpipe(int stages, int64_t microbatches) {
+  check_sizes(stages, 2, microbatches);
+  MEGATON_CHECK(stages % 2 == 0, "dualpipe needs an even number of pipeline stages, not ", stages);
+  MEGATON_CHECK(microbatches % 2 == 0 && microbatches >= 2 * int64_t{stages}, "dualpipe needs an even number of "
+                "micro-batches, at least twice the pipeline stages (", stages, "); got ", microbatches);
+  Schedule s{"dualpipe", stages, 2, microbatches};
+  s.copies = 2;
+  const int half = stages / 2;
+  const int64_t per_direction = microbatches / 2;
+  for (int r = 0; r < stages; ++r) {
+    s.model_chunk.push_back({r, stages - 1 - r});  // chunk c is copy c: stage r of one direction, p-1-r of the other
+    s.chunk_copy.push_back({0, 1});
+  }
+  for (int r = 0; r < stages; ++r) {
+    // Each half of the pipeline starts its own direction: phase 0 is the direction that enters on its side.
+    const int second_half = r >= half ? 1 : 0;
+    const int phase0 = second_half, phase1 = 1 - second_half;
+    s.ops.push_back(dualpipe_stage(s, r, {half, std::min(r, stages - 1 - r), per_direction, {phase0, phase1},
+                                          {phase0 * per_direction, phase1 * per_direction}}));
+  }
+  validate(s);
+  return s;
+}
+
+std::vector<std::string> schedule_kinds() {
+  return {"none", "1f1b", "interleaved", "zb-h1", "zb-h2", "zbv", "dualpipe", "dualpipev"};
+}
 
 Schedule generate(const std::string& kind, int stages, int chunks, int64_t microbatches) {
   if (kind == "interleaved") return interleaved_1f1b(stages, chunks, microbatches);
@@ -208,9 +319,12 @@ Schedule generate(const std::string& kind, int stages, int chunks, int64_t micro
     return kind == "1f1b" ? one_f_one_b(stages, microbatches)
            : kind == "zb-h1" ? zb_h1(stages, microbatches) : zb_h2(stages, microbatches);
   }
-  if (kind == "dualpipev") {
-    if (chunks != 2) fail("schedule 'dualpipev' has two model chunks per stage (a V), not ", chunks, "; pass --vpp 2");
-    return dualpipev(stages, microbatches);
+  if (kind == "zbv" || kind == "dualpipe" || kind == "dualpipev") {
+    if (chunks != 2)
+      fail("schedule '", kind, "' has two model chunks per stage (", kind == "dualpipe" ? "one per direction" : "a V",
+           "), not ", chunks, "; pass --vpp 2");
+    return kind == "zbv" ? zbv(stages, microbatches) : kind == "dualpipe" ? dualpipe(stages, microbatches)
+                                                                          : dualpipev(stages, microbatches);
   }
   std::string known;
   for (const auto& k : schedule_kinds()) known += (known.empty() ? "" : ", ") + k;

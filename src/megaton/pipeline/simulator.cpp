@@ -11,11 +11,8 @@ namespace megaton::pipeline {
 
 namespace {
 
-bool is_compute(OpKind k) {
-  return k == OpKind::Forward || k == OpKind::BackwardInput || k == OpKind::BackwardWeight;
-}
-
-// (kind, micro-batch, model chunk in layer order) of a finished compute op.
+// (kind, micro-batch, model chunk in layer order) of a finished compute op. A micro-batch runs
+// through one parameter copy only, so the model chunk names the copy's chunk too.
 using OpKey = std::tuple<OpKind, int64_t, int>;
 struct Done {
   double end;
@@ -26,15 +23,17 @@ struct Done {
 
 Simulation simulate(const Schedule& s, const OpCosts& costs) {
   validate(s);
-  const int last_chunk = s.stages * s.chunks_per_stage - 1;
+  const int last_chunk = s.model_chunks() - 1;
   std::map<OpKey, Done> done;
   std::vector<size_t> next(static_cast<size_t>(s.stages), 0);
   std::vector<double> free_at(static_cast<size_t>(s.stages), 0.0);
   Simulation sim;
   sim.timeline.resize(static_cast<size_t>(s.stages));
 
-  // The time op's input is available on `stage`, or a negative value while it is not yet produced.
-  auto ready = [&](const Op& op, int mc, int stage) -> double {
+  // The time a F / B / W part's input is available on `stage`, or a negative value while it is not
+  // yet produced.
+  auto ready = [&](const Op& op, int stage) -> double {
+    const int mc = s.model_chunk_of(stage, op.chunk);
     std::optional<OpKey> dep;
     if (op.kind == OpKind::Forward && mc > 0) dep = OpKey{OpKind::Forward, op.microbatch, mc - 1};
     if (op.kind == OpKind::BackwardInput)
@@ -46,7 +45,9 @@ Simulation simulate(const Schedule& s, const OpCosts& costs) {
     return it->second.end + (it->second.stage != stage ? costs.transfer : 0.0);
   };
 
-  const auto cost_of = [&](OpKind k) {
+  const auto cost_of = [&](OpKind k) {  // of a compute op
+    if (k == OpKind::ForwardBackward)
+      return costs.forward_backward > 0 ? costs.forward_backward : costs.forward + costs.backward_input;
     return k == OpKind::Forward ? costs.forward : k == OpKind::BackwardInput ? costs.backward_input : costs.backward_weight;
   };
   size_t remaining = 0;
@@ -58,23 +59,29 @@ Simulation simulate(const Schedule& s, const OpCosts& costs) {
       size_t& i = next[static_cast<size_t>(st)];
       for (; i < ops.size(); ++i, --remaining, progress = true) {
         const Op& op = ops[i];
-        if (!is_compute(op.kind)) continue;  // transfers are modelled as the transfer cost of the input
-        const int mc = s.model_chunk_of(st, op.chunk);
-        const double at = ready(op, mc, st);
+        const std::vector<Op> parts = compute_parts(op);
+        if (parts.empty()) continue;  // transfers are modelled as the transfer cost of the input
+        double at = 0;  // when every input is there (an F&B waits for both)
+        for (const Op& part : parts) {
+          const double part_at = ready(part, st);
+          at = part_at < 0 || at < 0 ? -1.0 : std::max(at, part_at);
+        }
         if (at < 0) break;
         const double start = std::max(free_at[static_cast<size_t>(st)], at);
         double end = start + cost_of(op.kind);
         sim.timeline[static_cast<size_t>(st)].push_back({op, start, end});
-        const bool fused_w = op.kind == OpKind::BackwardInput && i + 1 < ops.size() &&
-                             ops[i + 1] == Op{OpKind::BackwardWeight, op.microbatch, op.chunk};
-        if (fused_w) {  // one backward call: the W runs now and the gradient leaves after it
+        // A B (alone or in an F&B) directly followed by its own W: one backward call, so the W runs now
+        // and the gradient leaves after it.
+        const Op& last = parts.back();
+        if (last.kind == OpKind::BackwardInput && i + 1 < ops.size() &&
+            ops[i + 1] == Op{OpKind::BackwardWeight, last.microbatch, last.chunk}) {
           sim.timeline[static_cast<size_t>(st)].push_back({ops[i + 1], end, end + costs.backward_weight});
           end += costs.backward_weight;
-          done[{OpKind::BackwardWeight, op.microbatch, mc}] = {end, st};
+          done[{OpKind::BackwardWeight, last.microbatch, s.model_chunk_of(st, last.chunk)}] = {end, st};
           ++i, --remaining;
         }
         free_at[static_cast<size_t>(st)] = end;
-        done[{op.kind, op.microbatch, mc}] = {end, st};
+        for (const Op& part : parts) done[{part.kind, part.microbatch, s.model_chunk_of(st, part.chunk)}] = {end, st};
       }
     }
     if (!progress) {
@@ -88,18 +95,20 @@ Simulation simulate(const Schedule& s, const OpCosts& costs) {
 
   double busy = 0;
   for (size_t st = 0; st < sim.timeline.size(); ++st) {
-    // Activations: +1 when a forward starts, -1 when its W ends (releases first at equal times).
+    // Activations: +1 when a forward (alone or in an F&B) starts, -1 when its W ends (releases
+    // first at equal times).
     std::vector<std::pair<double, int>> events;
     for (const TimedOp& t : sim.timeline[st]) {
       busy += t.end - t.start;
       sim.step_time = std::max(sim.step_time, t.end);
-      if (t.op.kind == OpKind::Forward) events.push_back({t.start, +1});
+      if (t.op.kind == OpKind::Forward || t.op.kind == OpKind::ForwardBackward) events.push_back({t.start, +1});
       if (t.op.kind == OpKind::BackwardWeight) events.push_back({t.end, -1});
     }
     std::sort(events.begin(), events.end());
     int live = 0, peak = 0;
     for (const auto& e : events) peak = std::max(peak, live += e.second);
     sim.peak_activations.push_back(peak);
+    sim.param_copies.push_back(s.copies);
   }
   sim.bubble_fraction = sim.step_time > 0 ? 1.0 - busy / (s.stages * sim.step_time) : 0.0;
   return sim;

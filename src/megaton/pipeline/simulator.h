@@ -3,8 +3,9 @@
 // previous model chunk's F of that micro-batch, its B the next model chunk's B or, on the last
 // model chunk, its own F; W needs its B), with a transfer cost between stages. A B directly
 // followed by its own W is one call in the executor, so its input gradient leaves the stage only
-// after both. The same lists the executor runs, so the predicted step time, bubble and
-// activation peak are the schedule's own.
+// after both. DualPipe's overlapped F&B is one op of its own cost: it waits for both inputs, and
+// its outputs leave when it (and its B's own W, directly after it) ends. The same lists the
+// executor runs, so the predicted step time, bubble and activation peak are the schedule's own.
 // A schedule whose stages wait on each other in a cycle is a deadlock, reported by name.
 #pragma once
 #include <vector>
@@ -16,7 +17,8 @@ namespace megaton::pipeline {
 // Seconds (or any unit) per op of one model chunk and one micro-batch.
 struct OpCosts {
   double forward = 1, backward_input = 1, backward_weight = 1;
-  double transfer = 0;  // activation or gradient transfer between two stages
+  double transfer = 0;          // activation or gradient transfer between two stages
+  double forward_backward = 0;  // an overlapped F&B (OpKind::ForwardBackward); 0: forward + backward_input
 };
 
 struct TimedOp {
@@ -32,6 +34,7 @@ struct Simulation {
   // (W still reads the saved inputs), i.e. peak activation memory in units of one micro-batch's
   // activations of one chunk.
   std::vector<int> peak_activations;
+  std::vector<int> param_copies;  // per stage: parameters held in units of 1/p of the model (DualPipe: 2)
 };
 
 // Throws megaton::Error naming every stage's blocked op on a deadlock (or the schedule's first
