@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "../support/mpi_test_main.h"
 #include "../support/tiny_model.h"
@@ -122,9 +123,12 @@ TEST_P(VocabParallelLoss, MatchesTheUnsplitHead) {
   // Only the real rows: the padding's gradient is zero, the unsplit head has none.
   const Tensor g = nn::gather_global(split.weight(), split.weight().grad, tp);
   expect_close(g, whole.weight().grad, "weight gradient");
+  // (EXPECT, not ASSERT, before a collective: a rank leaving the test early would hang the others.)
   if (split.weight().shard.rank == W().size() - 1) {
     const int64_t rows = split.weight().value.size(0), real = vocab - split.weight().shard.mine()[0].start;
-    for (int64_t i = real * hidden; i < rows * hidden; ++i) ASSERT_EQ(split.weight().grad.data<float>()[i], 0.0f);
+    int64_t nonzero = 0;
+    for (int64_t i = real * hidden; i < rows * hidden; ++i) nonzero += split.weight().grad.data<float>()[i] != 0.0f;
+    EXPECT_EQ(nonzero, 0) << "padding rows with a gradient";
   }
   const nn::LossSum eval = split.loss(sp ? my_rows(x) : x, targets);
   EXPECT_NEAR(eval.sum, l.sum, 1e-5 * std::abs(l.sum));
@@ -157,9 +161,8 @@ TEST_P(SplitModels, TrainLikeTheWholeModel) {
     const nn::Parameter& s = *split.parameters()[i];
     const Tensor g = nn::gather_global(s, s.value, tp);
     const Tensor& w = whole.parameters()[i]->value;
-    // The padded vocabulary rows of the whole model (none here: make_vocab_size_divisible_by 1).
-    ASSERT_EQ(g.nbytes(), w.nbytes()) << s.name;
-    EXPECT_EQ(std::memcmp(g.raw(), w.raw(), g.nbytes()), 0) << s.name << " init is not the slice of the whole one";
+    EXPECT_TRUE(g.nbytes() == w.nbytes() && std::memcmp(g.raw(), w.raw(), g.nbytes()) == 0)
+        << s.name << " init is not the slice of the whole one";
   }
   const auto [tokens, targets] = testing::tiny_batch(2, 8);
   models::ModelCtx cw, cs;

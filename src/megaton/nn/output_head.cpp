@@ -93,11 +93,11 @@ LossSum OutputHead::run(const Tensor& x_in, const Tensor& targets, float grad_sc
     mask_padding(lgt);
     // With the vocabulary split over tensor-parallel ranks: the row max and the sums over the group.
     kernels::cross_entropy_row_max(on, rows(row_max), lgt);
-    if (tp_.active()) tp_.group->all_reduce(rows(row_max), parallel::ReduceOp::Max);
+    if (tp_.active()) parallel::reduce_from_region(*tp_.group, rows(row_max), parallel::ReduceOp::Max);
     kernels::cross_entropy_sum_exp(on, rows(sum_exp), rows(target_logit), lgt, rows(row_max), tg, vocab_start_);
     if (tp_.active()) {
-      tp_.group->all_reduce(rows(sum_exp), parallel::ReduceOp::Sum);
-      tp_.group->all_reduce(rows(target_logit), parallel::ReduceOp::Sum);
+      parallel::reduce_from_region(*tp_.group, rows(sum_exp));
+      parallel::reduce_from_region(*tp_.group, rows(target_logit));
     }
     kernels::cross_entropy_loss(on, rows(losses), rows(lse), rows(row_max), rows(sum_exp), rows(target_logit), tg);
     total.sum += kernels::sum(on, rows(losses));

@@ -14,13 +14,17 @@
 
 namespace megaton::parallel {
 
-// In place: t = the sum of t over the group.
-void reduce_from_region(Communicator& group, const Tensor& t);
+// In place: t = the sum (or max, ...) of t over the group.
+void reduce_from_region(Communicator& group, const Tensor& t, ReduceOp op = ReduceOp::Sum);
 // [rows / size, C] on each rank -> [rows, C], block r from rank r.
 Tensor gather_rows(Communicator& group, const Tensor& t, const std::string& name);
 // [rows, C] on each rank -> [rows / size, C]: block `rank` of the sum over the group.
 Tensor reduce_scatter_rows(Communicator& group, const Tensor& t, const std::string& name);
 // [rows, C] -> a copy of block `rank`, [rows / size, C] (no communication).
 Tensor scatter_rows(Communicator& group, const Tensor& t, const std::string& name);
+
+// Seconds this thread has spent blocked in the collectives above since it started (they are
+// blocking: compute waits for them), for the step's comm_wait_s.
+double tensor_parallel_wait_seconds();
 
 }  // namespace megaton::parallel

@@ -7,6 +7,7 @@
 
 #include "megaton/nn/tensor_shards.h"
 #include "megaton/optim/grad_clip.h"
+#include "megaton/parallel/tensor_parallel_mappings.h"
 #include "megaton/pipeline/executor.h"
 #include "megaton/train/training_stage.h"
 
@@ -87,6 +88,7 @@ double TrainingStep::grad_norm() const {
 
 TrainingStep::Result TrainingStep::forward_backward(int64_t step, int64_t first_sample) {
   const auto t0 = std::chrono::steady_clock::now();
+  const double tp_wait0 = parallel::tensor_parallel_wait_seconds();
   const int64_t mbs = cfg_.micro_batch_size;
   model_.refresh_compute_weights();  // the main weights changed since: optimizer step, resume, rewind
   buffer_->begin_step(schedule_.microbatches);
@@ -112,7 +114,9 @@ TrainingStep::Result TrainingStep::forward_backward(int64_t step, int64_t first_
     throw;
   }
   buffer_->end_step();
-  const double comm_wait = finish_reductions();
+  // Blocked on communication: the tensor-parallel collectives inside forward and backward, then the
+  // gradient reductions.
+  const double comm_wait = parallel::tensor_parallel_wait_seconds() - tp_wait0 + finish_reductions();
   double loss = stage.mean_loss();
   if (dp_.size() > 1) loss = dp_.all_reduce_scalar(loss) / static_cast<double>(dp_.size());
   if (hook_) hook_(step, buffer_->grads(), loss);

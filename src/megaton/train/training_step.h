@@ -41,7 +41,7 @@ class TrainingStep {
  public:
   struct Result {
     double loss, grad_norm, seconds;
-    double comm_wait_seconds = 0;  // blocked on gradient reductions (not overlapped with compute)
+    double comm_wait_seconds = 0;  // blocked on tensor-parallel collectives and gradient reductions
   };
   // Called after backward with the step number, the flat gradients and the step's loss, before the
   // grad norm is taken: where fault injection corrupts a step.
