@@ -55,6 +55,7 @@ TEST_P(TensorParallelRuns, TrainLikeOneProcess) {
                 "data parallel 2 ranks, distributed optimizer"}}) {
     const Metrics got = train_mpi_ok(run, v.np, v.name, kShort + v.args, v.banner);
     expect_like(run, got, v.name, single, "single");
+    for (const auto& rec : got.steps) EXPECT_TRUE(rec.contains("comm_wait_s")) << v.name << " " << rec.dump();
   }
   // The export holds the real vocabulary only: the padding row is stripped.
   const auto weights = megaton::testing::final_weights(run.run_dir("tp2"));
