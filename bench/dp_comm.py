@@ -1,15 +1,20 @@
-"""Data-parallel communication and memory: the fraction of step time each rank spends blocked on
-gradient reductions, with the bucket reductions overlapped with backward and without, and with the
-distributed optimizer; and rank 0's peak memory by category in each run.
+"""Data- and tensor-parallel communication and memory: the fraction of step time each rank spends
+blocked on communication (gradient reductions; with tensor parallelism also the collectives inside
+forward and backward), with the bucket reductions overlapped with backward and without, with the
+distributed optimizer, with tensor parallelism over the NP ranks with and without sequence
+parallelism; and rank 0's peak memory by category in each run.
 
   python3 bench/dp_comm.py --megaton build/megaton [--model gpt2-124m] [--np 2] [--steps 5]
-      [--batch 4] [--seq-len 256] [--threads 1] [--bucket-size 40000000]
+      [--batch 4] [--seq-len 256] [--threads 1] [--bucket-size 40000000] [--runs dp,tp]
 
 Runs `mpirun -np NP megaton train` on the demo corpus (built on first use) with one data-parallel
 micro-batch of B x T per rank per step, once with parallel.overlap_grad_reduce = true and once with
 false, once with parallel.use_distributed_optimizer = true, plus the single-process run of the same
-global batch. From rank 0's metrics.jsonl: the median over steps 2.. of step_time_s and of
-comm_wait_s (timers around the waits for the bucket reductions), and the peak_memory_mb record of the
+global batch; `--runs tp` instead (or as well) runs tp = NP and tp = NP with sequence_parallel on the
+same global batch (micro-batches of B x T, all ranks one tensor-parallel group). From rank 0's
+metrics.jsonl: the median over steps 2.. of step_time_s and of
+comm_wait_s (timers around the waits for the bucket reductions and the tensor-parallel
+collectives), and the peak_memory_mb record of the
 first step. Prints the CPU line first and one row per run.
 """
 import argparse
@@ -53,7 +58,11 @@ def main():
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--bucket-size", type=int, default=40_000_000)
+    ap.add_argument("--runs", default="dp", help="comma-separated: dp (data parallel), tp (tensor parallel)")
     args = ap.parse_args()
+    kinds = set(args.runs.split(","))
+    if not kinds <= {"dp", "tp"}:
+        raise SystemExit(f"--runs {args.runs}: expected dp, tp or dp,tp")
     binary = str(Path(args.megaton).resolve())
     env = dict(os.environ, **MPI_ENV, OMP_NUM_THREADS=str(args.threads))
     print(run([binary, "bench", "--cpu-info"], env).strip())
@@ -68,12 +77,17 @@ def main():
     print(f"{'run':34} {'step s':>8} {'wait s':>8} {'wait %':>7} {'tokens/s':>9}  peak MB: " + " ".join(cats))
     with tempfile.TemporaryDirectory() as tmp:
         runs = [("1 process, same global batch", [binary, "train"], [])]
-        runs += [(f"dp{args.np} overlap_grad_reduce={o}", mpirun + [binary, "train"],
-                  ["--set", f"parallel.overlap_grad_reduce={o}"]) for o in ("true", "false")]
-        runs.append((f"dp{args.np} distributed optimizer", mpirun + [binary, "train"],
-                     ["--set", "parallel.use_distributed_optimizer=true"]))
+        if "dp" in kinds:
+            runs += [(f"dp{args.np} overlap_grad_reduce={o}", mpirun + [binary, "train"],
+                      ["--set", f"parallel.overlap_grad_reduce={o}"]) for o in ("true", "false")]
+            runs.append((f"dp{args.np} distributed optimizer", mpirun + [binary, "train"],
+                         ["--set", "parallel.use_distributed_optimizer=true"]))
+        if "tp" in kinds:
+            runs += [(f"tp{args.np}{' + sequence parallel' if sp else ''}", mpirun + [binary, "train"],
+                      ["--set", f"tp={args.np}", "--set", f"parallel.sequence_parallel={'true' if sp else 'false'}"])
+                     for sp in (False, True)]
         for name, prefix, extra in runs:
-            run_dir = Path(tmp) / name.replace(" ", "_").replace(",", "")
+            run_dir = Path(tmp) / name.replace(" ", "_").replace(",", "").replace("+", "")
             run(prefix + common + extra + ["--set", f"logging.run_dir=\"{run_dir}\""], env)
             step_time, wait, tok_s, mem = medians(run_dir)
             print(f"{name:34} {step_time:8.2f} {wait:8.3f} {100 * wait / step_time:6.1f}% {tok_s:9.0f}  " +

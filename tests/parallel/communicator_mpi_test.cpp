@@ -12,6 +12,7 @@
 #include <functional>
 #include <thread>
 
+#include "../support/mpi_test_main.h"
 #include "../support/temp_dir.h"
 #include "megaton/parallel/mpi_communicator.h"
 #include "megaton/parallel/process_groups.h"
@@ -475,31 +476,13 @@ TEST(MpiCommunicator, ProcessGroupsOverMpi) {
   EXPECT_THROW(ProcessGroups(W(), {.tp = 3}), Error);
 }
 
-// Prints this rank's failures with its rank (every rank but 0 runs without gtest's printer).
-class RankFailurePrinter : public ::testing::EmptyTestEventListener {
- public:
-  explicit RankFailurePrinter(int rank) : rank_(rank) {}
-  void OnTestPartResult(const ::testing::TestPartResult& r) override {
-    if (r.failed())
-      std::fprintf(stderr, "[rank %d] %s:%d: failure\n%s\n", rank_, r.file_name() ? r.file_name() : "?",
-                   r.line_number(), r.summary());
-  }
-
- private:
-  int rank_;
-};
-
 }  // namespace
 }  // namespace megaton::parallel
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   using namespace megaton::parallel;
-  if (!launched_distributed()) {
-    std::fprintf(stderr, "%s: run under mpirun with 2 or more ranks (CTest does: ctest -R communicator_mpi)\n",
-                 argv[0]);
-    return 1;
-  }
+  if (!megaton::testing::launched_or_explain(argv[0])) return 1;
   Communicator& w = world();
   if (const char* failing = std::getenv("MEGATON_TEST_ABORT_RANK")) {
     // abort_job_test's planted failure: one rank fails while the others wait in an all-reduce it
@@ -512,14 +495,5 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "rank %d finished\n", w.rank());
     return 0;
   }
-  if (w.rank() != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-    listeners.Append(new RankFailurePrinter(w.rank()));
-  }
-  const int rc = RUN_ALL_TESTS();
-  // One verdict for the job: any rank's failure fails every rank.
-  const double failed = w.all_reduce_scalar(rc != 0 ? 1.0 : 0.0, ReduceOp::Max);
-  if (w.rank() == 0 && failed > 0 && rc == 0) std::fprintf(stderr, "another rank failed (see its [rank R] lines)\n");
-  return failed > 0 ? 1 : 0;
+  return megaton::testing::run_tests_on_every_rank(w);
 }

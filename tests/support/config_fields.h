@@ -16,7 +16,7 @@ namespace megaton::testing {
 // (field name, value printed exactly: doubles with 17 significant digits).
 inline std::vector<std::pair<std::string, std::string>> config_fields(const models::TransformerConfig& c) {
   const auto& [name, num_layers, hidden_size, num_attention_heads, num_query_groups, kv_channels, ffn_hidden_size,
-               vocab_size, max_position_embeddings, attention_type, mlp_type, normalization, activation, position_embedding, rope_layout,
+               vocab_size, make_vocab_size_divisible_by, max_position_embeddings, attention_type, mlp_type, normalization, activation, position_embedding, rope_layout,
                rotary_base, rope_scaling, add_bias_linear, tie_embeddings, norm_epsilon, init_method_std] = c;
   const auto& [factor, low_freq_factor, high_freq_factor, original_max_position] = rope_scaling;
   auto str = [](auto v) {
@@ -33,6 +33,7 @@ inline std::vector<std::pair<std::string, std::string>> config_fields(const mode
           {"kv_channels", str(kv_channels)},
           {"ffn_hidden_size", str(ffn_hidden_size)},
           {"vocab_size", str(vocab_size)},
+          {"make_vocab_size_divisible_by", str(make_vocab_size_divisible_by)},
           {"max_position_embeddings", str(max_position_embeddings)},
           {"attention_type", attention_type},
           {"mlp_type", mlp_type},

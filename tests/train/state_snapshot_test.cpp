@@ -76,7 +76,7 @@ TEST(StateSnapshot, RestoreAndCheckpointFilesGiveBackEveryByte) {
   random_step(model, opt, rng);
 
   // The buffers are reused by every capture: check the first one and a later one.
-  train::StateSnapshot snap(cfg.model, opt);
+  train::StateSnapshot snap(model, opt);
   train::TrainProgress progress;
   for (int64_t capture = 1; capture <= 2; ++capture) {
     SCOPED_TRACE("capture " + std::to_string(capture));
@@ -119,7 +119,7 @@ TEST(StateSnapshot, UnversionedOptimizerStateIsRefused) {
   models::TransformerModel model(cfg.model);
   model.init_weights(1);
   optim::AdamW opt(model.parameters(), optim::AdamWConfig{});
-  train::StateSnapshot snap(cfg.model, opt);
+  train::StateSnapshot snap(model, opt);
   snap.capture(model, opt, train::TrainProgress{}, cfg);
   const std::string ckpt = dir.file("ckpt");
   std::filesystem::create_directories(ckpt);

@@ -134,13 +134,14 @@ inline double rel_diff(const Tensor& a, const Tensor& b, int64_t begin, int64_t 
 // which AdamW normalises into full-size steps; summing the gradient in two halves changes the noise
 // (differences of 9e-5 of the bias's largest entry seen). It gets 1e-3 of that: still far below
 // what a wrong reduction gives.
+// tol: the bound for every other weight (see expect_close_training).
 inline void expect_close_weights(const Tensor& got, const Tensor& want, const std::string& name,
-                                 const std::string& what) {
+                                 const std::string& what, double tol = 1e-5) {
   ASSERT_EQ(got.numel(), want.numel()) << what << " " << name;
   const int64_t n = want.numel();
-  std::vector<std::tuple<int64_t, int64_t, double>> parts = {{0, n, 1e-5}};
+  std::vector<std::tuple<int64_t, int64_t, double>> parts = {{0, n, tol}};
   if (name.size() > 16 && name.compare(name.size() - 16, 16, "attn.c_attn.bias") == 0)
-    parts = {{0, n / 3, 1e-5}, {n / 3, 2 * n / 3, 1e-3}, {2 * n / 3, n, 1e-5}};
+    parts = {{0, n / 3, tol}, {n / 3, 2 * n / 3, 1e-3}, {2 * n / 3, n, tol}};
   for (const auto& [begin, end, tol] : parts) {
     const double d = rel_diff(got, want, begin, end);
     EXPECT_TRUE(d <= tol) << what << " " << name << " [" << begin << ", " << end << "): relative difference " << d;
@@ -149,9 +150,14 @@ inline void expect_close_weights(const Tensor& got, const Tensor& want, const st
 
 // The same steps, each loss and grad norm within 1e-5 relative (a NaN only against a NaN: a step
 // whose update was skipped), and the final weights close: a data-parallel run against the
-// single-process one.
+// single-process one. weight_tol bounds the weights' relative difference: 1e-5 where only the
+// gradient sums are reordered (data parallelism); a split model also rounds its forward
+// activations differently (partial sums over ranks), and AdamW turns the rounding of near-zero
+// gradients into full-size steps: the single-process run itself, with 2 threads instead of 1,
+// ends up to 9.5e-5 away from itself in gpt-tiny's linear_proj weight (measured), so tensor
+// parallelism is held to 1e-4 there while its losses and grad norms stay within 1e-5.
 inline void expect_close_training(const Metrics& got, const Metrics& want, const std::string& got_dir,
-                                  const std::string& want_dir, const std::string& what) {
+                                  const std::string& want_dir, const std::string& what, double weight_tol = 1e-5) {
   auto close = [](double a, double b) { return std::isnan(b) ? std::isnan(a) : std::abs(a - b) <= 1e-5 * std::abs(b); };
   ASSERT_EQ(got.losses.size(), want.losses.size()) << what;
   for (const auto& [step, loss] : want.losses) {
@@ -167,7 +173,7 @@ inline void expect_close_training(const Metrics& got, const Metrics& want, const
   ASSERT_EQ(a.size(), b.size()) << what;
   for (const auto& [name, t] : b) {
     ASSERT_TRUE(a.count(name)) << what << " " << name;
-    expect_close_weights(a.at(name), t, name, what);
+    expect_close_weights(a.at(name), t, name, what, weight_tol);
   }
 }
 

@@ -90,7 +90,12 @@ TEST(TrainConfig, ParallelSizesTakeShortAliasesAndResolveAgainstTheWorld) {
   auto message = [](std::vector<std::string> sets) {
     return megaton::testing::error_message([&] { train::load_train_config("", sets); });
   };
-  EXPECT_NE(message({"tp=2"}).find("parallel.tensor_model_parallel_size"), std::string::npos);
+  EXPECT_NE(message({"tp=0"}).find("parallel.tensor_model_parallel_size"), std::string::npos);
+  EXPECT_EQ(train::load_train_config("", {"tp=2"}).tensor_model_parallel_size, 2);
+  EXPECT_NE(message({"pp=2"}).find("2 is not supported yet"), std::string::npos);
+  EXPECT_NE(message({"tp=2", "parallel.sequence_parallel=true", "training.seq_length=33"})
+                .find("needs training.seq_length 33 divisible by tensor_model_parallel_size 2"),
+            std::string::npos);
   EXPECT_NE(message({"pp=0"}).find("parallel.pipeline_model_parallel_size"), std::string::npos);
   EXPECT_NE(message({"parallel.sequence_parallel=true"}).find("needs parallel.tensor_model_parallel_size > 1"),
             std::string::npos);

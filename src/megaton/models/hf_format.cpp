@@ -155,11 +155,15 @@ struct Binding {
 
 std::vector<Binding> bindings(TransformerModel& m) {
   const TransformerConfig& c = m.config();
+  if (m.tensor_parallel().active())
+    fail("the HF format holds whole tensors: gather the model's ", m.tensor_parallel().size(),
+         " tensor-parallel shards first");
+  const int64_t V = c.vocab_size;  // the embedding's and head's rows past it are padding
   std::vector<Binding> out;
   const bool gpt2 = c.position_embedding == PositionEmbedding::LearnedAbsolute;
   const nn::AttentionShape attn{c.hidden_size, c.num_attention_heads, c.num_query_groups, c.head_dim()};
   if (gpt2) {
-    out.push_back({"transformer.wte.weight", &m.embedding().word});
+    out.push_back({"transformer.wte.weight", &m.embedding().word, 0, V});
     out.push_back({"transformer.wpe.weight", &m.embedding().position});
     for (size_t i = 0; i < m.layers().size(); ++i) {
       auto& l = *m.layers()[i];
@@ -183,7 +187,7 @@ std::vector<Binding> bindings(TransformerModel& m) {
     const int64_t D = c.head_dim(), q = c.num_attention_heads * D, kv = c.num_query_groups * D;
     const int64_t F = c.ffn_hidden_size;
     const int64_t rope = c.rope_layout == kernels::RopeLayout::Interleaved ? D : 0;
-    out.push_back({"model.embed_tokens.weight", &m.embedding().word});
+    out.push_back({"model.embed_tokens.weight", &m.embedding().word, 0, V});
     for (size_t i = 0; i < m.layers().size(); ++i) {
       auto& l = *m.layers()[i];
       const std::string p = "model.layers." + std::to_string(i) + ".";
@@ -199,7 +203,7 @@ std::vector<Binding> bindings(TransformerModel& m) {
     }
     out.push_back({"model.norm.weight", &m.final_norm().weight});
   }
-  if (!c.tie_embeddings) out.push_back({"lm_head.weight", &m.output_weight()});
+  if (!c.tie_embeddings) out.push_back({"lm_head.weight", &m.output_weight(), 0, V});
   return out;
 }
 

@@ -24,6 +24,7 @@ void TransformerConfig::validate() const {
   positive("ffn_hidden_size", ffn_hidden_size);
   positive("vocab_size", vocab_size, int64_t{1} << 31);  // token ids are int32
   positive("max_position_embeddings", max_position_embeddings);
+  positive("make_vocab_size_divisible_by", make_vocab_size_divisible_by, int64_t{1} << 16);
   if (kv_channels < 0 || kv_channels > (int64_t{1} << 16))
     fail("model config: kv_channels must be in [0, 65536] (0: hidden_size / heads), got ", kv_channels);
   finite_positive("norm_epsilon", norm_epsilon);
@@ -48,6 +49,11 @@ void TransformerConfig::validate() const {
   known_kind("mlp_type", mlp_type, nn::mlp_kinds());
   if (position_embedding == PositionEmbedding::Rope && head_dim() % 2 != 0)
     fail("model config: rotary embeddings need an even head dim, got ", head_dim());
+}
+
+int64_t TransformerConfig::padded_vocab_size(int64_t tp) const {
+  const int64_t multiple = make_vocab_size_divisible_by * tp;  // both bounded: no overflow
+  return (vocab_size + multiple - 1) / multiple * multiple;
 }
 
 int64_t TransformerConfig::num_parameters() const {

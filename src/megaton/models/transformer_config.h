@@ -23,6 +23,10 @@ struct TransformerConfig {
   int64_t kv_channels = 0;              // head dim; 0 -> hidden_size / heads
   int64_t ffn_hidden_size = 256;
   int64_t vocab_size = 257;
+  // Megatron's make_vocab_size_divisible_by: the embedding and output layer hold the vocabulary
+  // padded to a multiple of this x tensor_model_parallel_size (padding rows are never predicted and
+  // not exported). 1 keeps an unsplit model exactly vocab_size rows.
+  int64_t make_vocab_size_divisible_by = 1;
   int64_t max_position_embeddings = 256;
   // The block's sublayer kinds (nn/block_spec.h: Megatron's ModuleSpec idea).
   std::string attention_type = "self_attention";
@@ -40,6 +44,8 @@ struct TransformerConfig {
 
   int64_t head_dim() const { return kv_channels > 0 ? kv_channels : hidden_size / num_attention_heads; }
   int64_t qkv_size() const { return (num_attention_heads + 2 * num_query_groups) * head_dim(); }
+  // vocab_size rounded up to a multiple of make_vocab_size_divisible_by x tp.
+  int64_t padded_vocab_size(int64_t tp) const;
   // Throws megaton::Error naming the inconsistent fields (heads vs hidden, groups vs heads, ...).
   void validate() const;
   int64_t num_parameters() const;

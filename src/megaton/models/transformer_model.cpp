@@ -5,11 +5,12 @@
 
 #include "megaton/core/rng.h"
 #include "megaton/kernels/copy.h"
+#include "megaton/nn/tensor_shards.h"
 
 namespace megaton::models {
 
 namespace {
-nn::BlockSpec block_spec(const TransformerConfig& c) {
+nn::BlockSpec block_spec(const TransformerConfig& c, const nn::TensorParallel& tp) {
   nn::BlockSpec s;
   s.attention = c.attention_type;
   s.mlp = c.mlp_type;
@@ -19,6 +20,7 @@ nn::BlockSpec block_spec(const TransformerConfig& c) {
   s.ffn_hidden = c.ffn_hidden_size;
   s.activation = c.activation;
   s.bias = c.add_bias_linear;
+  s.tp = tp;
   return s;
 }
 
@@ -28,12 +30,15 @@ const TransformerConfig& validated(const TransformerConfig& c) {
 }
 }  // namespace
 
-TransformerModel::TransformerModel(const TransformerConfig& config, int64_t num_chunks)
+TransformerModel::TransformerModel(const TransformerConfig& config, int64_t num_chunks, const nn::TensorParallel& tp)
     : config_(validated(config)),
-      embedding_(config.vocab_size, config.hidden_size, config.max_position_embeddings,
-                 config.position_embedding == PositionEmbedding::LearnedAbsolute),
-      final_norm_("decoder.final_layernorm", config.hidden_size, config.normalization, config.norm_epsilon),
-      head_(config.hidden_size, config.vocab_size, config.tie_embeddings ? &embedding_.word : nullptr) {
+      tp_(tp),
+      embedding_(config.vocab_size, config.padded_vocab_size(tp.size()), config.hidden_size,
+                 config.max_position_embeddings, config.position_embedding == PositionEmbedding::LearnedAbsolute, tp),
+      final_norm_("decoder.final_layernorm", config.hidden_size, config.normalization, config.norm_epsilon,
+                  tp.splits_sequence()),
+      head_(config.hidden_size, config.vocab_size, config.padded_vocab_size(tp.size()),
+            config.tie_embeddings ? &embedding_.word : nullptr, tp) {
   const bool rope = config.position_embedding == PositionEmbedding::Rope;
   if (rope) {
     const int64_t P = config.max_position_embeddings, D = config.head_dim();
@@ -43,7 +48,7 @@ TransformerModel::TransformerModel(const TransformerConfig& config, int64_t num_
     kernels::rope_tables(kernels::ExecContext::on(rope_.cos), rope_.cos, rope_.sin,
                          kernels::rope_inv_freq(D, config.rotary_base, config.rope_scaling));
   }
-  const nn::BlockSpec spec = block_spec(config);
+  const nn::BlockSpec spec = block_spec(config, tp);
   for (int64_t i = 0; i < config.num_layers; ++i)
     layers_.push_back(std::make_unique<nn::TransformerBlock>("decoder.layers." + std::to_string(i), spec,
                                                              rope ? &rope_ : nullptr));
@@ -69,8 +74,12 @@ void TransformerModel::init_weights(uint64_t seed) {
     return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
   };
   for (nn::Parameter* p : params_) {
-    float* v = p->value.data<float>();
-    const int64_t n = p->value.numel();
+    // The whole tensor's values, then this rank's slice of them (padding zero).
+    const bool whole = nn::holds_global(*p);
+    const Tensor global =
+        whole ? p->value : Tensor::empty(nn::global_shape(*p), DType::F32, MemCategory::Workspace, p->name);
+    float* v = global.data<float>();
+    const int64_t n = global.numel();
     Philox rng(seed, stable_hash(p->name.data(), p->name.size()));
     if (ends_with(p->name, "layernorm.weight")) {
       std::fill(v, v + n, 1.0f);
@@ -80,6 +89,7 @@ void TransformerModel::init_weights(uint64_t seed) {
       const bool scaled = ends_with(p->name, "linear_proj.weight") || ends_with(p->name, "linear_fc2.weight");
       fill_normal(v, n, rng, 0.0f, static_cast<float>(scaled ? out_std : std));
     }
+    if (!whole) nn::slice_global(*p, global, p->value);
   }
 }
 
@@ -146,6 +156,7 @@ std::vector<nn::KVCache> TransformerModel::new_kv_caches(int64_t B, int64_t max_
 }
 
 Tensor TransformerModel::forward_cached(std::vector<nn::KVCache>& caches, const Tensor& tokens) {
+  if (tp_.active()) fail("incremental decoding runs on an unsharded model, this one is split over ", tp_.size(), " ranks");
   const int64_t B = tokens.size(0), T = tokens.size(1), C = config_.hidden_size;
   Tensor h = embedding_.forward(tokens, caches.at(0).len, compute_dtype_);
   for (size_t i = 0; i < layers_.size(); ++i) h = layers_[i]->forward_cached(caches[i], h, B, T);

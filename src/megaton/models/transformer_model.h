@@ -24,16 +24,20 @@ struct LossResult {
 class TransformerModel {
  public:
   // num_chunks: how many model chunks the layers are split into, evenly (it must divide
-  // num_layers); the result does not depend on it.
-  explicit TransformerModel(const TransformerConfig& config, int64_t num_chunks = 1);
+  // num_layers); the result does not depend on it. tp: the tensor-parallel group this process's
+  // shard of the model belongs to (none by default: the whole model); heads, ffn_hidden_size and
+  // the padded vocabulary are split over it, errors naming the sizes that do not divide.
+  explicit TransformerModel(const TransformerConfig& config, int64_t num_chunks = 1, const nn::TensorParallel& tp = {});
   TransformerModel(const TransformerModel&) = delete;
   TransformerModel& operator=(const TransformerModel&) = delete;
 
   const TransformerConfig& config() const { return config_; }
+  const nn::TensorParallel& tensor_parallel() const { return tp_; }
   const nn::ParameterList& parameters() const { return params_; }
   // Normal(0, init_method_std) for matrices and embeddings, the output projections of each block
   // scaled by 1/sqrt(2 num_layers) (GPT-2 / Megatron), norms 1, biases 0. Each tensor draws from
-  // its own Philox stream keyed by its name, so init is independent of order and threads.
+  // its own Philox stream keyed by its name over its global (unpadded) shape, so init is independent
+  // of order, threads and the tensor-parallel layout: a shard is the slice of the whole tensor.
   void init_weights(uint64_t seed);
 
   // Mixed precision (Megatron's --bf16): bf16 activations and GEMMs with fp32 main weights, grads
@@ -64,8 +68,8 @@ class TransformerModel {
   // forward.
   void backward_weight(ModelCtx& ctx);
 
-  // Incremental decoding: one KV cache per layer; returns the logits of each sequence's last
-  // new token, [B, vocab].
+  // Incremental decoding (an unsharded model): one KV cache per layer; returns the logits of each
+  // sequence's last new token, [B, vocab].
   std::vector<nn::KVCache> new_kv_caches(int64_t B, int64_t max_len) const;
   Tensor forward_cached(std::vector<nn::KVCache>& caches, const Tensor& tokens);
 
@@ -78,6 +82,7 @@ class TransformerModel {
 
  private:
   TransformerConfig config_;
+  nn::TensorParallel tp_;
   nn::RopeTables rope_;
   nn::Embedding embedding_;
   std::vector<std::unique_ptr<nn::TransformerBlock>> layers_;

@@ -16,10 +16,36 @@ int64_t AttentionShape::fused_row(int64_t r) const {
   return r / head_dim * group_size() + offset + r % head_dim;
 }
 
-SelfAttention::SelfAttention(const std::string& name, AttentionShape shape, bool bias, const RopeTables* rope)
-    : qkv(name + ".linear_qkv", shape.hidden, shape.qkv_size(), bias, LinearParallel::Column),
-      proj(name + ".linear_proj", shape.q_size(), shape.hidden, bias, LinearParallel::Row),
-      shape_(shape),
+AttentionShape local_attention_shape(const AttentionShape& g, int tp) {
+  if (g.heads % tp != 0)
+    fail("num_attention_heads ", g.heads, " is not divisible by tensor_model_parallel_size ", tp);
+  if (g.groups % tp != 0 && tp % g.groups != 0)
+    fail("num_query_groups ", g.groups, " and tensor_model_parallel_size ", tp,
+         ": the kv heads are split when tp divides them and replicated when they divide tp, neither holds");
+  return {g.hidden, g.heads / tp, g.groups % tp == 0 ? g.groups / tp : 1, g.head_dim};
+}
+
+std::vector<std::vector<ShardPiece>> qkv_pieces(const AttentionShape& g, int tp) {
+  const AttentionShape l = local_attention_shape(g, tp);
+  if (g.groups % tp == 0) return even_pieces({g.qkv_size()}, tp, "linear_qkv rows");
+  // Fewer kv groups than ranks: rank r holds query heads [r * l.heads, ...), inside group g = r / R
+  // (R = tp / groups ranks per group), then that group's k and v heads.
+  std::vector<std::vector<ShardPiece>> out(static_cast<size_t>(tp));
+  const int64_t per_group = tp / g.groups;
+  for (int r = 0; r < tp; ++r) {
+    const int64_t group = r / per_group, sub = r % per_group;
+    const int64_t base = group * g.group_size();
+    out[static_cast<size_t>(r)] = {{base + sub * l.q_size(), l.q_size()}, {base + g.k_offset(), 2 * g.head_dim}};
+  }
+  return out;
+}
+
+SelfAttention::SelfAttention(const std::string& name, AttentionShape shape, bool bias, const RopeTables* rope,
+                             const TensorParallel& tp)
+    : qkv(name + ".linear_qkv", shape.hidden, shape.qkv_size(), bias, LinearParallel::Column, tp,
+          qkv_pieces(shape, tp.size())),
+      proj(name + ".linear_proj", shape.q_size(), shape.hidden, bias, LinearParallel::Row, tp),
+      shape_(local_attention_shape(shape, tp.size())),
       rope_(rope),
       scale_(1.0 / std::sqrt(static_cast<double>(shape.head_dim))) {}
 

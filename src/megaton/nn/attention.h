@@ -30,6 +30,12 @@ struct AttentionShape {
   int64_t fused_row(int64_t r) const;
 };
 
+// This rank's share of `global` over tp ranks (heads / tp query heads; groups / tp kv groups, or
+// one replicated group), and the fused QKV rows it holds, per rank; throws naming the sizes when
+// the heads do not split.
+AttentionShape local_attention_shape(const AttentionShape& global, int tp);
+std::vector<std::vector<ShardPiece>> qkv_pieces(const AttentionShape& global, int tp);
+
 struct AttentionCtx : SublayerCtx {
   LinearCtx qkv_ctx;
   // In f32 the kernels' own buffers: qkv with q and k already rotated, and the attention output.
@@ -44,7 +50,9 @@ struct AttentionCtx : SublayerCtx {
 // The "self_attention" kind of block_spec.h.
 class SelfAttention final : public AttentionLayer {
  public:
-  SelfAttention(const std::string& name, AttentionShape shape, bool bias, const RopeTables* rope);
+  // shape: the global one; tp: the group its heads are split over.
+  SelfAttention(const std::string& name, AttentionShape shape, bool bias, const RopeTables* rope,
+                const TensorParallel& tp = {});
   std::unique_ptr<SublayerCtx> new_ctx() const override { return std::make_unique<AttentionCtx>(); }
   Tensor forward(SublayerCtx& ctx, const Tensor& x, int64_t B, int64_t T) override;
   Tensor backward_input(SublayerCtx& ctx, const Tensor& dy, int64_t B, int64_t T) override;
@@ -63,7 +71,7 @@ class SelfAttention final : public AttentionLayer {
   // converted into a new tensor and rotated there.
   Tensor rotated_f32(const Tensor& qkv_x, int64_t B, int64_t T) const;
   kernels::HeadStrides fused_strides() const;  // q, k and v heads in the fused QKV rows
-  AttentionShape shape_;
+  AttentionShape shape_;  // this rank's heads and groups
   const RopeTables* rope_;
   double scale_;
 };

@@ -46,7 +46,7 @@ KindTable<AttentionFactory>& attention_table() {
       {},
       {{"self_attention",  // multi-head / grouped-query attention with a fused QKV projection
         [](const std::string& name, const BlockSpec& s, const RopeTables* rope) -> std::unique_ptr<AttentionLayer> {
-          return std::make_unique<SelfAttention>(name, s.attn, s.bias, rope);
+          return std::make_unique<SelfAttention>(name, s.attn, s.bias, rope, s.tp);
         }}}};
   return table;
 }
@@ -57,7 +57,7 @@ KindTable<MlpFactory>& mlp_table() {
                                      {{"dense",  // linear_fc1 -> GeLU / SwiGLU -> linear_fc2
                                        [](const std::string& name, const BlockSpec& s) -> std::unique_ptr<MlpLayer> {
                                          return std::make_unique<Mlp>(name, s.attn.hidden, s.ffn_hidden, s.activation,
-                                                                      s.bias);
+                                                                      s.bias, s.tp);
                                        }}}};
   return table;
 }

@@ -23,6 +23,7 @@ struct BlockSpec {
   int64_t ffn_hidden = 0;
   Activation activation = Activation::GeLU;  // of the dense MLP
   bool bias = true;                          // biases on the linears
+  TensorParallel tp;                         // the group the sublayers are split over (none by default)
 };
 
 // `name` is the sublayer's global prefix (e.g. "decoder.layers.3.self_attention"); rope may be null.

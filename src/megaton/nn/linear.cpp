@@ -1,6 +1,7 @@
 #include "megaton/nn/linear.h"
 
 #include "megaton/kernels/linear.h"
+#include "megaton/parallel/tensor_parallel_mappings.h"
 
 namespace megaton::nn {
 
@@ -14,36 +15,61 @@ Tensor as_dtype(const Tensor& t, DType dtype) {
   return t.dtype() == dtype ? t : t.to(dtype, MemCategory::Activations);
 }
 
+namespace {
+std::vector<std::vector<ShardPiece>> or_even(std::vector<std::vector<ShardPiece>> pieces, int64_t n,
+                                             const TensorParallel& tp, const std::string& what) {
+  return pieces.empty() ? even_pieces({n}, tp.size(), what) : std::move(pieces);
+}
+}  // namespace
+
 Linear::Linear(const std::string& name, int64_t in_features, int64_t out_features, bool has_bias,
-               LinearParallel parallel)
-    : weight(name + ".weight", {out_features, in_features}, true,
-             ShardSpec::tensor_parallel(parallel == LinearParallel::Column ? 0 : 1)),
-      in_(in_features),
-      out_(out_features) {
-  if (has_bias)
-    bias = Parameter(name + ".bias", {out_features}, false,
-                     parallel == LinearParallel::Column ? ShardSpec::tensor_parallel(0) : ShardSpec::replicate());
+               LinearParallel parallel, const TensorParallel& tp, std::vector<std::vector<ShardPiece>> out_pieces)
+    : parallel_(parallel), tp_(tp) {
+  const bool column = parallel == LinearParallel::Column;
+  auto pieces = column ? or_even(std::move(out_pieces), out_features, tp, name + " output features")
+                       : even_pieces({in_features}, tp.size(), name + " input features");
+  const int64_t local = local_extent(pieces.at(static_cast<size_t>(tp.rank())));
+  in_ = column ? in_features : local;
+  out_ = column ? local : out_features;
+  const ShardSpec spec = split_spec(column ? 0 : 1, column ? out_features : in_features, tp, pieces);
+  weight = Parameter(name + ".weight", {out_, in_}, true, spec);
+  if (has_bias) bias = Parameter(name + ".bias", {out_}, false, column ? spec : ShardSpec::replicate());
 }
 
 Tensor Linear::forward(LinearCtx& ctx, const Tensor& x) {
   if (x.size(-1) != in_)
     fail("linear '", weight.name, "': input '", x.name(), "' has ", x.size(-1), " features, expected ", in_);
-  const int64_t N = rows_of(x);
+  const bool column = parallel_ == LinearParallel::Column;
+  const Tensor xin = column && tp_.splits_sequence() ? parallel::gather_rows(*tp_.group, x, weight.name + ".x") : x;
+  const int64_t N = rows_of(xin);
   Tensor y = new_activation({N, out_}, weight.name + ".out", x.dtype());
-  kernels::linear_forward(kernels::ExecContext::on(x), y, x, weight.weight_in(x.dtype()), bias.value);
-  ctx.x = x;
+  // A row-parallel bias is added once to the sum: by rank 0's partial output.
+  const Tensor& b = !column && tp_.rank() != 0 ? Tensor() : bias.value;
+  kernels::linear_forward(kernels::ExecContext::on(xin), y, xin, weight.weight_in(x.dtype()), b);
+  ctx.x = xin;
+  if (column || !tp_.active()) return y;
+  if (tp_.sequence_parallel) return parallel::reduce_scatter_rows(*tp_.group, y, weight.name + ".out");
+  parallel::reduce_from_region(*tp_.group, y);
   return y;
 }
 
 Tensor Linear::backward_input(LinearCtx& ctx, const Tensor& dy) {
-  const int64_t N = rows_of(dy);
+  const bool column = parallel_ == LinearParallel::Column;
+  const Tensor dyin =
+      !column && tp_.splits_sequence() ? parallel::gather_rows(*tp_.group, dy, weight.name + ".dy") : dy;
+  const int64_t N = rows_of(dyin);
   Tensor dx = new_activation({N, in_}, weight.name + ".dx", dy.dtype());
-  kernels::linear_backward_input(kernels::ExecContext::on(dy), dx, dy, weight.weight_in(dy.dtype()));
-  ctx.dy = dy;
+  kernels::linear_backward_input(kernels::ExecContext::on(dyin), dx, dyin, weight.weight_in(dy.dtype()));
+  ctx.dy = dyin;
+  if (!column || !tp_.active()) return dx;
+  if (tp_.sequence_parallel) return parallel::reduce_scatter_rows(*tp_.group, dx, weight.name + ".dx");
+  parallel::reduce_from_region(*tp_.group, dx);
   return dx;
 }
 
 void Linear::backward_weight(LinearCtx& ctx) {
+  // A row-parallel bias's gradient is the sum over every row of the whole output gradient (ctx.dy,
+  // gathered under sequence parallelism): the same on every rank, nothing to reduce.
   kernels::linear_backward_weight(kernels::ExecContext::on(ctx.dy), weight.grad, bias.grad, ctx.dy, ctx.x);
   // Reverse order of registration (the gradient buffer's order): bias, then weight.
   if (bias.grad.defined()) bias.grad_accumulated();

@@ -1,26 +1,36 @@
 // Linear layer y = x W^T + b with the backward split into input (B) and weight (W) halves:
 // backward_input keeps dy in the context so backward_weight can run later (Zero Bubble).
+// Over a tensor-parallel group it is Megatron's ColumnParallelLinear or RowParallelLinear.
 #pragma once
-#include "megaton/nn/parameter.h"
+#include "megaton/nn/tensor_parallel.h"
 
 namespace megaton::nn {
 
 struct LinearCtx {
-  Tensor x;   // input, saved by forward
-  Tensor dy;  // output gradient, saved by backward_input for backward_weight
+  Tensor x;   // input as the GEMM read it (gathered over the sequence-parallel group), saved by forward
+  Tensor dy;  // output gradient as the GEMM read it, saved by backward_input for backward_weight
 };
 
-// Megatron's split of a linear over the tensor-parallel group: Column splits the output features
-// (weight and bias along dim 0), Row the input features (weight along dim 1, bias replicated).
+// Megatron's split of a linear over the tensor-parallel group. Column splits the output features
+// (weight and bias along dim 0): the input enters the tensor-parallel region (forward identity,
+// or with sequence parallelism the all-gather of the rows; backward the all-reduce of the input
+// gradient, or its reduce-scatter), the output stays split. Row splits the input features (weight
+// along dim 1, bias replicated): the input is already split, the partial outputs are summed over
+// the group (all-reduce, or with sequence parallelism reduce-scatter of the rows) and the bias
+// added once (by rank 0's GEMM), the output gradient is the whole one (all-gathered rows).
 enum class LinearParallel { Column, Row };
 
 class Linear {
  public:
-  Linear(const std::string& name, int64_t in_features, int64_t out_features, bool bias, LinearParallel parallel);
+  // in_features / out_features are global. A column-parallel linear's output rows are split as
+  // `out_pieces` (per rank; default: evenly), a row-parallel one's input features evenly.
+  Linear(const std::string& name, int64_t in_features, int64_t out_features, bool bias, LinearParallel parallel,
+         const TensorParallel& tp = {}, std::vector<std::vector<ShardPiece>> out_pieces = {});
   Tensor forward(LinearCtx& ctx, const Tensor& x);           // x [N, in] -> [N, out]
   Tensor backward_input(LinearCtx& ctx, const Tensor& dy);   // -> dx [N, in]
   void backward_weight(LinearCtx& ctx);                      // dW += dy^T x, db += sum dy; frees ctx
   void parameters(ParameterList& out);
+  // This rank's features (the global ones without tensor parallelism).
   int64_t in_features() const { return in_; }
   int64_t out_features() const { return out_; }
 
@@ -28,7 +38,9 @@ class Linear {
   Parameter bias;    // [out], undefined when the layer has no bias
 
  private:
-  int64_t in_, out_;
+  int64_t in_, out_;  // local
+  LinearParallel parallel_;
+  TensorParallel tp_;
 };
 
 // Rows of an activation tensor viewed as a matrix [N, last_dim].

@@ -4,16 +4,21 @@
 
 namespace megaton::nn {
 
-Mlp::Mlp(const std::string& name, int64_t hidden, int64_t ffn_hidden, Activation activation, bool bias)
-    : fc1(name + ".linear_fc1", hidden, activation == Activation::SwiGLU ? 2 * ffn_hidden : ffn_hidden, bias, LinearParallel::Column),
-      fc2(name + ".linear_fc2", ffn_hidden, hidden, bias, LinearParallel::Row),
-      ffn_(ffn_hidden),
+Mlp::Mlp(const std::string& name, int64_t hidden, int64_t ffn_hidden, Activation activation, bool bias,
+         const TensorParallel& tp)
+    : fc1(name + ".linear_fc1", hidden, activation == Activation::SwiGLU ? 2 * ffn_hidden : ffn_hidden, bias,
+          LinearParallel::Column, tp,
+          even_pieces(activation == Activation::SwiGLU ? std::vector<int64_t>{ffn_hidden, ffn_hidden}
+                                                       : std::vector<int64_t>{ffn_hidden},
+                      tp.size(), "ffn_hidden_size")),
+      fc2(name + ".linear_fc2", ffn_hidden, hidden, bias, LinearParallel::Row, tp),
+      ffn_(fc2.in_features()),
       swiglu_(activation == Activation::SwiGLU) {}
 
 Tensor Mlp::forward(SublayerCtx& c, const Tensor& x, int64_t, int64_t) {
   auto& ctx = ctx_as<MlpCtx>(c);
   ctx.h = fc1.forward(ctx.fc1_ctx, x);
-  const int64_t N = rows_of(x);
+  const int64_t N = rows_of(ctx.h);  // every row of the micro-batch under sequence parallelism
   Tensor a = new_activation({N, ffn_}, fc1.weight.name + ".act", ctx.h.dtype());
   if (swiglu_)
     kernels::swiglu_forward(kernels::ExecContext::on(x), a, ctx.h);

@@ -1,6 +1,8 @@
 // Feed-forward block, the "dense" MLP kind of block_spec.h: linear_fc1 -> GeLU or SwiGLU ->
 // linear_fc2. For SwiGLU, fc1 produces [gate | up] (2 x ffn_hidden outputs) in one GEMM, as
-// Megatron's gated linear units do.
+// Megatron's gated linear units do. Over a tensor-parallel group fc1 is column-parallel (with
+// SwiGLU each rank holds its share of gate and of up, so its activation is local) and fc2
+// row-parallel.
 #pragma once
 #include "megaton/nn/layer_kinds.h"
 #include "megaton/nn/linear.h"
@@ -16,7 +18,8 @@ struct MlpCtx : SublayerCtx {
 
 class Mlp final : public MlpLayer {
  public:
-  Mlp(const std::string& name, int64_t hidden, int64_t ffn_hidden, Activation activation, bool bias);
+  Mlp(const std::string& name, int64_t hidden, int64_t ffn_hidden, Activation activation, bool bias,
+      const TensorParallel& tp = {});
   std::unique_ptr<SublayerCtx> new_ctx() const override { return std::make_unique<MlpCtx>(); }
   // Rows are independent tokens: B and T are not used.
   Tensor forward(SublayerCtx& ctx, const Tensor& x, int64_t B, int64_t T) override;
@@ -29,7 +32,7 @@ class Mlp final : public MlpLayer {
   Linear fc2;
 
  private:
-  int64_t ffn_;
+  int64_t ffn_;  // this rank's share of ffn_hidden
   bool swiglu_;
 };
 

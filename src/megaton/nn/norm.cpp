@@ -5,9 +5,12 @@
 
 namespace megaton::nn {
 
-Norm::Norm(const std::string& name, int64_t hidden, Normalization kind, double eps)
-    : weight(name + ".weight", {hidden}, false), hidden_(hidden), rms_(kind == Normalization::RMSNorm), eps_(eps) {
-  if (!rms_) bias = Parameter(name + ".bias", {hidden}, false);
+Norm::Norm(const std::string& name, int64_t hidden, Normalization kind, double eps, bool partial_grad)
+    : weight(name + ".weight", {hidden}, false, ShardSpec::replicate(partial_grad)),
+      hidden_(hidden),
+      rms_(kind == Normalization::RMSNorm),
+      eps_(eps) {
+  if (!rms_) bias = Parameter(name + ".bias", {hidden}, false, ShardSpec::replicate(partial_grad));
 }
 
 Tensor Norm::forward(NormCtx& ctx, const Tensor& x) {

@@ -14,7 +14,9 @@ struct NormCtx {
 
 class Norm {
  public:
-  Norm(const std::string& name, int64_t hidden, Normalization kind, double eps);
+  // partial_grad: the norm sees only this rank's rows (sequence parallelism), so its weight
+  // gradients are parts, summed over the tensor-parallel group after backward.
+  Norm(const std::string& name, int64_t hidden, Normalization kind, double eps, bool partial_grad = false);
   Tensor forward(NormCtx& ctx, const Tensor& x);
   Tensor backward_input(NormCtx& ctx, const Tensor& dy);
   void backward_weight(NormCtx& ctx);

@@ -2,10 +2,14 @@
 
 #include <algorithm>
 
+#include <limits>
+
+#include "megaton/kernels/copy.h"
 #include "megaton/kernels/cross_entropy.h"
 #include "megaton/kernels/linear.h"
 #include "megaton/kernels/reduce.h"
 #include "megaton/nn/linear.h"
+#include "megaton/parallel/tensor_parallel_mappings.h"
 
 namespace megaton::nn {
 
@@ -15,18 +19,39 @@ namespace {
 constexpr int64_t kChunkRows = 256;
 }  // namespace
 
-OutputHead::OutputHead(int64_t hidden, int64_t vocab, Parameter* tied) : hidden_(hidden), vocab_(vocab), tied_(tied) {
-  if (tied)
+OutputHead::OutputHead(int64_t hidden, int64_t vocab, int64_t padded_vocab, Parameter* tied, const TensorParallel& tp)
+    : hidden_(hidden), vocab_(vocab), tp_(tp), tied_(tied) {
+  auto pieces = even_pieces({padded_vocab}, tp.size(), "padded vocabulary");
+  const ShardPiece mine = pieces.at(static_cast<size_t>(tp.rank())).front();
+  local_vocab_ = mine.length;
+  vocab_start_ = mine.start;
+  if (tied) {
+    MEGATON_CHECK(tied->value.shape() == Shape({local_vocab_, hidden}), "output head tied to '", tied->name, "' ",
+                  shape_str(tied->value.shape()), ", expected ", shape_str({local_vocab_, hidden}));
     ++tied->uses;  // the embedding's gradient is final only after both the head and the embedding added theirs
-  else
-    own_ = Parameter("output_layer.weight", {vocab, hidden}, true, ShardSpec::tensor_parallel(0));
+  } else {
+    own_ = Parameter("output_layer.weight", {local_vocab_, hidden}, true, split_spec(0, vocab, tp, std::move(pieces)));
+  }
+}
+
+void OutputHead::mask_padding(const Tensor& logits) const {
+  const int64_t from = std::clamp<int64_t>(vocab_ - vocab_start_, 0, local_vocab_);
+  if (from == local_vocab_) return;
+  MEGATON_CHECK(logits.device().is_cpu() && logits.dtype() == DType::F32, "padded vocabulary logits '", logits.name(),
+                "' must be f32 host tensors");
+  float* l = logits.data<float>();
+  const int64_t rows = rows_of(logits);
+  for (int64_t r = 0; r < rows; ++r)
+    std::fill(l + r * local_vocab_ + from, l + (r + 1) * local_vocab_, -std::numeric_limits<float>::infinity());
 }
 
 int64_t count_targets(const Tensor& targets) {
   return kernels::count_not_equal(kernels::ExecContext::on(targets), targets, kernels::kIgnoreIndex);
 }
 
-LossSum OutputHead::run(const Tensor& x, const Tensor& targets, float grad_scale, Tensor* dx, HeadCtx* deferred) {
+LossSum OutputHead::run(const Tensor& x_in, const Tensor& targets, float grad_scale, Tensor* dx, HeadCtx* deferred) {
+  // Sequence parallelism: the loss needs every row (the targets are the whole micro-batch's).
+  const Tensor x = tp_.splits_sequence() ? parallel::gather_rows(*tp_.group, x_in, "output_layer.x") : x_in;
   const int64_t N = rows_of(x);
   const auto on = kernels::ExecContext::on(x);
   if (targets.numel() != N) fail("loss: ", targets.numel(), " targets for ", N, " rows of '", x.name(), "'");
@@ -43,11 +68,13 @@ LossSum OutputHead::run(const Tensor& x, const Tensor& targets, float grad_scale
   // bf16 x, Megatron's upcast of the logits): on an f32 copy of a low-precision chunk, whose f32
   // dlogits are converted back.
   const bool low = dt != DType::F32;
-  const Tensor gemm_buf = Tensor::empty({deferred ? N : chunk, vocab_}, dt,
+  const int64_t V = local_vocab_;
+  const Tensor gemm_buf = Tensor::empty({deferred ? N : chunk, V}, dt,
                                         deferred ? MemCategory::Activations : MemCategory::Workspace,
                                         deferred ? "output_layer.dlogits" : "output_layer.logits");
   const Tensor f32_buf =
-      low ? Tensor::empty({chunk, vocab_}, DType::F32, MemCategory::Workspace, "output_layer.logits_f32") : Tensor();
+      low ? Tensor::empty({chunk, V}, DType::F32, MemCategory::Workspace, "output_layer.logits_f32") : Tensor();
+  const Tensor dxg = dx ? new_activation({N, hidden_}, "output_layer.dx", dt) : Tensor();  // every row's
   const auto per_row = [&](const char* name) { return Tensor::empty({chunk}, DType::F32, MemCategory::Workspace, name); };
   const Tensor losses = per_row("output_layer.losses"), lse = per_row("output_layer.lse");
   const Tensor row_max = per_row("output_layer.row_max"), sum_exp = per_row("output_layer.sum_exp");
@@ -63,23 +90,36 @@ LossSum OutputHead::run(const Tensor& x, const Tensor& targets, float grad_scale
     const auto rows = [n](const Tensor& t) { return t.slice_rows(0, n); };
     kernels::linear_forward(on, g, xr, w, Tensor());
     if (low) lgt.copy_from(g);
-    // With the vocabulary split over tensor-parallel ranks, an all-reduce (MAX) of row_max goes
-    // here and one (SUM) of sum_exp and target_logit after the next kernel.
+    mask_padding(lgt);
+    // With the vocabulary split over tensor-parallel ranks: the row max and the sums over the group.
     kernels::cross_entropy_row_max(on, rows(row_max), lgt);
-    kernels::cross_entropy_sum_exp(on, rows(sum_exp), rows(target_logit), lgt, rows(row_max), tg, 0);
+    if (tp_.active()) parallel::reduce_from_region(*tp_.group, rows(row_max), parallel::ReduceOp::Max);
+    kernels::cross_entropy_sum_exp(on, rows(sum_exp), rows(target_logit), lgt, rows(row_max), tg, vocab_start_);
+    if (tp_.active()) {
+      parallel::reduce_from_region(*tp_.group, rows(sum_exp));
+      parallel::reduce_from_region(*tp_.group, rows(target_logit));
+    }
     kernels::cross_entropy_loss(on, rows(losses), rows(lse), rows(row_max), rows(sum_exp), rows(target_logit), tg);
     total.sum += kernels::sum(on, rows(losses));
     total.count += count_targets(tg);
     if (!dx) continue;
-    kernels::cross_entropy_backward(on, lgt, lgt, rows(lse), tg, 0, grad_scale);
+    kernels::cross_entropy_backward(on, lgt, lgt, rows(lse), tg, vocab_start_, grad_scale);
     if (low) g.copy_from(lgt);
-    kernels::linear_backward_input(on, dx->view({N, hidden_}).slice_rows(r0, r0 + n), g, w);
+    kernels::linear_backward_input(on, dxg.slice_rows(r0, r0 + n), g, w);
     if (!deferred) kernels::linear_backward_weight(on, weight().grad, Tensor(), g, xr);
   }
   if (deferred)
     *deferred = {x2, gemm_buf};
   else if (dx)
     weight().grad_accumulated();
+  if (!dx) return total;
+  // The input gradient leaves the tensor-parallel region: summed over the ranks' vocabulary parts.
+  if (!tp_.active())
+    *dx = dxg;
+  else if (tp_.sequence_parallel)
+    *dx = parallel::reduce_scatter_rows(*tp_.group, dxg, "output_layer.dx");
+  else
+    parallel::reduce_from_region(*tp_.group, *dx = dxg);
   return total;
 }
 
@@ -101,15 +141,20 @@ LossSum OutputHead::loss(const Tensor& x, const Tensor& targets) { return run(x,
 
 LossSum OutputHead::loss_and_grad(const Tensor& x, const Tensor& targets, float grad_scale, Tensor& dx,
                                   HeadCtx* deferred) {
-  dx = new_activation(x.shape(), "output_layer.dx", x.dtype());
   return run(x, targets, grad_scale, &dx, deferred);
 }
 
 Tensor OutputHead::logits(const Tensor& x) {
+  if (tp_.active()) fail("output head: logits for generation need the unsharded head (gather the tensor-parallel shards)");
   const int64_t N = rows_of(x);
-  Tensor out = new_activation({N, vocab_}, "output_layer.logits", x.dtype());
-  kernels::linear_forward(kernels::ExecContext::on(x), out, x, weight().weight_in(x.dtype()), Tensor());
-  return as_dtype(out, DType::F32);  // sampling reads f32 logits
+  const auto on = kernels::ExecContext::on(x);
+  Tensor out = new_activation({N, local_vocab_}, "output_layer.logits", x.dtype());
+  kernels::linear_forward(on, out, x, weight().weight_in(x.dtype()), Tensor());
+  out = as_dtype(out, DType::F32);  // sampling reads f32 logits
+  if (local_vocab_ == vocab_) return out;
+  Tensor real = new_activation({N, vocab_}, "output_layer.logits");  // without the padding columns
+  kernels::copy_rows(on, {real.view({1, N, vocab_}), 0, 0}, {out.view({1, N, local_vocab_}), 0, 0}, N, vocab_);
+  return real;
 }
 
 void OutputHead::parameters(ParameterList& out) {

@@ -1,5 +1,6 @@
 #include "megaton/nn/param_and_grad_buffer.h"
 
+#include <algorithm>
 #include <set>
 
 namespace megaton::nn {
@@ -102,6 +103,16 @@ void ParamAndGradBuffer::end_step() {
       fail("gradient of '", params_[i]->name, "' is missing ", reports_left_[i], " of its ",
            params_[i]->uses * microbatches_, " accumulations at the end of the step (", params_[i]->uses,
            " per micro-batch), so bucket ", bucket_of_[i], " never became ready");
+}
+
+std::vector<ElementRange> intersect(const std::vector<ElementRange>& a, const std::vector<ElementRange>& b) {
+  std::vector<ElementRange> out;
+  for (size_t i = 0, j = 0; i < a.size() && j < b.size();) {
+    const int64_t lo = std::max(a[i].offset, b[j].offset), hi = std::min(a[i].end(), b[j].end());
+    if (lo < hi) out.push_back({lo, hi - lo});
+    (a[i].end() < b[j].end() ? i : j)++;
+  }
+  return out;
 }
 
 }  // namespace megaton::nn

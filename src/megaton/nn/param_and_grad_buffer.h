@@ -33,6 +33,8 @@ struct ElementRange {
   int64_t end() const { return offset + numel; }
   bool operator==(const ElementRange&) const = default;
 };
+// The elements in both lists (each sorted by offset, without overlaps), sorted.
+std::vector<ElementRange> intersect(const std::vector<ElementRange>& a, const std::vector<ElementRange>& b);
 
 struct GradBucket {
   int64_t offset = 0;              // first element in the flat buffers

@@ -12,22 +12,46 @@
 
 namespace megaton::nn {
 
-// Which process group a parameter is split over. Only Tensor (tensor-model-parallel) exists in
-// the model code today; every group has size 1 until distributed training lands.
+// Which process group a parameter is split over: Tensor (tensor-model-parallel) or none.
 enum class ParallelGroup : uint8_t { None, Tensor };
 
-// How a parameter's global tensor is cut into the per-rank shards: along partition_dim over
-// `group`, or replicated (partition_dim -1). Megatron's ColumnParallelLinear splits its weight
-// and bias along dim 0 (output features), RowParallelLinear its weight along dim 1 (input
-// features) with a replicated bias; the vocab-parallel embedding and head along dim 0. Optimizers,
-// checkpoints and the planner read this instead of knowing each model.
+// A run of indices [start, start + length) of a parameter's global tensor along its partition dim.
+struct ShardPiece {
+  int64_t start = 0, length = 0;
+  bool operator==(const ShardPiece&) const = default;
+};
+
+// How a parameter's global (layout-free) tensor is cut into the per-rank shards, as Megatron's
+// ColumnParallelLinear (weight and bias along dim 0, output features), RowParallelLinear (weight
+// along dim 1, input features; bias replicated), the vocab-parallel embedding and head (dim 0):
+// rank r's local tensor is pieces[r] taken along partition_dim and concatenated in order. Most
+// splits give each rank one piece; SwiGLU's fused [gate | up] gives two (its share of each), and
+// GQA with fewer kv heads than ranks gives several ranks the same k / v piece (replicated kv
+// heads). Indices at or past global_size are padding (the vocabulary padded to a multiple of
+// make_vocab_size_divisible_by x tp): never part of the global tensor, zero when sliced in.
+// Replicated parameters (partition_dim -1) are whole on every rank; partial_grad marks those whose
+// gradient each rank computes from its own rows only (norms under sequence parallelism): summed
+// over the group after backward. Optimizers, checkpoints and the planner read this instead of
+// knowing each model.
 struct ShardSpec {
   int partition_dim = -1;
   ParallelGroup group = ParallelGroup::None;
+  int64_t global_size = 0;                      // the global tensor's extent along partition_dim
+  int rank = 0;                                 // this process's rank in `group`
+  std::vector<std::vector<ShardPiece>> pieces;  // per rank of the group
+  bool partial_grad = false;
 
   bool replicated() const { return partition_dim < 0; }
-  static ShardSpec replicate() { return {}; }
-  static ShardSpec tensor_parallel(int dim) { return {dim, ParallelGroup::Tensor}; }
+  const std::vector<ShardPiece>& mine() const { return pieces.at(static_cast<size_t>(rank)); }
+  static ShardSpec replicate(bool partial_grad = false) {
+    ShardSpec s;
+    s.partial_grad = partial_grad;
+    return s;
+  }
+  // Split along `dim` of a global extent `global_size` into the given pieces per rank.
+  static ShardSpec tensor_parallel(int dim, int64_t global_size, int rank, std::vector<std::vector<ShardPiece>> pieces) {
+    return {dim, ParallelGroup::Tensor, global_size, rank, std::move(pieces), false};
+  }
 };
 
 struct Parameter {

@@ -6,9 +6,9 @@ namespace megaton::nn {
 
 TransformerBlock::TransformerBlock(const std::string& name, const BlockSpec& s, const RopeTables* rope)
     : spec(s),
-      input_norm(name + ".input_layernorm", s.attn.hidden, s.norm, s.norm_eps),
+      input_norm(name + ".input_layernorm", s.attn.hidden, s.norm, s.norm_eps, s.tp.splits_sequence()),
       attention(make_attention(name + ".self_attention", s, rope)),
-      pre_mlp_norm(name + ".pre_mlp_layernorm", s.attn.hidden, s.norm, s.norm_eps),
+      pre_mlp_norm(name + ".pre_mlp_layernorm", s.attn.hidden, s.norm, s.norm_eps, s.tp.splits_sequence()),
       mlp(make_mlp(name + ".mlp", s)),
       name_(name) {}
 

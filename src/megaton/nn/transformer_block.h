@@ -1,5 +1,7 @@
 // Pre-norm decoder block: x + attention(norm1(x)), then + mlp(norm2(.)), with the attention and
-// MLP kinds and the norm named by a BlockSpec (block_spec.h).
+// MLP kinds and the norm named by a BlockSpec (block_spec.h). Under sequence parallelism the block's
+// input and output, the norms and the residual sums hold this rank's rows of the micro-batch; the
+// sublayers gather and scatter them around their parallel linears.
 #pragma once
 #include "megaton/nn/block_spec.h"
 #include "megaton/nn/mlp.h"

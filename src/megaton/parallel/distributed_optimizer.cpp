@@ -1,10 +1,8 @@
 #include "megaton/parallel/distributed_optimizer.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 
-#include "megaton/optim/grad_clip.h"
 #include "megaton/parallel/local_communicator.h"
 
 namespace megaton::parallel {
@@ -34,13 +32,6 @@ WorkHandle DistributedOptimizer::reduce_scatter_grads(size_t bucket) {
   const std::string name = "grad_bucket_" + std::to_string(bucket);
   return dp_.reduce_scatter_async(buffer_.grads().window(mine.offset, {mine.numel}, name + "_shard"),
                                   buffer_.grads().window(b.offset, {b.numel}, name), ReduceOp::Sum);
-}
-
-double DistributedOptimizer::grad_norm() const {
-  std::vector<Tensor> shards;
-  for (const nn::ElementRange& r : owned()) shards.push_back(buffer_.grads().window(r.offset, {r.numel}, "grad_shard"));
-  const double local = optim::sum_of_squares(shards);
-  return std::sqrt(dp_.size() == 1 ? local : dp_.all_reduce_scalar(local, ReduceOp::Sum));
 }
 
 void DistributedOptimizer::step(double lr, double grad_scale) {

@@ -6,8 +6,8 @@
 // of 16 x dp elements and cut into dp equal contiguous shards); rank r owns shard r of every bucket.
 // A step: each bucket's gradient is reduce-scattered (summed) over the group as soon as backward
 // has finished it, so rank r holds the summed gradient of its shards (the rest of its gradient
-// buffer keeps its own, unreduced values and is not read); the grad norm is the square root of the
-// ranks' sums of squares of their shards added over the group (each element counted once); the
+// buffer keeps its own, unreduced values and is not read); the grad norm (train/training_step) is
+// the square root of the ranks' sums of squares of their shards added over the group; the
 // clipped AdamW update runs over the owned elements only, bitwise the update the whole-buffer AdamW
 // makes there; then every bucket's weights are all-gathered in place, so every rank has the full
 // updated weights for the next forward.
@@ -31,9 +31,6 @@ class DistributedOptimizer final : public optim::Optimizer {
   // Starts summing bucket `bucket`'s gradient over the group into this rank's shard of it. Every
   // rank issues the buckets in the same order. With a group of one, nothing to do.
   WorkHandle reduce_scatter_grads(size_t bucket);
-  // The global L2 norm of the reduced gradients (collective: the same value on every rank; NaN or
-  // inf on every rank when any rank's shard holds one).
-  double grad_norm() const;
 
   // The sharded AdamW update, then every bucket's weights all-gathered in place (collective).
   void step(double lr, double grad_scale = 1.0) override;

@@ -53,7 +53,7 @@ void CheckpointManager::start(MetricsLog& metrics, const models::TransformerMode
   // machine short of memory for them fails now rather than at the first save. Every rank has them:
   // every rank captures (a distributed optimizer's state is gathered by all of its ranks).
   if (cfg_.save_interval > 0 || cfg_.exit_interval > 0)
-    save_buffers_ = std::make_unique<StateSnapshot>(model.config(), optimizer);
+    save_buffers_ = std::make_unique<StateSnapshot>(model, optimizer);
   if (!writes_) return;
   for (const std::string& path : ckpt::remove_torn_checkpoints(checkpoints_dir())) {
     std::printf("removed %s (a checkpoint whose writing was interrupted)\n", path.c_str());
@@ -134,7 +134,7 @@ void CheckpointManager::keep_rewind_point(const models::TransformerModel& model,
   if (rewind_point_ &&
       (progress.step % cfg_.snapshot_interval != 0 || rewind_point_->progress().step == progress.step))
     return;
-  if (!rewind_point_) rewind_point_ = std::make_unique<StateSnapshot>(model.config(), optimizer);
+  if (!rewind_point_) rewind_point_ = std::make_unique<StateSnapshot>(model, optimizer);
   rewind_point_->capture(model, optimizer, progress, cfg_);
 }
 

@@ -55,7 +55,7 @@ void RunLog::step(int64_t step, const TrainingStep::Result& r, double lr, int64_
                         {"step_time_s", r.seconds},
                         {"consumed_samples", consumed_samples},
                         {"time", unix_time()}};
-  if (cfg_.data_parallel_size > 1) rec["comm_wait_s"] = r.comm_wait_seconds;
+  if (cfg_.data_parallel_size > 1 || cfg_.tensor_model_parallel_size > 1) rec["comm_wait_s"] = r.comm_wait_seconds;
   if (rates_.size() == 1) {
     // After this process's first step every category has reached its steady-state peak: the
     // per-rank memory by category (Megatron's memory report), in MB.

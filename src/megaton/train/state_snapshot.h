@@ -3,7 +3,10 @@
 // is written from on the writer thread while training moves on, so a step pays only for copies.
 // The optimizer part is the optimizer's full, layout-free state (optim::Optimizer): with the
 // distributed optimizer, capturing gathers every rank's shard (every rank of the group must
-// capture together) and restoring copies each rank's owned elements back.
+// capture together) and restoring copies each rank's owned elements back. Weights and moments are
+// held as the global tensors whatever the tensor-parallel layout (gathered from the shards on
+// capture, sliced on restore; collective over the tensor-parallel group), so a checkpoint written
+// at one tp loads at another.
 #pragma once
 #include <nlohmann/json.hpp>
 #include <string>
@@ -18,7 +21,8 @@ namespace megaton::train {
 
 class StateSnapshot {
  public:
-  StateSnapshot(const models::TransformerConfig& config, const optim::Optimizer& optimizer);
+  // model: the live model (its config and tensor-parallel layout); it must outlive the snapshot.
+  StateSnapshot(const models::TransformerModel& model, const optim::Optimizer& optimizer);
 
   void capture(const models::TransformerModel& model, const optim::Optimizer& optimizer, const TrainProgress& progress,
                const TrainConfig& cfg);
@@ -31,8 +35,13 @@ class StateSnapshot {
   void write_optimizer_and_state(const std::string& dir) const;  // optimizer.safetensors + state.json
 
  private:
-  models::TransformerModel model_;  // holds the weights (its gradient buffers are released)
-  std::vector<std::pair<std::string, Tensor>> moments_;  // the optimizer's full state, Optimizer::state_specs()
+  models::TransformerModel model_;  // holds the weights, whole (its gradient buffers are released)
+  std::vector<std::pair<std::string, Tensor>> moments_;  // the optimizer's full state, global shapes
+  // The same in the live model's local shapes (the very tensors of moments_ where a parameter is
+  // whole), and the parameter each belongs to.
+  std::vector<std::pair<std::string, Tensor>> local_moments_;
+  std::vector<const nn::Parameter*> moment_params_;
+  nn::TensorParallel tp_;
   int64_t optimizer_steps_ = 0;
   TrainProgress progress_;
   nlohmann::json state_;  // state.json as of the capture

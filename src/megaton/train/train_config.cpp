@@ -80,6 +80,7 @@ const std::vector<Field>& fields() {
       model_field("model.kv_channels", &MC::kv_channels),
       model_field("model.ffn_hidden_size", &MC::ffn_hidden_size),
       model_field("model.vocab_size", &MC::vocab_size),
+      model_field("model.make_vocab_size_divisible_by", &MC::make_vocab_size_divisible_by),
       model_field("model.max_position_embeddings", &MC::max_position_embeddings),
       model_field("model.attention_type", &MC::attention_type),
       model_field("model.mlp_type", &MC::mlp_type),
@@ -292,13 +293,18 @@ void validate(const TrainConfig& c) {
                                   {"parallel.context_parallel_size", c.context_parallel_size},
                                   {"parallel.expert_model_parallel_size", c.expert_model_parallel_size}}) {
     check(size >= 1 && size <= 1'000'000, key, "must be in [1, 1000000], got " + std::to_string(size));
-    // Distributed training lands in slices (issue 9): data parallelism first.
-    check(size == 1, key, std::to_string(size) + " is not supported yet (data parallelism only, for now)");
+    // Distributed training lands in slices (issue 9): data and tensor parallelism so far.
+    if (std::string_view(key) != "parallel.tensor_model_parallel_size")
+      check(size == 1, key, std::to_string(size) + " is not supported yet (data and tensor parallelism only, for now)");
   }
   check(c.data_parallel_size >= 0 && c.data_parallel_size <= 1'000'000, "parallel.data_parallel_size",
         "must be in [0, 1000000] (0: derived from the world size)");
   check(!c.sequence_parallel || c.tensor_model_parallel_size > 1, "parallel.sequence_parallel",
         "needs parallel.tensor_model_parallel_size > 1");
+  // Megatron's condition: the sequence splits evenly over the tensor-parallel ranks.
+  check(!c.sequence_parallel || c.seq_length % c.tensor_model_parallel_size == 0, "parallel.sequence_parallel",
+        "needs training.seq_length " + std::to_string(c.seq_length) + " divisible by tensor_model_parallel_size " +
+            std::to_string(c.tensor_model_parallel_size));
   check(!c.overlap_param_gather || c.use_distributed_optimizer, "parallel.overlap_param_gather",
         "needs parallel.use_distributed_optimizer");
   check(!c.overlap_param_gather, "parallel.overlap_param_gather",

@@ -11,6 +11,7 @@
 #include "megaton/infer/generate.h"
 #include "megaton/kernels/sgemm_ceiling.h"
 #include "megaton/models/hf_format.h"
+#include "megaton/models/tensor_parallel_weights.h"
 #include "megaton/train/evaluate.h"
 
 namespace megaton::train {
@@ -46,10 +47,17 @@ Trainer::Trainer(TrainConfig config, RunOptions options)
            "training.seq_length ", cfg_.seq_length, " (the positions the model was trained on)");
   }
   data_ = build_training_data(cfg_);
+  // This rank's shard of the model over its tensor-parallel group (the whole model at tp 1).
+  const nn::TensorParallel tp{&groups_->tp(), cfg_.sequence_parallel};
   if (!cfg_.load.empty()) {
     model_ = models::load_hf_model(cfg_.load);
+    if (tp.active()) {
+      auto split = std::make_unique<models::TransformerModel>(model_->config(), 1, tp);
+      models::copy_weights(*model_, *split);
+      model_ = std::move(split);
+    }
   } else {
-    model_ = std::make_unique<models::TransformerModel>(cfg_.model);
+    model_ = std::make_unique<models::TransformerModel>(cfg_.model, 1, tp);
     model_->init_weights(static_cast<uint64_t>(cfg_.seed));
   }
   if (cfg_.bf16) model_->set_compute_dtype(DType::BF16);
@@ -114,16 +122,23 @@ TrainSummary Trainer::run() {
   log_->open(resuming_);
   checkpoints_.start(log_->metrics(), *model_, *optimizer_);
   const auto& mc = model_->config();
+  const auto parallel_layout = [&] {
+    std::string s;
+    if (cfg_.tensor_model_parallel_size > 1)
+      s += " | tensor parallel " + std::to_string(cfg_.tensor_model_parallel_size) + " ranks" +
+           (cfg_.sequence_parallel ? " + sequence parallel" : "") + " (parameters per rank)";
+    if (cfg_.data_parallel_size > 1)
+      s += " | data parallel " + std::to_string(cfg_.data_parallel_size) + " ranks" +
+           (cfg_.use_distributed_optimizer ? ", distributed optimizer" : "");
+    return s;
+  };
   if (primary_)
     std::printf("model %s: %ld layers, hidden %ld, %ld heads (%ld kv), %.2fM parameters | %ld steps of %ld x %ld tokens"
                 " | %d threads | sgemm ceiling %.1f GFLOP/s%s\n",
                 mc.name.c_str(), mc.num_layers, mc.hidden_size, mc.num_attention_heads, mc.num_query_groups,
                 static_cast<double>(nn::count_parameters(model_->parameters())) / 1e6, cfg_.train_iters,
                 cfg_.global_batch_size, cfg_.seq_length, num_threads(), peak_gflops_,
-                cfg_.data_parallel_size > 1 ? (" | data parallel " + std::to_string(cfg_.data_parallel_size) + " ranks" +
-                                               (cfg_.use_distributed_optimizer ? ", distributed optimizer" : ""))
-                                                  .c_str()
-                                            : "");
+                parallel_layout().c_str());
   // From here on the allocator's peaks are the training's (not construction's transients): the
   // per-category figures RunLog reports after the first step.
   Allocator::host().reset_peaks();
@@ -175,8 +190,12 @@ TrainSummary Trainer::run() {
     summary.final_val_loss = validation_loss();
     log_->validation(cfg_.train_iters, summary.final_val_loss, true);
   }
+  // The export and the sample need the whole model: a split one is gathered (by every rank).
+  std::unique_ptr<models::TransformerModel> whole;
+  if (model_->tensor_parallel().active()) whole = models::gather_whole_model(*model_);
+  models::TransformerModel& final_model = whole ? *whole : *model_;
   if (!primary_) return summary;
-  models::save_hf_model(*model_, (fs::path(cfg_.run_dir) / "final").string());
+  models::save_hf_model(final_model, (fs::path(cfg_.run_dir) / "final").string());
   std::printf("model saved to %s\n", (fs::path(cfg_.run_dir) / "final").c_str());
   if (cfg_.sample_tokens > 0) {
     auto tok = data::make_tokenizer(cfg_.tokenizer);
@@ -190,7 +209,7 @@ TrainSummary Trainer::run() {
     // Positions beyond the training length were never trained (learned position embeddings stay
     // at their init), so the sample stops at seq_length tokens.
     opts.max_new_tokens = std::min<int64_t>(opts.max_new_tokens, cfg_.seq_length - static_cast<int64_t>(prompt.size()));
-    auto out = infer::generate(*model_, prompt, opts);
+    auto out = infer::generate(final_model, prompt, opts);
     summary.sample = cfg_.sample_prompt + tok->decode(out);
     std::printf("sample:\n%s\n", summary.sample.c_str());
   }

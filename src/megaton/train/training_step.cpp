@@ -1,10 +1,13 @@
 #include "megaton/train/training_step.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <limits>
 
+#include "megaton/nn/tensor_shards.h"
 #include "megaton/optim/grad_clip.h"
+#include "megaton/parallel/tensor_parallel_mappings.h"
 #include "megaton/pipeline/executor.h"
 #include "megaton/train/training_stage.h"
 
@@ -32,6 +35,18 @@ TrainingStep::TrainingStep(models::TransformerModel& model, const TrainConfig& c
   }
   pipeline::validate(schedule_);
   if (dp_.size() > 1 && cfg.overlap_grad_reduce) buffer_->on_bucket_ready([this](size_t b) { reduce_bucket(b); });
+  // Without tensor parallelism the norm reads the whole buffer (or the owned shards), as plain and
+  // distributed AdamW always have; with it, each global element once.
+  const nn::TensorParallel& tp = model_.tensor_parallel();
+  std::vector<nn::ElementRange> counted;
+  for (nn::Parameter* p : model_.parameters()) {
+    if (nn::has_shared_grads(*p)) shared_grads_.push_back(p);
+    for (const auto& [offset, n] : nn::counted_elements(*p, tp)) counted.push_back({buffer_->offset_of(*p) + offset, n});
+  }
+  std::sort(counted.begin(), counted.end(), [](const auto& a, const auto& b) { return a.offset < b.offset; });
+  const std::vector<nn::ElementRange> all = {{0, buffer_->grads().numel()}};
+  const std::vector<nn::ElementRange>& mine = distributed_ ? distributed_->owned() : all;
+  norm_ranges_ = tp.active() ? nn::intersect(counted, mine) : mine;
 }
 
 void TrainingStep::reduce_bucket(size_t bucket) {
@@ -50,16 +65,30 @@ void TrainingStep::wait_reductions() {
 }
 
 double TrainingStep::finish_reductions() {
-  if (dp_.size() == 1) return 0;
   const auto t0 = std::chrono::steady_clock::now();
-  if (!cfg_.overlap_grad_reduce)
+  if (dp_.size() > 1 && !cfg_.overlap_grad_reduce)
     for (size_t b = 0; b < buffer_->buckets().size(); ++b) reduce_bucket(b);
   wait_reductions();
+  // Sums commute: adding the tensor-parallel parts after the data-parallel sum gives the same
+  // gradient (with the distributed optimizer, on the shard this rank owns: its tensor-parallel
+  // peers own the same elements of their identical buffers).
+  for (nn::Parameter* p : shared_grads_) nn::sum_shared_grads(*p, model_.tensor_parallel());
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double TrainingStep::grad_norm() const {
+  std::vector<Tensor> parts;
+  for (const nn::ElementRange& r : norm_ranges_) parts.push_back(buffer_->grads().window(r.offset, {r.numel}, "grad_norm"));
+  double sum = optim::sum_of_squares(parts);
+  if (distributed_ && dp_.size() > 1) sum = dp_.all_reduce_scalar(sum);  // each rank holds its shards' sums
+  const nn::TensorParallel& tp = model_.tensor_parallel();
+  if (tp.active()) sum = tp.group->all_reduce_scalar(sum);
+  return std::sqrt(sum);
 }
 
 TrainingStep::Result TrainingStep::forward_backward(int64_t step, int64_t first_sample) {
   const auto t0 = std::chrono::steady_clock::now();
+  const double tp_wait0 = parallel::tensor_parallel_wait_seconds();
   const int64_t mbs = cfg_.micro_batch_size;
   model_.refresh_compute_weights();  // the main weights changed since: optimizer step, resume, rewind
   buffer_->begin_step(schedule_.microbatches);
@@ -85,20 +114,19 @@ TrainingStep::Result TrainingStep::forward_backward(int64_t step, int64_t first_
     throw;
   }
   buffer_->end_step();
-  const double comm_wait = finish_reductions();
+  // Blocked on communication: the tensor-parallel collectives inside forward and backward, then the
+  // gradient reductions.
+  const double comm_wait = parallel::tensor_parallel_wait_seconds() - tp_wait0 + finish_reductions();
   double loss = stage.mean_loss();
   if (dp_.size() > 1) loss = dp_.all_reduce_scalar(loss) / static_cast<double>(dp_.size());
   if (hook_) hook_(step, buffer_->grads(), loss);
-  double grad_norm = 0;
-  if (distributed_) {
-    grad_norm = distributed_->grad_norm();  // already the group's: non-finite on every rank if on one
-  } else {
-    grad_norm = optim::global_norm({buffer_->grads()});
-    // The reduced gradients are the same on every rank, unless something (a fault) touched one
-    // rank's after the reduction: one rank's non-finite norm is everyone's.
-    if (dp_.size() > 1 && dp_.all_reduce_scalar(std::isfinite(grad_norm) ? 0.0 : 1.0, parallel::ReduceOp::Max) > 0)
-      grad_norm = std::numeric_limits<double>::quiet_NaN();
-  }
+  double grad_norm = this->grad_norm();  // the tensor-parallel group's: non-finite on every member if on one
+  // Without the distributed optimizer the reduced gradients are the same on every data-parallel
+  // rank, unless something (a fault) touched one rank's after the reduction: one rank's non-finite
+  // norm is everyone's. (The distributed optimizer's norm is already summed over the group.)
+  if (!distributed_ && dp_.size() > 1 &&
+      dp_.all_reduce_scalar(std::isfinite(grad_norm) ? 0.0 : 1.0, parallel::ReduceOp::Max) > 0)
+    grad_norm = std::numeric_limits<double>::quiet_NaN();
   return {loss, grad_norm, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), comm_wait};
 }
 

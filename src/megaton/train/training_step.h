@@ -11,6 +11,12 @@
 // the group and a non-finite gradient on any rank makes the norm non-finite on all of them, so
 // every rank takes the same decisions (skip, rewind).
 //
+// Tensor parallelism lives in the model (its modules run their own collectives); the step adds what
+// Megatron's finalize_model_grads does after the data-parallel reduction: the gradients several
+// tensor-parallel ranks compute parts of (norms under sequence parallelism, replicated k / v heads)
+// are summed over the tensor-parallel group, and the grad norm adds every rank's elements once
+// (replicated parameters counted on one rank, vocabulary padding on none).
+//
 // The step owns the optimizer: plain AdamW over the whole buffer, or with
 // parallel.use_distributed_optimizer the distributed optimizer (parallel/distributed_optimizer.h):
 // the buffer is then sharded over the data-parallel group, each bucket is reduce-scattered instead
@@ -35,7 +41,7 @@ class TrainingStep {
  public:
   struct Result {
     double loss, grad_norm, seconds;
-    double comm_wait_seconds = 0;  // blocked on gradient reductions (not overlapped with compute)
+    double comm_wait_seconds = 0;  // blocked on tensor-parallel collectives and gradient reductions
   };
   // Called after backward with the step number, the flat gradients and the step's loss, before the
   // grad norm is taken: where fault injection corrupts a step.
@@ -71,6 +77,8 @@ class TrainingStep {
   std::unique_ptr<optim::Optimizer> optimizer_;             // over buffer_
   parallel::DistributedOptimizer* distributed_ = nullptr;  // optimizer_, when it is the distributed one
   std::vector<parallel::WorkHandle> reductions_;  // this step's bucket reductions in flight
+  nn::ParameterList shared_grads_;               // parameters with gradients summed over tensor parallelism
+  std::vector<nn::ElementRange> norm_ranges_;    // the gradient elements this rank adds to the norm
   pipeline::Schedule schedule_;  // no pipelining: F, B, W per micro-batch
   std::unique_ptr<data::DataLoader> loader_;
   int64_t loader_position_ = -1;
@@ -78,8 +86,11 @@ class TrainingStep {
 
   void reduce_bucket(size_t bucket);  // all-reduce, or the distributed optimizer's reduce-scatter
   void wait_reductions();  // waits for the reductions in flight and forgets them
-  // Waits for every bucket's reduction (issuing them first without overlap); returns the seconds blocked.
+  // Waits for every bucket's reduction (issuing them first without overlap), then sums the shared
+  // tensor-parallel gradients; returns the seconds blocked.
   double finish_reductions();
+  // The global L2 norm of the reduced gradients: the same on every rank.
+  double grad_norm() const;
 };
 
 }  // namespace megaton::train
