@@ -67,8 +67,8 @@ TEST_P(LinearQuantizerTest, ThreeGemmsMatchFp32) {
   for (int step = 0; step < 2; ++step) {
     const LinearQuantizer::Input in = q.input(x);
     Tensor y = Tensor::empty({M, N}, DType::F32), dx = Tensor::empty({M, K}, DType::F32), dw = Tensor::empty({N, K}, DType::F32);
-    kernels::fp8_gemm(cpu, y, in.fprop, q.weight(w));
-    kernels::fp8_gemm(cpu, dx, q.grad_output(dy), q.weight_transposed(w));
+    kernels::fp8_gemm(cpu, y, in.fprop, q.weight(w, step));
+    kernels::fp8_gemm(cpu, dx, q.grad_output(dy), q.weight_transposed(w, step));
     kernels::fp8_gemm(cpu, dw, q.grad_output_transposed(dy), in.wgrad);
     const double e4m3 = 0.0625, grads = config.hybrid ? 0.125 : e4m3;
     // Delayed scaling's first step runs at scale 1 (no history yet): the 1e-3 gradients fall into
@@ -80,16 +80,16 @@ TEST_P(LinearQuantizerTest, ThreeGemmsMatchFp32) {
     }
     q.next_step();
   }
-  // The weight's layouts are made once per step: a changed weight is seen after next_step() only.
+  // The weight's layouts are made once per weight version: a changed weight is seen with a new one.
   Tensor w2 = w.clone(MemCategory::Other);
   for (int64_t i = 0; i < w2.numel(); ++i) w2.data<float>()[i] *= 0.5f;
   const float first = w.data<float>()[0];
-  q.weight(w);
-  q.weight_transposed(w);
-  EXPECT_NEAR(kernels::fp8_dequantize(q.weight(w2)).data<float>()[0], first, std::fabs(first) * 0.07);
-  EXPECT_NEAR(kernels::fp8_dequantize(q.weight_transposed(w2)).data<float>()[0], first, std::fabs(first) * 0.07);
-  q.next_step();
-  EXPECT_NEAR(kernels::fp8_dequantize(q.weight(w2)).data<float>()[0], first / 2, std::fabs(first) * 0.035);
+  q.weight(w, 10);
+  q.weight_transposed(w, 10);
+  EXPECT_NEAR(kernels::fp8_dequantize(q.weight(w2, 10)).data<float>()[0], first, std::fabs(first) * 0.07);
+  EXPECT_NEAR(kernels::fp8_dequantize(q.weight_transposed(w2, 10)).data<float>()[0], first, std::fabs(first) * 0.07);
+  EXPECT_NEAR(kernels::fp8_dequantize(q.weight(w2, 11)).data<float>()[0], first / 2, std::fabs(first) * 0.035);
+  EXPECT_NEAR(kernels::fp8_dequantize(q.weight_transposed(w2, 11)).data<float>()[0], first / 2, std::fabs(first) * 0.035);
   EXPECT_EQ(q.grad_output(dy).format(), config.gradient_format());
   EXPECT_EQ(q.grad_output_transposed(dy).format(), config.gradient_format());
   EXPECT_EQ(q.input(x).wgrad.format(), config.forward_format());

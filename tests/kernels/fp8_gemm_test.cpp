@@ -121,6 +121,11 @@ TEST(Fp8Gemm, Bf16OutputAndAccumulation) {
     EXPECT_FLOAT_EQ(twice.data<float>()[i], 2 * v);
   }
   EXPECT_THROW(fp8_gemm(ExecContext::on(bf16), bf16, a, b, /*accumulate=*/true), std::exception);
+  // A bias row is added to every row in fp32.
+  Tensor bias = Tensor::empty({16}, DType::F32), biased = Tensor::empty({8, 16}, DType::F32);
+  for (int64_t n = 0; n < 16; ++n) bias.data<float>()[n] = 0.5f * static_cast<float>(n) - 3.0f;
+  fp8_gemm(ExecContext::on(biased), biased, a, b, false, bias);
+  for (int64_t i = 0; i < f32.numel(); ++i) EXPECT_FLOAT_EQ(biased.data<float>()[i], f32.data<float>()[i] + bias.data<float>()[i % 16]);
 }
 
 TEST(Fp8Gemm, RefusesMismatchedOperands) {

@@ -48,6 +48,7 @@ class ScaleMlp final : public nn::MlpLayer {
   }
   void parameters(nn::ParameterList& out) override { out.push_back(&scale); }
   void gemm_weights(nn::ParameterList&) override {}
+  void linears(std::vector<nn::Linear*>&) override {}
 
   nn::Parameter scale;
 

@@ -40,19 +40,23 @@ LinearQuantizer::Input LinearQuantizer::input(const Tensor& x) {
   return in;
 }
 
-const kernels::Fp8Matrix& LinearQuantizer::weight(const Tensor& w) {
-  if (!weight_cache_) weight_cache_ = quantize(weight_, w, false, weight_.name, MemCategory::Params);
-  return *weight_cache_;
+const kernels::Fp8Matrix& LinearQuantizer::weight(const Tensor& w, uint64_t version) {
+  if (!weight_cache_ || weight_cache_->version != version) {
+    weight_cache_.reset();  // free the old copy before making the new one
+    weight_cache_ = Cached{version, quantize(weight_, w, false, weight_.name, MemCategory::Params)};
+  }
+  return weight_cache_->matrix;
 }
 
-const kernels::Fp8Matrix& LinearQuantizer::weight_transposed(const Tensor& w) {
-  if (!weight_t_cache_) {
+const kernels::Fp8Matrix& LinearQuantizer::weight_transposed(const Tensor& w, uint64_t version) {
+  if (!weight_t_cache_ || weight_t_cache_->version != version) {
+    weight_t_cache_.reset();
     // 128x128 blocks and per-tensor scales transpose exactly; MX tiles are re-cut from the weight.
     const bool exact = weight_.granularity != kernels::Fp8Granularity::Mx1x32;
-    weight_t_cache_ = exact ? kernels::fp8_transpose(weight(w), weight_.name + "_t")
-                            : quantize(weight_, w, true, weight_.name + "_t", MemCategory::Params);
+    weight_t_cache_ = Cached{version, exact ? kernels::fp8_transpose(weight(w, version), weight_.name + "_t")
+                                            : quantize(weight_, w, true, weight_.name + "_t", MemCategory::Params)};
   }
-  return *weight_t_cache_;
+  return weight_t_cache_->matrix;
 }
 
 kernels::Fp8Matrix LinearQuantizer::grad_output(const Tensor& dy) {
@@ -66,8 +70,6 @@ kernels::Fp8Matrix LinearQuantizer::grad_output_transposed(const Tensor& dy) {
 void LinearQuantizer::next_step() {
   for (Role* r : {&input_, &weight_, &grad_})
     if (r->delayed) r->delayed->update();
-  weight_cache_.reset();
-  weight_t_cache_.reset();
 }
 
 std::vector<DelayedScaling*> LinearQuantizer::delayed_states() {

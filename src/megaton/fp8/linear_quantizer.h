@@ -5,9 +5,10 @@
 //   wgrad  dW[N, K] = dy^T [N, M]   . x^T [K, M]^T    dy^T along M, x^T along M
 // Per-tensor recipes transpose the 8-bit codes exactly; the tiled recipes quantise the transposed
 // source (DeepSeek-V3's re-tiling), so the forward keeps both layouts of x, 8-bit, for the backward.
-// The weight's two layouts are made once per step and reused by every micro-batch until
-// next_step(). Under delayed scaling every quantisation records its amax into its tensor's history
-// and uses the scale of earlier steps; next_step() rolls the histories.
+// The weight's two layouts are made once per weight version (nn::Parameter::version, bumped when the
+// main weight may have changed) and reused by every micro-batch in between. Under delayed scaling
+// every quantisation records its amax into its tensor's history and uses the scale of earlier
+// steps; next_step() rolls the histories once per training step.
 #pragma once
 #include <optional>
 #include <string>
@@ -26,13 +27,13 @@ class LinearQuantizer {
     kernels::Fp8Matrix wgrad;  // x^T along M, what backward-W reads (8-bit, saved in the context)
   };
   Input input(const Tensor& x);
-  const kernels::Fp8Matrix& weight(const Tensor& w);             // fprop operand, cached for the step
-  const kernels::Fp8Matrix& weight_transposed(const Tensor& w);  // dgrad operand, cached for the step
+  const kernels::Fp8Matrix& weight(const Tensor& w, uint64_t version);             // fprop operand
+  const kernels::Fp8Matrix& weight_transposed(const Tensor& w, uint64_t version);  // dgrad operand
   kernels::Fp8Matrix grad_output(const Tensor& dy);              // dgrad operand
   kernels::Fp8Matrix grad_output_transposed(const Tensor& dy);   // wgrad operand
 
-  // After the optimizer step: delayed scales updated from the (already group-reduced) histories,
-  // the weight's cached layouts dropped.
+  // Once per training step, before its first forward: delayed scales updated from the (already
+  // group-reduced) histories, which then roll.
   void next_step();
   // The delayed-scaling states (input, weight, grad_output), empty for the other recipes: the
   // trainer reduces their newest amax over the parallel groups and checkpoints them.
@@ -49,7 +50,11 @@ class LinearQuantizer {
 
   Fp8Config config_;
   Role input_, weight_, grad_;
-  std::optional<kernels::Fp8Matrix> weight_cache_, weight_t_cache_;
+  struct Cached {
+    uint64_t version;
+    kernels::Fp8Matrix matrix;
+  };
+  std::optional<Cached> weight_cache_, weight_t_cache_;
 };
 
 }  // namespace megaton::fp8

@@ -34,7 +34,8 @@ int64_t group_width(const Fp8Matrix& a, const Fp8Matrix& b, int64_t K) {
 
 }  // namespace
 
-void fp8_gemm(const ExecContext& ctx, const Tensor& out, const Fp8Matrix& a, const Fp8Matrix& b, bool accumulate) {
+void fp8_gemm(const ExecContext& ctx, const Tensor& out, const Fp8Matrix& a, const Fp8Matrix& b, bool accumulate,
+              const Tensor& bias) {
   expect_on_device(ctx, "fp8_gemm", {&out, &a.data, &b.data, &a.scale_inv, &b.scale_inv});
   MEGATON_CHECK(ctx.device.is_cpu(), "fp8_gemm has no ", ctx.device.str(), " backend yet");
   MEGATON_CHECK(a.data.dim() == 2 && b.data.dim() == 2 && a.data.size(1) == b.data.size(1),
@@ -47,6 +48,12 @@ void fp8_gemm(const ExecContext& ctx, const Tensor& out, const Fp8Matrix& a, con
   const bool mx = a.granularity == Fp8Granularity::Mx1x32;
   MEGATON_CHECK(mx == (b.granularity == Fp8Granularity::Mx1x32), "fp8_gemm: MXFP8 operands pair with MXFP8 only, got ",
                 granularity_name(a.granularity), " x ", granularity_name(b.granularity));
+  if (bias.defined()) {
+    expect_on_device(ctx, "fp8_gemm", {&bias});
+    expect_matrix("fp8_gemm", bias, 1, N);
+    MEGATON_CHECK(bias.dtype() == DType::F32 || bias.dtype() == DType::BF16, "fp8_gemm: bias '", bias.name(), "' is ",
+                  dtype_name(bias.dtype()), ", expected f32 or bf16");
+  }
   if (M == 0 || N == 0) return;
 
   const DType panel_dtype = cpu::gemm_library(DType::BF16) == cpu::GemmLibrary::OneDnn ? DType::BF16 : DType::F32;
@@ -77,6 +84,14 @@ void fp8_gemm(const ExecContext& ctx, const Tensor& out, const Fp8Matrix& a, con
 #pragma omp parallel for schedule(static)
     for (int64_t m = 0; m < M; ++m)
       for (int64_t n = 0; n < N; ++n) C[m * N + n] += P[m * N + n] * sa[static_cast<size_t>(m)] * sb[static_cast<size_t>(n)];
+  }
+  if (bias.defined()) {
+    std::vector<float> row(static_cast<size_t>(N));
+    for (int64_t n = 0; n < N; ++n)
+      row[static_cast<size_t>(n)] = bias.dtype() == DType::F32 ? bias.data<float>()[n] : cpu::load(bias.data<BFloat16>()[n]);
+#pragma omp parallel for schedule(static)
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n) C[m * N + n] += row[static_cast<size_t>(n)];
   }
   if (out.dtype() == DType::BF16) {
     auto* dst = out.data<BFloat16>();

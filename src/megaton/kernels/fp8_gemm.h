@@ -19,7 +19,9 @@
 
 namespace megaton::kernels {
 
-// out: f32 or bf16 [M, N]; accumulate adds to an f32 out instead of overwriting it.
-void fp8_gemm(const ExecContext& ctx, const Tensor& out, const Fp8Matrix& a, const Fp8Matrix& b, bool accumulate = false);
+// out: f32 or bf16 [M, N]; accumulate adds to an f32 out instead of overwriting it; bias (f32 or
+// out's dtype, [N], optional) is added to every row in fp32 before the result is rounded.
+void fp8_gemm(const ExecContext& ctx, const Tensor& out, const Fp8Matrix& a, const Fp8Matrix& b, bool accumulate = false,
+              const Tensor& bias = {});
 
 }  // namespace megaton::kernels

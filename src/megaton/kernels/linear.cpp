@@ -90,4 +90,19 @@ void linear_backward_weight(const ExecContext& ctx, const Tensor& dw, const Tens
   });
 }
 
+void bias_backward(const ExecContext& ctx, const Tensor& dbias, const Tensor& dout) {
+  constexpr std::string_view op = "bias_backward";
+  expect_on_device(ctx, op, {&dbias, &dout});
+  MEGATON_CHECK(ctx.device.is_cpu(), "kernel ", op, " has no ", ctx.device.str(), " backend yet");
+  MEGATON_CHECK(dbias.dim() == 1 && dout.dim() >= 1 && dout.size(-1) == dbias.size(0), "kernel ", op, ": bias gradient '",
+                dbias.name(), "' ", shape_str(dbias.shape()), " does not match output gradient '", dout.name(), "' ",
+                shape_str(dout.shape()));
+  const int64_t C = dbias.size(0), N = C == 0 ? 0 : dout.numel() / C;
+  dispatch_cpu_io(dout.dtype(), op, [&]<typename T>(T) {
+    using G = std::conditional_t<std::is_same_v<T, BFloat16>, float, T>;
+    expect_dtype(dtype_of<G>(), op, {&dbias});
+    cpu::bias_backward(dbias.data<G>(), dout.data<T>(), N, C);
+  });
+}
+
 }  // namespace megaton::kernels

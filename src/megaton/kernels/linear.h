@@ -17,4 +17,8 @@ void linear_backward_input(const ExecContext& ctx, const Tensor& dx, const Tenso
 void linear_backward_weight(const ExecContext& ctx, const Tensor& dw, const Tensor& dbias, const Tensor& dout,
                             const Tensor& x);
 
+// dbias[out] += sum over rows of dout (f32 dbias for bf16 dout): the bias half of
+// linear_backward_weight, for GEMMs that run elsewhere (FP8).
+void bias_backward(const ExecContext& ctx, const Tensor& dbias, const Tensor& dout);
+
 }  // namespace megaton::kernels

@@ -108,6 +108,21 @@ void TransformerModel::set_compute_dtype(DType dtype) {
   }
 }
 
+void TransformerModel::enable_fp8(const fp8::Fp8Config& config) {
+  std::vector<nn::Linear*> linears;
+  for (auto& l : layers_) l->linears(linears);
+  for (nn::Linear* l : linears) l->enable_fp8(config);
+}
+
+std::vector<fp8::LinearQuantizer*> TransformerModel::fp8_quantizers() {
+  std::vector<nn::Linear*> linears;
+  for (auto& l : layers_) l->linears(linears);
+  std::vector<fp8::LinearQuantizer*> out;
+  for (nn::Linear* l : linears)
+    if (l->fp8()) out.push_back(l->fp8());
+  return out;
+}
+
 LossResult TransformerModel::forward(ModelCtx& ctx, const Tensor& tokens, const Tensor& targets, bool compute_grad,
                                      float loss_scale, bool defer_head_weight_grad) {
   const int64_t B = tokens.size(0), T = tokens.size(1);

@@ -48,6 +48,12 @@ class TransformerModel {
   // Re-rounds the compute copies from the main weights. Call after the weights change (init, a
   // load, an optimizer step) and before the next forward; nothing to do in f32.
   void refresh_compute_weights() { nn::refresh_compute_copies(params_); }
+  // FP8 GEMMs (fp8/recipe.h) in every transformer layer's linears; the embedding and the output
+  // head stay in the compute dtype.
+  void enable_fp8(const fp8::Fp8Config& config);
+  // The layers' FP8 quantizers (empty without FP8): a training step rolls their delayed-scaling
+  // histories once per step, after reducing the newest amaxes over the parallel groups.
+  std::vector<fp8::LinearQuantizer*> fp8_quantizers();
 
   // tokens, targets: [B, T] i32 (targets may hold kernels::kIgnoreIndex). With
   // compute_grad, the loss head also produces the gradient of loss_scale * mean loss at the

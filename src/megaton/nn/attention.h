@@ -61,6 +61,7 @@ class SelfAttention final : public AttentionLayer {
   KVCache new_cache(int64_t B, int64_t max_len) const override;
   void parameters(ParameterList& out) override;
   void gemm_weights(ParameterList& out) override;
+  void linears(std::vector<Linear*>& out) override { out.insert(out.end(), {&qkv, &proj}); }
 
   Linear qkv;
   Linear proj;

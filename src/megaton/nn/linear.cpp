@@ -1,5 +1,6 @@
 #include "megaton/nn/linear.h"
 
+#include "megaton/kernels/fp8_gemm.h"
 #include "megaton/kernels/linear.h"
 #include "megaton/parallel/tensor_parallel_mappings.h"
 
@@ -45,8 +46,15 @@ Tensor Linear::forward(LinearCtx& ctx, const Tensor& x) {
   Tensor y = new_activation({N, out_}, weight.name + ".out", x.dtype());
   // A row-parallel bias is added once to the sum: by rank 0's partial output.
   const Tensor& b = !column && tp_.rank() != 0 ? Tensor() : bias.value;
-  kernels::linear_forward(kernels::ExecContext::on(xin), y, xin, weight.weight_in(x.dtype()), b);
-  ctx.x = xin;
+  const auto exec = kernels::ExecContext::on(xin);
+  if (fp8_) {
+    fp8::LinearQuantizer::Input in = fp8_->input(xin.view({N, in_}));
+    kernels::fp8_gemm(exec, y, in.fprop, fp8_->weight(weight.value, weight.version), false, b);
+    ctx.x_fp8 = std::move(in.wgrad);  // backward-W reads the 8-bit x^T; the input itself is not kept
+  } else {
+    kernels::linear_forward(exec, y, xin, weight.weight_in(x.dtype()), b);
+    ctx.x = xin;
+  }
   if (column || !tp_.active()) return y;
   if (tp_.sequence_parallel) return parallel::reduce_scatter_rows(*tp_.group, y, weight.name + ".out");
   parallel::reduce_from_region(*tp_.group, y);
@@ -59,7 +67,11 @@ Tensor Linear::backward_input(LinearCtx& ctx, const Tensor& dy) {
       !column && tp_.splits_sequence() ? parallel::gather_rows(*tp_.group, dy, weight.name + ".dy") : dy;
   const int64_t N = rows_of(dyin);
   Tensor dx = new_activation({N, in_}, weight.name + ".dx", dy.dtype());
-  kernels::linear_backward_input(kernels::ExecContext::on(dyin), dx, dyin, weight.weight_in(dy.dtype()));
+  const auto exec = kernels::ExecContext::on(dyin);
+  if (fp8_)
+    kernels::fp8_gemm(exec, dx, fp8_->grad_output(dyin.view({N, out_})), fp8_->weight_transposed(weight.value, weight.version));
+  else
+    kernels::linear_backward_input(exec, dx, dyin, weight.weight_in(dy.dtype()));
   ctx.dy = dyin;
   if (!column || !tp_.active()) return dx;
   if (tp_.sequence_parallel) return parallel::reduce_scatter_rows(*tp_.group, dx, weight.name + ".dx");
@@ -70,12 +82,21 @@ Tensor Linear::backward_input(LinearCtx& ctx, const Tensor& dy) {
 void Linear::backward_weight(LinearCtx& ctx) {
   // A row-parallel bias's gradient is the sum over every row of the whole output gradient (ctx.dy,
   // gathered under sequence parallelism): the same on every rank, nothing to reduce.
-  kernels::linear_backward_weight(kernels::ExecContext::on(ctx.dy), weight.grad, bias.grad, ctx.dy, ctx.x);
+  const auto exec = kernels::ExecContext::on(ctx.dy);
+  if (ctx.x_fp8) {
+    const int64_t N = rows_of(ctx.dy);
+    kernels::fp8_gemm(exec, weight.grad, fp8_->grad_output_transposed(ctx.dy.view({N, out_})), *ctx.x_fp8, /*accumulate=*/true);
+    if (bias.grad.defined()) kernels::bias_backward(exec, bias.grad, ctx.dy);
+  } else {
+    kernels::linear_backward_weight(exec, weight.grad, bias.grad, ctx.dy, ctx.x);
+  }
   // Reverse order of registration (the gradient buffer's order): bias, then weight.
   if (bias.grad.defined()) bias.grad_accumulated();
   weight.grad_accumulated();
   ctx = {};
 }
+
+void Linear::enable_fp8(const fp8::Fp8Config& config) { fp8_ = std::make_unique<fp8::LinearQuantizer>(weight.name, config); }
 
 void Linear::parameters(ParameterList& out) {
   out.push_back(&weight);

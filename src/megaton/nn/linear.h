@@ -2,6 +2,10 @@
 // backward_input keeps dy in the context so backward_weight can run later (Zero Bubble).
 // Over a tensor-parallel group it is Megatron's ColumnParallelLinear or RowParallelLinear.
 #pragma once
+#include <memory>
+#include <optional>
+
+#include "megaton/fp8/linear_quantizer.h"
 #include "megaton/nn/tensor_parallel.h"
 
 namespace megaton::nn {
@@ -9,6 +13,8 @@ namespace megaton::nn {
 struct LinearCtx {
   Tensor x;   // input as the GEMM read it (gathered over the sequence-parallel group), saved by forward
   Tensor dy;  // output gradient as the GEMM read it, saved by backward_input for backward_weight
+  // FP8: instead of x, its 8-bit copy in the weight-gradient GEMM's layout.
+  std::optional<kernels::Fp8Matrix> x_fp8;
 };
 
 // Megatron's split of a linear over the tensor-parallel group. Column splits the output features
@@ -30,6 +36,10 @@ class Linear {
   Tensor backward_input(LinearCtx& ctx, const Tensor& dy);   // -> dx [N, in]
   void backward_weight(LinearCtx& ctx);                      // dW += dy^T x, db += sum dy; frees ctx
   void parameters(ParameterList& out);
+  // Runs the three GEMMs in FP8 under `config` from now on (TransformerEngine's fp8_autocast for
+  // this layer); the bias, its gradient and the main weight and gradient stay in higher precision.
+  void enable_fp8(const fp8::Fp8Config& config);
+  fp8::LinearQuantizer* fp8() { return fp8_.get(); }
   // This rank's features (the global ones without tensor parallelism).
   int64_t in_features() const { return in_; }
   int64_t out_features() const { return out_; }
@@ -41,6 +51,7 @@ class Linear {
   int64_t in_, out_;  // local
   LinearParallel parallel_;
   TensorParallel tp_;
+  std::unique_ptr<fp8::LinearQuantizer> fp8_;
 };
 
 // Rows of an activation tensor viewed as a matrix [N, last_dim].

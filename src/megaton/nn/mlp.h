@@ -27,6 +27,7 @@ class Mlp final : public MlpLayer {
   void backward_weight(SublayerCtx& ctx) override;
   void parameters(ParameterList& out) override;
   void gemm_weights(ParameterList& out) override;
+  void linears(std::vector<Linear*>& out) override { out.insert(out.end(), {&fc1, &fc2}); }
 
   Linear fc1;
   Linear fc2;

@@ -15,8 +15,10 @@ void add_compute_copy(Parameter& p, DType dtype) {
 }
 
 void refresh_compute_copies(const ParameterList& params) {
-  for (Parameter* p : params)
+  for (Parameter* p : params) {
     if (p->compute.defined()) p->compute.copy_from(p->value);
+    ++p->version;
+  }
 }
 
 void zero_grads(const ParameterList& params) {

@@ -60,6 +60,9 @@ struct Parameter {
   Tensor grad;                // fp32 main grad, MemCategory::Grads, same shape, accumulated by backward-W
   Tensor compute;             // the weight in the compute dtype (bf16), or undefined: see refresh_compute_copies
   bool weight_decay = true;   // false for norms, biases and embeddings by default
+  // Bumped by refresh_compute_copies, i.e. whenever the main weight may have changed: copies derived
+  // from it outside `compute` (FP8 weights) compare it to know when to remake themselves.
+  uint64_t version = 0;
   ShardSpec shard;
   // Modules that accumulate into `grad` per micro-batch: 2 for a word embedding tied to the output
   // head. The gradient buffer waits for all of them before it calls this gradient final.
@@ -83,8 +86,8 @@ using ParameterList = std::vector<Parameter*>;
 void zero_grads(const ParameterList& params);
 // Gives p a compute copy in `dtype` (MemCategory::Params) holding its main weight rounded to dtype.
 void add_compute_copy(Parameter& p, DType dtype);
-// Re-rounds every compute copy from its main weight: after init, a load or an optimizer step, and
-// before the next forward.
+// Re-rounds every compute copy from its main weight and bumps every version: after init, a load or
+// an optimizer step, and before the next forward.
 void refresh_compute_copies(const ParameterList& params);
 int64_t count_parameters(const ParameterList& params);
 

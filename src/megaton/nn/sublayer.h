@@ -5,11 +5,14 @@
 #pragma once
 #include <memory>
 #include <typeinfo>
+#include <vector>
 
 #include "megaton/core/error.h"
 #include "megaton/nn/parameter.h"
 
 namespace megaton::nn {
+
+class Linear;
 
 // Base of every sublayer's per-micro-batch context (AttentionCtx, MlpCtx, ...).
 struct SublayerCtx {
@@ -40,6 +43,8 @@ class Sublayer {
   virtual void parameters(ParameterList& out) = 0;
   // The weights a GEMM reads (these get a compute copy under bf16 mixed precision).
   virtual void gemm_weights(ParameterList& out) = 0;
+  // The Linear layers whose GEMMs may run in FP8 (Linear::enable_fp8).
+  virtual void linears(std::vector<Linear*>& out) = 0;
 };
 
 // Keys and values of the tokens seen so far, for incremental decoding: [B, max_len, groups*head_dim].

@@ -66,6 +66,11 @@ void TransformerBlock::parameters(ParameterList& out) {
   mlp->parameters(out);
 }
 
+void TransformerBlock::linears(std::vector<Linear*>& out) {
+  attention->linears(out);
+  mlp->linears(out);
+}
+
 void TransformerBlock::gemm_weights(ParameterList& out) {
   attention->gemm_weights(out);
   mlp->gemm_weights(out);

@@ -25,6 +25,7 @@ class TransformerBlock {
   Tensor forward_cached(KVCache& cache, const Tensor& x, int64_t B, int64_t T);
   void parameters(ParameterList& out);
   void gemm_weights(ParameterList& out);
+  void linears(std::vector<Linear*>& out);
 
   // The sublayers as their concrete kind, for code that knows the layout of one kind (the HF
   // import/export of GPT-2 and Llama); throws naming the layer and its kind when it is another.

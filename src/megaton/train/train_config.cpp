@@ -120,6 +120,11 @@ const std::vector<Field>& fields() {
       field("parallel.overlap_param_gather", &TC::overlap_param_gather),
       field("parallel.bucket_size", &TC::bucket_size),
       field("precision.bf16", &TC::bf16),
+      field("precision.fp8", &TC::fp8),
+      field("precision.fp8_recipe", &TC::fp8_recipe),
+      field("precision.fp8_margin", &TC::fp8_margin),
+      field("precision.fp8_amax_history_len", &TC::fp8_amax_history_len),
+      field("precision.fp8_amax_compute_algo", &TC::fp8_amax_compute_algo),
       field("optimizer.lr", &TC::lr),
       field("optimizer.min_lr", &TC::min_lr),
       field("optimizer.lr_warmup_iters", &TC::lr_warmup_iters),
@@ -329,6 +334,28 @@ std::string expand_alias(const std::string& key) {
 
 }  // namespace
 
+std::optional<fp8::Fp8Config> fp8_config(const TrainConfig& c) {
+  if (c.fp8.empty()) return std::nullopt;
+  // The parsers name the accepted values; the key is added here.
+  const auto named = [](const std::string& key, auto&& parse) {
+    try {
+      return parse();
+    } catch (const Error& e) {
+      fail("config key '", key, "': ", e.what());
+    }
+  };
+  fp8::Fp8Config f;
+  f.hybrid = named("precision.fp8", [&] { return fp8::hybrid_from_format_name(c.fp8); });
+  f.recipe = named("precision.fp8_recipe", [&] { return fp8::recipe_from_name(c.fp8_recipe); });
+  f.delayed.algo = named("precision.fp8_amax_compute_algo", [&] { return fp8::amax_algo_from_name(c.fp8_amax_compute_algo); });
+  check(c.fp8_margin >= 0 && c.fp8_margin <= 64, "precision.fp8_margin", "must be in [0, 64], got " + std::to_string(c.fp8_margin));
+  check(c.fp8_amax_history_len >= 1 && c.fp8_amax_history_len <= 65536, "precision.fp8_amax_history_len",
+        "must be in [1, 65536], got " + std::to_string(c.fp8_amax_history_len));
+  f.delayed.margin = static_cast<int>(c.fp8_margin);
+  f.delayed.history_len = static_cast<int>(c.fp8_amax_history_len);
+  return f;
+}
+
 std::vector<std::string> train_config_keys() {
   std::vector<std::string> names;
   for (const Field& f : fields()) names.push_back(f.name);
@@ -379,6 +406,7 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   if (c.lr_decay_iters == 0) c.lr_decay_iters = c.train_iters;
   c.model.validate();
   validate(c);
+  fp8_config(c);  // an unknown recipe or format fails here, before any file is opened
   return c;
 }
 

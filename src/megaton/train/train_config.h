@@ -5,9 +5,11 @@
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "megaton/fp8/recipe.h"
 #include "megaton/models/transformer_config.h"
 
 namespace megaton::train {
@@ -56,6 +58,14 @@ struct TrainConfig {
   // [precision]: Megatron's --bf16: bf16 activations and GEMMs (fp32 accumulation), fp32 main
   // weights, gradients and optimizer state, norms and softmax statistics in fp32.
   bool bf16 = false;
+  // FP8 GEMMs in the transformer layers' linears (Megatron's --fp8-format / --fp8-recipe / ...,
+  // fp8/recipe.h): fp8 = "" (off), "e4m3" or "hybrid"; the embedding and output head stay in the
+  // compute dtype, as TransformerEngine and DeepSeek-V3 keep them.
+  std::string fp8;
+  std::string fp8_recipe = "delayed";
+  int64_t fp8_margin = 0;
+  int64_t fp8_amax_history_len = 1;
+  std::string fp8_amax_compute_algo = "most_recent";
   int64_t exit_interval = 0;  // stop (after saving a checkpoint) once step % exit_interval == 0; 0: never
 
   // [optimizer]
@@ -114,6 +124,8 @@ std::string to_toml(const TrainConfig& c);
 // divide exactly and match a data_parallel_size given in the config; the global batch must split
 // into whole micro-batches on every data-parallel rank. Errors name the keys and sizes.
 void resolve_parallel_layout(TrainConfig& c, int64_t world_size);
+// The FP8 recipe of [precision] (nullopt when fp8 is off); errors name the key.
+std::optional<fp8::Fp8Config> fp8_config(const TrainConfig& c);
 // All known "section.key" names (for help and suggestions).
 std::vector<std::string> train_config_keys();
 

@@ -86,11 +86,32 @@ double TrainingStep::grad_norm() const {
   return std::sqrt(sum);
 }
 
+void TrainingStep::begin_fp8_step() {
+  std::vector<fp8::DelayedScaling*> states;
+  for (fp8::LinearQuantizer* q : model_.fp8_quantizers())
+    for (fp8::DelayedScaling* s : q->delayed_states()) states.push_back(s);
+  if (states.empty()) return;
+  // Every rank must quantise with the same scales (TE reduces amaxes over the tensor- and
+  // data-parallel groups): max of the newest slots, NaN carried as inf (MPI's max of NaN is
+  // unspecified; either keeps the previous scale).
+  const int64_t n = static_cast<int64_t>(states.size());
+  Tensor amax = Tensor::empty({n}, DType::F32, MemCategory::Workspace, "fp8_amax");
+  for (int64_t i = 0; i < n; ++i) {
+    const float a = states[static_cast<size_t>(i)]->newest_amax();
+    amax.data<float>()[i] = std::isnan(a) ? std::numeric_limits<float>::infinity() : a;
+  }
+  if (dp_.size() > 1) dp_.all_reduce(amax, parallel::ReduceOp::Max);
+  if (const nn::TensorParallel& tp = model_.tensor_parallel(); tp.active()) tp.group->all_reduce(amax, parallel::ReduceOp::Max);
+  for (int64_t i = 0; i < n; ++i) states[static_cast<size_t>(i)]->set_newest_amax(amax.data<float>()[i]);
+  for (fp8::LinearQuantizer* q : model_.fp8_quantizers()) q->next_step();
+}
+
 TrainingStep::Result TrainingStep::forward_backward(int64_t step, int64_t first_sample) {
   const auto t0 = std::chrono::steady_clock::now();
   const double tp_wait0 = parallel::tensor_parallel_wait_seconds();
   const int64_t mbs = cfg_.micro_batch_size;
   model_.refresh_compute_weights();  // the main weights changed since: optimizer step, resume, rewind
+  begin_fp8_step();
   buffer_->begin_step(schedule_.microbatches);
   if (!loader_ || loader_position_ != first_sample) {
     loader_.reset();  // stop the old workers before the new loader starts its own

@@ -86,6 +86,9 @@ class TrainingStep {
 
   void reduce_bucket(size_t bucket);  // all-reduce, or the distributed optimizer's reduce-scatter
   void wait_reductions();  // waits for the reductions in flight and forgets them
+  // FP8 delayed scaling: the newest amaxes reduced (max) over the data- and tensor-parallel groups,
+  // then every layer's scales updated and histories rolled. Nothing without FP8.
+  void begin_fp8_step();
   // Waits for every bucket's reduction (issuing them first without overlap), then sums the shared
   // tensor-parallel gradients; returns the seconds blocked.
   double finish_reductions();

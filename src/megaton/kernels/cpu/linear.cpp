@@ -9,13 +9,12 @@
 #include "megaton/kernels/cpu/gemm.h"
 
 namespace megaton::kernels::cpu {
-namespace {
 
 // dbias[c] += sum_n dout[n, c]. Threads split the columns, and every column is summed over the rows
 // in order by one thread, so the result is bitwise independent of the thread count. Each thread
 // streams its slice of every row with the inner loop vectorised over columns, summing in G.
 template <typename T, typename G>
-void bias_grad(G* dbias, const T* dout, int64_t N, int64_t C) {
+void bias_backward(G* dbias, const T* dout, int64_t N, int64_t C) {
   constexpr int64_t kAlign = 16;  // column slices start on 64-byte boundaries for float
 #pragma omp parallel
   {
@@ -35,8 +34,6 @@ void bias_grad(G* dbias, const T* dout, int64_t N, int64_t C) {
   }
 }
 
-}  // namespace
-
 template <typename T, typename B>
 void linear_forward(T* out, const T* x, const T* w, const B* bias, int64_t N, int64_t in_f, int64_t out_f) {
   gemm({.M = N, .N = out_f, .K = in_f, .in = dtype_of<T>(), .a = {x, false}, .b = {w, true}, .c = out,
@@ -53,7 +50,7 @@ template <typename T, typename G>
 void linear_backward_weight(G* dw, G* dbias, const T* dout, const T* x, int64_t N, int64_t in_f, int64_t out_f) {
   gemm({.M = out_f, .N = in_f, .K = N, .in = dtype_of<T>(), .a = {dout, true}, .b = {x, false}, .c = dw,
         .c_dtype = dtype_of<G>(), .accumulate = true});
-  if (dbias) bias_grad(dbias, dout, N, out_f);
+  if (dbias) bias_backward(dbias, dout, N, out_f);
 }
 
 template void linear_forward<float, float>(float*, const float*, const float*, const float*, int64_t, int64_t,
@@ -73,5 +70,8 @@ template void linear_backward_weight<double, double>(double*, double*, const dou
                                                      int64_t);
 template void linear_backward_weight<BFloat16, float>(float*, float*, const BFloat16*, const BFloat16*, int64_t,
                                                       int64_t, int64_t);
+template void bias_backward<float, float>(float*, const float*, int64_t, int64_t);
+template void bias_backward<double, double>(double*, const double*, int64_t, int64_t);
+template void bias_backward<BFloat16, float>(float*, const BFloat16*, int64_t, int64_t);
 
 }  // namespace megaton::kernels::cpu

@@ -17,5 +17,8 @@ void linear_backward_input(T* dx, const T* dout, const T* w, int64_t N, int64_t 
 // for bf16 (Megatron's fp32 main_grad).
 template <typename T, typename G>
 void linear_backward_weight(G* dw, G* dbias, const T* dout, const T* x, int64_t N, int64_t in_f, int64_t out_f);
+// dbias[C] += sum_n dout[n, :] (bitwise independent of the thread count); G as above.
+template <typename T, typename G>
+void bias_backward(G* dbias, const T* dout, int64_t N, int64_t C);
 
 }  // namespace megaton::kernels::cpu
