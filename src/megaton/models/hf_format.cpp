@@ -2,12 +2,12 @@
 
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <optional>
 #include <set>
 
 #include "megaton/ckpt/safetensors.h"
 #include "megaton/core/atomic_file.h"
+#include "megaton/core/regular_file.h"
 
 namespace megaton::models {
 
@@ -285,11 +285,10 @@ void load_hf_tensors(TransformerModel& model, const std::map<std::string, Tensor
 
 TransformerConfig load_hf_config(const std::string& dir) {
   const std::string path = (fs::path(dir) / "config.json").string();
-  std::ifstream in(path);
-  if (!in) fail("cannot open model config '", path, "' (is '", dir, "' an HF model folder?)");
+  if (!fs::exists(path)) fail("cannot open model config '", path, "' (is '", dir, "' an HF model folder?)");
   json j;
   try {
-    j = json::parse(in);
+    j = json::parse(read_regular_file(path, "model config"));
   } catch (const json::exception& e) {
     fail(path, ": invalid JSON: ", e.what());
   }

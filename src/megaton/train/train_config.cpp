@@ -9,6 +9,7 @@
 #include <variant>
 
 #include "megaton/core/error.h"
+#include "megaton/core/regular_file.h"
 #include "megaton/data/data_loader.h"
 #include "megaton/models/hf_format.h"
 #include "megaton/optim/lr_schedule.h"
@@ -335,7 +336,7 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   toml::table doc;
   if (!path.empty()) {
     try {
-      doc = toml::parse_file(path);
+      doc = toml::parse(read_regular_file(path, "config file"), path);
     } catch (const toml::parse_error& e) {
       std::ostringstream os;
       os << path << ":" << e.source().begin.line << ": " << e.description();
