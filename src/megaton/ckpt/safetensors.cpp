@@ -181,7 +181,7 @@ std::map<std::string, Tensor> load_safetensors(const std::string& path, std::map
   nlohmann::json header;
   try {
     header = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // parse_error, or out_of_range for a number too large
     fail(path, ": corrupt safetensors header (invalid JSON): ", e.what());
   }
   if (!header.is_object()) fail(path, ": safetensors header is not a JSON object");

@@ -64,7 +64,7 @@ std::string json_text(std::string_view line, const std::string& key) {
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(line);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // parse_error, or out_of_range for a number too large
     fail("malformed JSON: ", e.what());
   }
   auto field = j.is_object() ? j.find(key) : j.end();

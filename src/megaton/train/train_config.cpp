@@ -169,10 +169,13 @@ size_t edit_distance(const std::string& a, const std::string& b) {
 }
 
 const Field& find_field(const std::string& name, const std::string& where) {
+  for (const Field& f : fields())
+    if (f.name == name) return f;
+  // Unknown: suggest the nearest (edit distances only now: computing them for every lookup made loading
+  // a whole config quadratic in the number of keys).
   const Field* best = nullptr;
   size_t best_d = SIZE_MAX;
   for (const Field& f : fields()) {
-    if (f.name == name) return f;
     // Compare with and without the section so "training.lr" suggests "optimizer.lr".
     const std::string key = f.name.substr(f.name.find('.') + 1);
     const std::string want = name.substr(name.find('.') + 1);
