@@ -48,17 +48,17 @@ TEST(FoundInputs, Gpt2VocabularyIdFarBeyondTheFileOrAnOverflowingNumber) {
 }
 
 // hf_config_fuzzer (harness run on these inputs): 1e30 where an integer belongs converted to int64
-// with undefined behaviour; a number where a bool belongs escaped as nlohmann's type_error.
+// with undefined behaviour; a number where a bool belongs escaped as nlohmann's type_error; 2^64 - 1
+// wrapped to -1. Each must name the file and the key.
 TEST(FoundInputs, HfConfigValuesOfTheWrongType) {
   TempDir dir;
   const std::string gpt2 = R"({"model_type": "gpt2", "vocab_size": 257, "n_positions": 64, "n_layer": 2, "n_head": 4, )";
   write_bytes(dir.file("config.json"), gpt2 + R"("n_embd": 1e30})");
-  EXPECT_ERROR_CONTAINS(models::load_hf_config(dir.file("")), dir.file("config.json"), "'n_embd'", "wrong type");
+  EXPECT_ERROR_CONTAINS(models::load_hf_config(dir.file("")), dir.file("config.json"), "key 'n_embd'");
   write_bytes(dir.file("config.json"), gpt2 + R"("n_embd": 32, "tie_word_embeddings": 1})");
-  EXPECT_ERROR_CONTAINS(models::load_hf_config(dir.file("")), dir.file("config.json"), "'tie_word_embeddings'",
-                        "wrong type");
+  EXPECT_ERROR_CONTAINS(models::load_hf_config(dir.file("")), dir.file("config.json"), "key 'tie_word_embeddings'");
   write_bytes(dir.file("config.json"), gpt2 + R"("n_embd": 18446744073709551615})");
-  EXPECT_ERROR_CONTAINS(models::load_hf_config(dir.file("")), dir.file("config.json"), "'n_embd'", "wrong type");
+  EXPECT_ERROR_CONTAINS(models::load_hf_config(dir.file("")), dir.file("config.json"), "key 'n_embd'");
   write_bytes(dir.file("config.json"), gpt2 + R"("n_embd": 32})");
   EXPECT_EQ(models::load_hf_config(dir.file("")).hidden_size, 32);
 }
