@@ -9,6 +9,7 @@
 #include "megaton/ckpt/safetensors.h"
 #include "megaton/data/tokenizer.h"
 #include "megaton/models/hf_format.h"
+#include "megaton/train/train_state.h"
 
 namespace megaton {
 namespace {
@@ -61,6 +62,28 @@ TEST(FoundInputs, HfConfigValuesOfTheWrongType) {
   EXPECT_ERROR_CONTAINS(models::load_hf_config(dir.file("")), dir.file("config.json"), "key 'n_embd'");
   write_bytes(dir.file("config.json"), gpt2 + R"("n_embd": 32})");
   EXPECT_EQ(models::load_hf_config(dir.file("")).hidden_size, 32);
+}
+
+// train_state_fuzzer (harness run on these inputs): a consumed-sample count near 2^63 overflowed in
+// next_batch, a float step converted to int64 with undefined behaviour, negative counts passed.
+TEST(FoundInputs, TrainStateCountsOutOfRange) {
+  const train::TrainConfig config;  // seed 1234
+  auto state = [](const std::string& step, const std::string& consumed) {
+    return nlohmann::json::parse(R"({"step": )" + step + R"(, "data": {"consumed_samples": )" + consumed +
+                                 R"(, "skipped_batches": [320, 336]}, "rng": {"seed": 1234},
+        "lr_schedule": {"rewind_lr_factor": 0.5, "rewind_lr_steps": [10, 15]}, "optimizer": {"steps": 18},
+        "rewind": {"rewinds": 1, "recent_losses": [5.5], "recent_grad_norms": [1.5]}})");
+  };
+  int64_t steps = 0;
+  const auto p = train::state_from_json(state("20", "320"), config, "state.json", &steps);
+  EXPECT_EQ(p.next_batch(16), 352);
+  EXPECT_EQ(steps, 18);
+  EXPECT_ERROR_CONTAINS(train::state_from_json(state("20", "9223372036854775800"), config, "state.json", &steps),
+                        "state.json", "'data.consumed_samples'");
+  EXPECT_ERROR_CONTAINS(train::state_from_json(state("1e30", "320"), config, "state.json", &steps), "state.json",
+                        "'step'");
+  EXPECT_ERROR_CONTAINS(train::state_from_json(state("20", "-16"), config, "state.json", &steps), "state.json",
+                        "'data.consumed_samples'");
 }
 
 }  // namespace
