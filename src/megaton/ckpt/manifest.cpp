@@ -13,12 +13,12 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 
 #include "megaton/core/atomic_file.h"
 #include "megaton/core/error.h"
+#include "megaton/core/regular_file.h"
 
 namespace megaton::ckpt {
 
@@ -42,8 +42,7 @@ struct FileCloser {
 }  // namespace
 
 FileDigest digest_file(const std::string& path) {
-  std::unique_ptr<std::FILE, FileCloser> f(std::fopen(path.c_str(), "rb"));
-  if (!f) fail("cannot open ", path, ": ", std::strerror(errno));
+  std::unique_ptr<std::FILE, FileCloser> f(fopen_regular_file(path, "checkpoint file"));
   std::unique_ptr<XXH3_state_t, StateFree> state(XXH3_createState());
   if (!state || XXH3_64bits_reset(state.get()) != XXH_OK) fail("cannot start hashing ", path);
   std::vector<char> buf(size_t{4} << 20);
@@ -78,13 +77,16 @@ void verify_manifest(const std::string& dir) {
   if (!fs::exists(path)) fail(dir, ": no ", kManifestName, " (incomplete checkpoint)");
   nlohmann::json manifest;
   try {
-    std::ifstream in(path);
-    manifest = nlohmann::json::parse(in);
+    manifest = nlohmann::json::parse(read_regular_file(path.string(), "checkpoint manifest"));
     if (!manifest.at("files").is_object()) fail(path.string(), ": \"files\" is not an object");
   } catch (const nlohmann::json::exception& e) {
     fail(path.string(), ": corrupt manifest: ", e.what());
   }
   for (const auto& [name, entry] : manifest["files"].items()) {
+    // Only files of the checkpoint itself: a name with a path in it would make loading read (and hash)
+    // anything the manifest names, an absolute path replacing the directory altogether.
+    if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos)
+      fail(path.string(), ": entry '", name, "' is not a file name inside the checkpoint directory");
     const fs::path file = fs::path(dir) / name;
     if (!fs::exists(file)) fail(file.string(), ": missing (listed in ", kManifestName, ")");
     const FileDigest d = digest_file(file.string());

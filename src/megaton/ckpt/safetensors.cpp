@@ -14,6 +14,7 @@
 
 #include "megaton/core/atomic_file.h"
 #include "megaton/core/error.h"
+#include "megaton/core/regular_file.h"
 
 namespace megaton::ckpt {
 
@@ -162,8 +163,7 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
 }
 
 std::map<std::string, Tensor> load_safetensors(const std::string& path, std::map<std::string, std::string>* metadata) {
-  std::unique_ptr<std::FILE, FileCloser> file(std::fopen(path.c_str(), "rb"));
-  if (!file) fail("cannot open safetensors file ", path, ": ", std::strerror(errno));
+  std::unique_ptr<std::FILE, FileCloser> file(fopen_regular_file(path, "safetensors file"));
   std::FILE* f = file.get();
   if (fseeko(f, 0, SEEK_END) != 0) fail("cannot seek in ", path, ": ", std::strerror(errno));
   uint64_t file_bytes = static_cast<uint64_t>(ftello(f));
@@ -181,7 +181,7 @@ std::map<std::string, Tensor> load_safetensors(const std::string& path, std::map
   nlohmann::json header;
   try {
     header = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // parse_error, or out_of_range for a number too large
     fail(path, ": corrupt safetensors header (invalid JSON): ", e.what());
   }
   if (!header.is_object()) fail(path, ": safetensors header is not a JSON object");

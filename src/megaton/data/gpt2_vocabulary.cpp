@@ -53,7 +53,7 @@ void load_vocab_json(const std::string& path, BpeVocabulary& vocab,
   try {
     j = nlohmann::json::parse(reinterpret_cast<const char*>(file.data()),
                               reinterpret_cast<const char*>(file.data()) + file.size());
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // parse_error, or out_of_range for a number too large
     fail(path, ": malformed JSON: ", e.what());
   }
   if (!j.is_object()) fail(path, ": expected a JSON object {\"token\": id, ...}");
@@ -61,6 +61,10 @@ void load_vocab_json(const std::string& path, BpeVocabulary& vocab,
     if (!value.is_number_integer() || value.get<int64_t>() < 0 || value.get<int64_t>() > INT32_MAX)
       fail(path, ": token \"", spelled, "\": id ", value.dump(), " is not an integer in [0, 2^31)");
     auto id = value.get<int32_t>();
+    // Ids number the tokens from 0: a larger one would size the vocabulary far beyond the file.
+    if (static_cast<size_t>(id) >= j.size())
+      fail(path, ": token \"", spelled, "\": id ", id, " is out of range: the file's ", j.size(),
+           " tokens take ids below ", j.size());
     std::string bytes = token_bytes(spelled);
     if (bytes.empty())
       fail(path, ": token \"", spelled, "\" (id ", id, ") is empty or has characters outside GPT-2's byte alphabet");

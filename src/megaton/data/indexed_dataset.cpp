@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "megaton/core/error.h"
+#include "megaton/data/sigbus_guard.h"
 #include "megaton/data/token_cast.h"
 
 namespace megaton::data {
@@ -126,9 +127,16 @@ int64_t IndexedDataset::sequence_pointer(size_t seq) const {
   return load<int64_t>(idx_.data() + kIndexHeaderBytes + 4 * num_sequences_ + 8 * seq);
 }
 
+template <typename F>
+void IndexedDataset::guarded(F&& read) const {
+  if (const void* fault = catch_sigbus(read)) (bin_.contains(fault) ? bin_ : idx_).fail_changed();
+}
+
 size_t IndexedDataset::sequence_length(size_t seq) const {
   if (seq >= num_sequences_) fail(prefix_, ": sequence ", seq, " out of range (", num_sequences_, " sequences)");
-  return static_cast<size_t>(load<int32_t>(idx_.data() + kIndexHeaderBytes + 4 * seq));
+  int32_t len = 0;
+  guarded([&] { len = load<int32_t>(idx_.data() + kIndexHeaderBytes + 4 * seq); });
+  return static_cast<size_t>(len);
 }
 
 template <typename Out>
@@ -139,14 +147,18 @@ void IndexedDataset::read_into(size_t seq, size_t offset, size_t length, Out* ou
     fail(prefix_, ": tokens [", offset, ", ", offset + length, ") run past the end of sequence ", seq, " (", len,
          " tokens)");
   if (length == 0) return;
-  const uint8_t* base = bin_.data() + sequence_pointer(seq) + offset * dtype_size(dtype_);
   visit_token_type(dtype_, [&](auto tag) {
     using In = typename decltype(tag)::type;
-    // Pointers were checked to be multiples of the element size, and the map is page aligned.
-    const In* src = reinterpret_cast<const In*>(base);
-    size_t bad = convert_tokens(src, length, out);
+    size_t bad = length;
+    In bad_token{};
+    guarded([&] {
+      // Pointers were checked to be multiples of the element size, and the map is page aligned.
+      const In* src = reinterpret_cast<const In*>(bin_.data() + sequence_pointer(seq) + offset * dtype_size(dtype_));
+      bad = convert_tokens(src, length, out);
+      if (bad != length) bad_token = src[bad];
+    });
     if (bad != length)
-      fail(bin_.path(), ": token ", +src[bad], " at position ", offset + bad, " of sequence ", seq,
+      fail(bin_.path(), ": token ", +bad_token, " at position ", offset + bad, " of sequence ", seq,
            " is not representable as ", dtype_name(dtype_of<Out>()),
            std::is_same_v<Out, int32_t> ? " (read it with get_int64)" : "");
   });

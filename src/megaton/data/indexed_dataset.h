@@ -70,7 +70,8 @@ class IndexedDataset {
  public:
   static constexpr size_t kAll = std::numeric_limits<size_t>::max();
 
-  // Maps PREFIX.idx and PREFIX.bin and validates the index completely, so later reads cannot fault.
+  // Maps PREFIX.idx and PREFIX.bin and validates the index completely, so later reads cannot fault
+  // unless a file shrinks while mapped; that is an error naming it (not SIGBUS).
   static IndexedDataset open(const std::string& prefix);
 
   size_t num_sequences() const { return num_sequences_; }
@@ -95,6 +96,10 @@ class IndexedDataset {
   template <typename Out>
   void read_into(size_t seq, size_t offset, size_t length, Out* out) const;
   int64_t sequence_pointer(size_t seq) const;
+  // Runs read() (loads from the maps) so that a fault from a file truncated while mapped is an error
+  // naming it rather than SIGBUS.
+  template <typename F>
+  void guarded(F&& read) const;
 
   std::string prefix_;
   MappedFile idx_;

@@ -10,6 +10,7 @@
 #include <filesystem>
 
 #include "megaton/core/error.h"
+#include "megaton/core/regular_file.h"
 
 namespace megaton::data {
 
@@ -113,8 +114,7 @@ class ZstdDecoder final : public InputFile::Decoder {
 }  // namespace
 
 InputFile::InputFile(std::string path) : path_(std::move(path)) {
-  file_ = std::fopen(path_.c_str(), "rb");
-  if (!file_) fail("cannot open input ", path_, ": ", std::strerror(errno));
+  file_ = fopen_regular_file(path_, "input");
   std::array<unsigned char, 4> magic{};
   const size_t got = std::fread(magic.data(), 1, magic.size(), file_);
   std::rewind(file_);

@@ -1,8 +1,10 @@
 #include "megaton/data/npy_file.h"
 
+#include <charconv>
 #include <cstring>
 
 #include "megaton/core/atomic_file.h"
+#include "megaton/core/checked.h"
 
 namespace megaton::data {
 
@@ -64,26 +66,40 @@ NpyArray::NpyArray(const std::string& path) : file_(path, ".npy index file") {
   descr_ = std::string(descr.substr(1, close - 1));
   if (!value_of(header, "fortran_order", path).starts_with("False"))
     fail(path, ": Fortran-ordered .npy arrays are not supported");
+  // "(n,)", "(n, m)", "()": non-negative integers separated by commas; the element count overflow-checked.
   std::string_view dims = value_of(header, "shape", path);
-  if (dims.empty() || dims.front() != '(') fail(path, ": malformed 'shape' in the .npy header");
-  dims = dims.substr(1, dims.find(')') - 1);
-  count_ = 1;
+  const size_t paren = dims.find(')');
+  if (dims.empty() || dims.front() != '(' || paren == std::string_view::npos)
+    fail(path, ": malformed 'shape' in the .npy header");
+  dims = dims.substr(1, paren - 1);
+  auto malformed = [&] {
+    fail(path, ": malformed 'shape' (", dims, ") in the .npy header: expected non-negative integers");
+  };
+  int64_t count = 1;
   for (size_t i = 0; i < dims.size();) {
-    if (dims[i] < '0' || dims[i] > '9') {
-      ++i;
-      continue;
-    }
+    auto skip_spaces = [&] {
+      while (i < dims.size() && dims[i] == ' ') ++i;
+    };
+    skip_spaces();
+    if (i == dims.size()) break;
     int64_t d = 0;
-    for (; i < dims.size() && dims[i] >= '0' && dims[i] <= '9'; ++i) d = d * 10 + (dims[i] - '0');
+    if (dims[i] < '0' || dims[i] > '9') malformed();
+    const auto [end, ec] = std::from_chars(dims.data() + i, dims.data() + dims.size(), d);
+    if (ec != std::errc()) malformed();  // out of int64's range
+    i = static_cast<size_t>(end - dims.data());
     shape_.push_back(d);
-    count_ *= static_cast<size_t>(d);
+    count = checked_mul(path + ": .npy shape", count, d);
+    skip_spaces();
+    if (i < dims.size() && dims[i++] != ',') malformed();
   }
 
   const size_t elem = descr_.size() == 3 && (descr_[2] == '4' || descr_[2] == '8') ? descr_[2] - '0' : 0;
   if (elem == 0) fail(path, ": unsupported .npy dtype '", descr_, "'");
   if (offset_ % elem != 0) fail(path, ": .npy data at offset ", offset_, " is not aligned");
-  if (file_.size() - offset_ != count_ * elem)
-    fail(path, ": .npy data is ", file_.size() - offset_, " bytes, but shape and dtype need ", count_ * elem);
+  const int64_t bytes = checked_mul(path + ": .npy shape", count, static_cast<int64_t>(elem));
+  if (file_.size() - offset_ != static_cast<uint64_t>(bytes))
+    fail(path, ": .npy data is ", file_.size() - offset_, " bytes, but shape and dtype need ", bytes);
+  count_ = static_cast<size_t>(count);
 }
 
 }  // namespace megaton::data

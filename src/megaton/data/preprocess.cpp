@@ -1,13 +1,17 @@
 #include "megaton/data/preprocess.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
-#include <filesystem>
+#include <cstring>
 #include <future>
 #include <nlohmann/json.hpp>
 
 #include "megaton/core/error.h"
+#include "megaton/core/regular_file.h"
 #include "megaton/core/threads.h"
 #include "megaton/data/document_reader.h"
 #include "megaton/data/indexed_dataset.h"
@@ -60,7 +64,7 @@ std::string json_text(std::string_view line, const std::string& key) {
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(line);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // parse_error, or out_of_range for a number too large
     fail("malformed JSON: ", e.what());
   }
   auto field = j.is_object() ? j.find(key) : j.end();
@@ -127,10 +131,9 @@ std::vector<EncodedDocument> encode_batch(const std::vector<RawDocument>& batch,
 uint64_t total_input_bytes(const std::vector<std::string>& inputs) {
   uint64_t total = 0;
   for (const auto& f : inputs) {
-    std::error_code ec;
-    uint64_t n = std::filesystem::file_size(f, ec);
-    if (ec) fail("cannot read input ", f, ": ", ec.message());
-    total += n;
+    struct stat st {};
+    if (::fstat(open_regular_file(f, "input").get(), &st) != 0) fail("cannot stat input ", f, ": ", std::strerror(errno));
+    total += static_cast<uint64_t>(st.st_size);
   }
   return total;
 }

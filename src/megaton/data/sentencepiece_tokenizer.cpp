@@ -3,12 +3,13 @@
 #include <sentencepiece_processor.h>
 
 #include "megaton/core/error.h"
+#include "megaton/core/regular_file.h"
 
 namespace megaton::data {
 
 SentencePieceTokenizer::SentencePieceTokenizer(const std::string& model_path, std::string spec)
     : sp_(std::make_unique<sentencepiece::SentencePieceProcessor>()), spec_(std::move(spec)) {
-  if (auto status = sp_->Load(model_path); !status.ok())
+  if (auto status = sp_->LoadFromSerializedProto(read_regular_file(model_path, "SentencePiece model")); !status.ok())
     fail("cannot load SentencePiece model ", model_path, ": ", status.ToString());
   if (sp_->eos_id() < 0)
     fail("SentencePiece model ", model_path,

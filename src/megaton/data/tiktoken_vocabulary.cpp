@@ -1,4 +1,5 @@
 // tiktoken's .tiktoken rank files (tiktoken/load.py: load_tiktoken_bpe), also used by Llama 3.
+#include <algorithm>
 #include <charconv>
 #include <optional>
 #include <unordered_set>
@@ -91,6 +92,9 @@ BpeVocabulary load_tiktoken_vocabulary(const std::string& path) {
   BpeVocabulary vocab;
   std::unordered_set<std::string> seen;
   size_t count = 0;
+  // Ranks count the tokens from 0, so each is below the number of lines: a larger one (up to 2^31 - 1)
+  // would size the vocabulary far beyond the file.
+  const auto lines = static_cast<size_t>(std::count(text.begin(), text.end(), '\n')) + 1;
   for_each_line(text, [&](size_t line, std::string_view row) {
     if (row.empty()) return;
     size_t space = row.find(' ');
@@ -103,6 +107,8 @@ BpeVocabulary load_tiktoken_vocabulary(const std::string& path) {
       if (ec != std::errc() || p != r.data() + r.size()) rank = -1;
     }
     if (!bytes || rank < 0) fail(path, ":", line, ": expected \"BASE64_TOKEN RANK\", got \"", row, "\"");
+    if (static_cast<size_t>(rank) >= lines)
+      fail(path, ":", line, ": rank ", rank, " is out of range: the file's ", lines, " lines hold ranks below ", lines);
     if (rank >= static_cast<int32_t>(vocab.tokens.size())) vocab.tokens.resize(rank + 1);
     if (!vocab.tokens[rank].empty()) fail(path, ":", line, ": rank ", rank, " is given to two tokens");
     if (!seen.insert(*bytes).second) fail(path, ":", line, ": token ", row.substr(0, space), " repeats");

@@ -67,7 +67,10 @@ void swiglu_forward(const ExecContext& ctx, const Tensor& out, const Tensor& gu)
   constexpr std::string_view op = "swiglu_forward";
   const auto [N, H] = check_swiglu(ctx, op, gu, {&out});
   if (!ctx.device.is_cpu()) fail_no_backend(ctx, op);
-  dispatch_cpu_io(gu.dtype(), op, [&]<typename T>(T) { cpu::swiglu_forward(out.data<T>(), gu.data<T>(), N, H); });
+  // Bindings copied into the lambda: clang 14 (the fuzzing build) cannot capture structured bindings.
+  dispatch_cpu_io(gu.dtype(), op, [&, N = N, H = H]<typename T>(T) {
+    cpu::swiglu_forward(out.data<T>(), gu.data<T>(), N, H);
+  });
 }
 
 void swiglu_backward(const ExecContext& ctx, const Tensor& dgu, const Tensor& dout, const Tensor& gu) {
@@ -77,7 +80,7 @@ void swiglu_backward(const ExecContext& ctx, const Tensor& dgu, const Tensor& do
   expect_matrix(op, dgu, N, 2 * H);
   if (!ctx.device.is_cpu()) fail_no_backend(ctx, op);
   expect_dtype(gu.dtype(), op, {&dgu});
-  dispatch_cpu_io(gu.dtype(), op, [&]<typename T>(T) {
+  dispatch_cpu_io(gu.dtype(), op, [&, N = N, H = H]<typename T>(T) {
     cpu::swiglu_backward(dgu.data<T>(), dout.data<T>(), gu.data<T>(), N, H);
   });
 }

@@ -2,12 +2,13 @@
 
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <optional>
 #include <set>
+#include <type_traits>
 
 #include "megaton/ckpt/safetensors.h"
 #include "megaton/core/atomic_file.h"
+#include "megaton/core/regular_file.h"
 
 namespace megaton::models {
 
@@ -16,21 +17,34 @@ using nlohmann::json;
 
 namespace {
 
+// The value of `key` as T. Its JSON type must be T's: an integer field given a float (1e30 would not
+// convert to int64 without undefined behaviour), a string or a bool is an error naming file and key.
 template <typename T>
-T get_or(const json& j, const char* key, T fallback) {
+T typed(const json& v, const char* key, const std::string& source) {
+  bool ok;
+  if constexpr (std::is_same_v<T, bool>)
+    ok = v.is_boolean();
+  else if constexpr (std::is_integral_v<T>)
+    ok = v.is_number_integer() && !(v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX));
+  else if constexpr (std::is_floating_point_v<T>)
+    ok = v.is_number();
+  else
+    ok = v.is_string();
+  if (!ok) fail(source, ": key '", key, "' has the wrong type or range (", v.type_name(), " ", v.dump(), ")");
+  return v.get<T>();
+}
+
+template <typename T>
+T get_or(const json& j, const char* key, T fallback, const std::string& source) {
   auto it = j.find(key);
-  return (it == j.end() || it->is_null()) ? fallback : it->get<T>();
+  return (it == j.end() || it->is_null()) ? fallback : typed<T>(*it, key, source);
 }
 
 template <typename T>
 T require(const json& j, const char* key, const std::string& source) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) fail(source, ": missing key '", key, "'");
-  try {
-    return it->get<T>();
-  } catch (const json::exception&) {
-    fail(source, ": key '", key, "' has the wrong type (", it->type_name(), ")");
-  }
+  return typed<T>(*it, key, source);
 }
 
 }  // namespace
@@ -45,10 +59,10 @@ TransformerConfig config_from_hf(const json& j, const std::string& source) {
     c.hidden_size = require<int64_t>(j, "n_embd", source);
     c.num_layers = require<int64_t>(j, "n_layer", source);
     c.num_attention_heads = c.num_query_groups = require<int64_t>(j, "n_head", source);
-    c.ffn_hidden_size = get_or<int64_t>(j, "n_inner", 4 * c.hidden_size);
-    c.norm_epsilon = get_or<double>(j, "layer_norm_epsilon", 1e-5);
-    c.tie_embeddings = get_or<bool>(j, "tie_word_embeddings", true);
-    const auto act = get_or<std::string>(j, "activation_function", "gelu_new");
+    c.ffn_hidden_size = get_or<int64_t>(j, "n_inner", 4 * c.hidden_size, source);
+    c.norm_epsilon = get_or<double>(j, "layer_norm_epsilon", 1e-5, source);
+    c.tie_embeddings = get_or<bool>(j, "tie_word_embeddings", true, source);
+    const auto act = get_or<std::string>(j, "activation_function", "gelu_new", source);
     if (act != "gelu_new" && act != "gelu_pytorch_tanh")
       fail(source, ": activation_function '", act, "' is not supported (Megaton's GPT-2 uses tanh GeLU, gelu_new)");
   } else if (type == "llama") {
@@ -57,26 +71,26 @@ TransformerConfig config_from_hf(const json& j, const std::string& source) {
     c.ffn_hidden_size = require<int64_t>(j, "intermediate_size", source);
     c.num_layers = require<int64_t>(j, "num_hidden_layers", source);
     c.num_attention_heads = require<int64_t>(j, "num_attention_heads", source);
-    c.num_query_groups = get_or<int64_t>(j, "num_key_value_heads", c.num_attention_heads);
-    c.kv_channels = get_or<int64_t>(j, "head_dim", 0);
-    c.max_position_embeddings = get_or<int64_t>(j, "max_position_embeddings", 2048);
-    c.norm_epsilon = get_or<double>(j, "rms_norm_eps", 1e-6);
-    c.rotary_base = get_or<double>(j, "rope_theta", 10000.0);
-    c.tie_embeddings = get_or<bool>(j, "tie_word_embeddings", false);
+    c.num_query_groups = get_or<int64_t>(j, "num_key_value_heads", c.num_attention_heads, source);
+    c.kv_channels = get_or<int64_t>(j, "head_dim", 0, source);
+    c.max_position_embeddings = get_or<int64_t>(j, "max_position_embeddings", 2048, source);
+    c.norm_epsilon = get_or<double>(j, "rms_norm_eps", 1e-6, source);
+    c.rotary_base = get_or<double>(j, "rope_theta", 10000.0, source);
+    c.tie_embeddings = get_or<bool>(j, "tie_word_embeddings", false, source);
     c.normalization = Normalization::RMSNorm;
     c.activation = Activation::SwiGLU;
     c.position_embedding = PositionEmbedding::Rope;
     c.rope_layout = kernels::RopeLayout::Half;
     c.add_bias_linear = false;
-    if (get_or<bool>(j, "attention_bias", false) || get_or<bool>(j, "mlp_bias", false))
+    if (get_or<bool>(j, "attention_bias", false, source) || get_or<bool>(j, "mlp_bias", false, source))
       fail(source, ": attention_bias / mlp_bias are not supported for llama models");
     if (auto it = j.find("rope_scaling"); it != j.end() && !it->is_null()) {
-      const auto rt = get_or<std::string>(*it, "rope_type", get_or<std::string>(*it, "type", ""));
+      const auto rt = get_or<std::string>(*it, "rope_type", get_or<std::string>(*it, "type", "", source), source);
       if (rt != "llama3") fail(source, ": rope_scaling type '", rt, "' is not supported (only llama3)");
       c.rope_scaling.factor = require<double>(*it, "factor", source + " rope_scaling");
-      c.rope_scaling.low_freq_factor = get_or<double>(*it, "low_freq_factor", 1.0);
-      c.rope_scaling.high_freq_factor = get_or<double>(*it, "high_freq_factor", 4.0);
-      c.rope_scaling.original_max_position = get_or<double>(*it, "original_max_position_embeddings", 8192.0);
+      c.rope_scaling.low_freq_factor = get_or<double>(*it, "low_freq_factor", 1.0, source);
+      c.rope_scaling.high_freq_factor = get_or<double>(*it, "high_freq_factor", 4.0, source);
+      c.rope_scaling.original_max_position = get_or<double>(*it, "original_max_position_embeddings", 8192.0, source);
     }
   } else {
     fail(source, ": model_type '", type, "' is not supported (expected gpt2 or llama)");
@@ -289,11 +303,10 @@ void load_hf_tensors(TransformerModel& model, const std::map<std::string, Tensor
 
 TransformerConfig load_hf_config(const std::string& dir) {
   const std::string path = (fs::path(dir) / "config.json").string();
-  std::ifstream in(path);
-  if (!in) fail("cannot open model config '", path, "' (is '", dir, "' an HF model folder?)");
+  if (!fs::exists(path)) fail("cannot open model config '", path, "' (is '", dir, "' an HF model folder?)");
   json j;
   try {
-    j = json::parse(in);
+    j = json::parse(read_regular_file(path, "model config"));
   } catch (const json::exception& e) {
     fail(path, ": invalid JSON: ", e.what());
   }

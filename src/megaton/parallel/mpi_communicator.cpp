@@ -435,7 +435,8 @@ WorkHandle MpiCommunicator::all_reduce_async(const Tensor& t, ReduceOp op) {
   auto [type, mpi_op] = reduction_of(w, t, op);
   auto q = std::make_unique<Op>();
   q->what = detail::concat(w, " of '", t.name(), "'");
-  q->start = [t, type, mpi_op, comm = comm_](Op& self) {
+  // type and mpi_op are copied by init-capture: clang 14 (the fuzzing build) cannot capture structured bindings.
+  q->start = [t, type = type, mpi_op = mpi_op, comm = comm_](Op& self) {
     char* p = static_cast<char*>(t.raw());
     const size_t es = dtype_size(t.dtype());
     in_chunks(t.numel(), [&](int64_t off, int n) {
@@ -457,7 +458,7 @@ WorkHandle MpiCommunicator::reduce_scatter_async(const Tensor& out, const Tensor
   const int count = single_count(w, "block", out.numel());
   auto q = std::make_unique<Op>();
   q->what = detail::concat(w, " of '", in.name(), "' into '", out.name(), "'");
-  q->start = [out, in, count, type, mpi_op, comm = comm_, staged = overlap(out, in)](Op& self) {
+  q->start = [out, in, count, type = type, mpi_op = mpi_op, comm = comm_, staged = overlap(out, in)](Op& self) {
     // MPI forbids aliased buffers: an output inside the input (a shard of a flat buffer) is reduced
     // into a temporary and copied.
     Tensor dst = staged ? Tensor::empty({out.numel()}, out.dtype(), MemCategory::Workspace, "reduce_scatter.staging")

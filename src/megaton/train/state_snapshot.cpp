@@ -3,11 +3,11 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <map>
 
 #include "megaton/ckpt/safetensors.h"
 #include "megaton/core/atomic_file.h"
+#include "megaton/core/regular_file.h"
 #include "megaton/models/hf_format.h"
 #include "megaton/models/tensor_parallel_weights.h"
 #include "megaton/nn/tensor_shards.h"
@@ -111,9 +111,7 @@ TrainProgress load_checkpoint(const std::string& dir, models::TransformerModel& 
   const std::string state_file = (fs::path(dir) / kStateFile).string();
   nlohmann::json state;
   try {
-    std::ifstream in(state_file);
-    if (!in) fail("cannot open ", state_file);
-    state = nlohmann::json::parse(in);
+    state = nlohmann::json::parse(read_regular_file(state_file, "training state"));
   } catch (const nlohmann::json::exception& e) {
     fail(state_file, ": ", e.what());
   }

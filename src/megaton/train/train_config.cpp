@@ -9,6 +9,7 @@
 #include <variant>
 
 #include "megaton/core/error.h"
+#include "megaton/core/regular_file.h"
 #include "megaton/data/data_loader.h"
 #include "megaton/models/hf_format.h"
 #include "megaton/optim/lr_schedule.h"
@@ -174,10 +175,13 @@ size_t edit_distance(const std::string& a, const std::string& b) {
 }
 
 const Field& find_field(const std::string& name, const std::string& where) {
+  for (const Field& f : fields())
+    if (f.name == name) return f;
+  // Unknown: suggest the nearest (edit distances only now: computing them for every lookup made loading
+  // a whole config quadratic in the number of keys).
   const Field* best = nullptr;
   size_t best_d = SIZE_MAX;
   for (const Field& f : fields()) {
-    if (f.name == name) return f;
     // Compare with and without the section so "training.lr" suggests "optimizer.lr".
     const std::string key = f.name.substr(f.name.find('.') + 1);
     const std::string want = name.substr(name.find('.') + 1);
@@ -368,7 +372,7 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   toml::table doc;
   if (!path.empty()) {
     try {
-      doc = toml::parse_file(path);
+      doc = toml::parse(read_regular_file(path, "config file"), path);
     } catch (const toml::parse_error& e) {
       std::ostringstream os;
       os << path << ":" << e.source().begin.line << ": " << e.description();

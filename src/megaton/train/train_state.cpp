@@ -31,25 +31,43 @@ nlohmann::json state_to_json(const TrainProgress& p, const TrainConfig& cfg, int
   };
 }
 
+namespace {
+
+// An integer of state.json in [lo, hi]: a float there (1e30) would not convert to int64 without
+// undefined behaviour, and a count beyond what any run reaches would overflow the positions computed
+// from it (next_batch). The error names the file and key.
+int64_t integer_at(const nlohmann::json& v, const char* key, const std::string& source, int64_t lo = 0,
+                   int64_t hi = int64_t{1} << 62) {
+  const bool ok = v.is_number_unsigned() ? v.get<uint64_t>() <= static_cast<uint64_t>(hi)
+                                         : v.is_number_integer() && v.get<int64_t>() >= lo && v.get<int64_t>() <= hi;
+  if (!ok) fail(source, ": '", key, "' must be an integer in [", lo, ", ", hi, "], got ", v.dump());
+  return v.get<int64_t>();
+}
+
+}  // namespace
+
 TrainProgress state_from_json(const nlohmann::json& j, const TrainConfig& cfg, const std::string& source,
                               int64_t* optimizer_steps) {
   TrainProgress p;
   try {
-    p.step = j.at("step").get<int64_t>();
+    p.step = integer_at(j.at("step"), "step", source);
     const auto& data = j.at("data");
-    p.consumed_samples = data.at("consumed_samples").get<int64_t>();
-    p.skipped_batches = data.at("skipped_batches").get<std::vector<int64_t>>();
-    const auto seed = j.at("rng").at("seed").get<int64_t>();
+    p.consumed_samples = integer_at(data.at("consumed_samples"), "data.consumed_samples", source);
+    for (const auto& b : data.at("skipped_batches").get<std::vector<nlohmann::json>>())
+      p.skipped_batches.push_back(integer_at(b, "data.skipped_batches", source));
+    const auto seed = integer_at(j.at("rng").at("seed"), "rng.seed", source, INT64_MIN, INT64_MAX);
     if (seed != cfg.seed)
       fail("config key 'training.seed' is ", cfg.seed, " but ", source, " was trained with seed ", seed,
            " (the sample order derives from it)");
     p.lr_factor = j.at("lr_schedule").at("rewind_lr_factor").get<double>();
+    if (!(p.lr_factor > 0 && p.lr_factor <= 1))
+      fail(source, ": 'lr_schedule.rewind_lr_factor' must be in (0, 1], got ", p.lr_factor);
     const auto& lr_steps = j.at("lr_schedule").at("rewind_lr_steps");
-    p.lr_factor_from = lr_steps.at(0).get<int64_t>();
-    p.lr_factor_until = lr_steps.at(1).get<int64_t>();
-    *optimizer_steps = j.at("optimizer").at("steps").get<int64_t>();
+    p.lr_factor_from = integer_at(lr_steps.at(0), "lr_schedule.rewind_lr_steps", source);
+    p.lr_factor_until = integer_at(lr_steps.at(1), "lr_schedule.rewind_lr_steps", source);
+    *optimizer_steps = integer_at(j.at("optimizer").at("steps"), "optimizer.steps", source);
     const auto& rewind = j.at("rewind");
-    p.rewinds = rewind.at("rewinds").get<int64_t>();
+    p.rewinds = integer_at(rewind.at("rewinds"), "rewind.rewinds", source);
     p.recent.losses = rewind.at("recent_losses").get<std::deque<double>>();
     p.recent.grad_norms = rewind.at("recent_grad_norms").get<std::deque<double>>();
   } catch (const nlohmann::json::exception& e) {
