@@ -26,38 +26,38 @@ __nv_saturation_t nv(Overflow o) { return o == Overflow::Saturate ? __NV_SATFINI
 constexpr Format kFormats[] = {Format::E4M3, Format::E5M2};
 constexpr Overflow kRules[] = {Overflow::Saturate, Overflow::NonFinite};
 
-TEST(CudaFp8Reference, EveryHalfInput) {
+// Every 16-bit pattern of a half or bf16 input: ours(bits) (our encode of its float value) against
+// theirs(bits, overflow, format) (CUDA's conversion of the raw 16 bits).
+template <typename Ours, typename Theirs>
+void expect_every_16_bit_input(const char* kind, Ours ours, Theirs theirs) {
   for (Format f : kFormats)
     for (Overflow o : kRules) {
       int64_t mismatches = 0;
       for (uint32_t bits = 0; bits < 0x10000u; ++bits) {
-        __half_raw h;
-        h.x = static_cast<unsigned short>(bits);
-        const uint8_t ours = encode(f16_to_float(static_cast<uint16_t>(bits)), f, o);
-        const uint8_t theirs = __nv_cvt_halfraw_to_fp8(h, nv(o), nv(f));
-        if (ours != theirs && mismatches++ < 5)
-          ADD_FAILURE() << info(f).name << " half 0x" << std::hex << bits << ": ours 0x" << int(ours) << ", cuda 0x"
-                        << int(theirs);
+        const uint8_t a = encode(ours(static_cast<uint16_t>(bits)), f, o);
+        const uint8_t b = theirs(static_cast<unsigned short>(bits), nv(o), nv(f));
+        if (a != b && mismatches++ < 5)
+          ADD_FAILURE() << info(f).name << " " << kind << " 0x" << std::hex << bits << ": ours 0x" << int(a) << ", cuda 0x"
+                        << int(b);
       }
-      EXPECT_EQ(mismatches, 0) << info(f).name;
+      EXPECT_EQ(mismatches, 0) << info(f).name << " " << kind;
     }
 }
 
+TEST(CudaFp8Reference, EveryHalfInput) {
+  expect_every_16_bit_input("half", f16_to_float, [](unsigned short bits, __nv_saturation_t o, __nv_fp8_interpretation_t f) {
+    __half_raw h;
+    h.x = bits;
+    return __nv_cvt_halfraw_to_fp8(h, o, f);
+  });
+}
+
 TEST(CudaFp8Reference, EveryBf16Input) {
-  for (Format f : kFormats)
-    for (Overflow o : kRules) {
-      int64_t mismatches = 0;
-      for (uint32_t bits = 0; bits < 0x10000u; ++bits) {
-        __nv_bfloat16_raw b;
-        b.x = static_cast<unsigned short>(bits);
-        const uint8_t ours = encode(bf16_to_float(static_cast<uint16_t>(bits)), f, o);
-        const uint8_t theirs = __nv_cvt_bfloat16raw_to_fp8(b, nv(o), nv(f));
-        if (ours != theirs && mismatches++ < 5)
-          ADD_FAILURE() << info(f).name << " bf16 0x" << std::hex << bits << ": ours 0x" << int(ours) << ", cuda 0x"
-                        << int(theirs);
-      }
-      EXPECT_EQ(mismatches, 0) << info(f).name;
-    }
+  expect_every_16_bit_input("bf16", bf16_to_float, [](unsigned short bits, __nv_saturation_t o, __nv_fp8_interpretation_t f) {
+    __nv_bfloat16_raw b;
+    b.x = bits;
+    return __nv_cvt_bfloat16raw_to_fp8(b, o, f);
+  });
 }
 
 TEST(CudaFp8Reference, TenMillionRandomFloats) {

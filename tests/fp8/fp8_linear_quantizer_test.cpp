@@ -1,6 +1,7 @@
 // A linear layer's three GEMMs on the operands fp8::LinearQuantizer makes, for every recipe and
 // format: within FP8's rounding (half an ulp: 2^-4 for E4M3, 2^-3 for E5M2) of the fp32 GEMMs in norm;
 // the weight's layouts are cached for the step; delayed scaling moves to the observed amax.
+#include "../support/host_tensors.h"
 #include "megaton/fp8/linear_quantizer.h"
 
 #include <gtest/gtest.h>
@@ -9,6 +10,8 @@
 #include <random>
 
 #include "megaton/kernels/fp8_gemm.h"
+
+using megaton::testing::transposed;
 
 namespace megaton::fp8 {
 namespace {
@@ -37,14 +40,6 @@ double relative_error(const Tensor& got, const Tensor& a, const Tensor& b) {
       norm += want * want;
     }
   return std::sqrt(err / norm);
-}
-
-Tensor transposed(const Tensor& x) {
-  const int64_t rows = x.size(0), cols = x.size(1);
-  Tensor t = Tensor::empty({cols, rows}, DType::F32, MemCategory::Other, "t");
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) t.data<float>()[c * rows + r] = x.data<float>()[r * cols + c];
-  return t;
 }
 
 struct Case {

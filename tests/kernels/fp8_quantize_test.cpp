@@ -1,6 +1,7 @@
 // FP8 quantisation granularities and scales (kernels/fp8_quantize.h) against the independent numpy reference
 // (tests/python/fp8_reference.py, whose result is committed in data/fp8_recipes_fixture.json and
 // re-checked by selftest_fp8_fixture.py), plus the error bound every granularity must meet.
+#include "../support/host_tensors.h"
 #include "megaton/kernels/fp8_quantize.h"
 
 #include <gtest/gtest.h>
@@ -11,6 +12,8 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
+
+using megaton::testing::transposed;
 
 namespace megaton::kernels {
 namespace {
@@ -129,14 +132,6 @@ TEST(Fp8Quantize, AmaxAndGivenScale) {
   o.granularity = Fp8Granularity::Tile1x128;
   o.scale = 1.0f;
   EXPECT_THROW(fp8_quantize(x, o), std::exception);  // a given scale is per tensor only
-}
-
-Tensor transposed(const Tensor& x) {
-  const int64_t rows = x.size(0), cols = x.size(1);
-  Tensor t = Tensor::empty({cols, rows}, DType::F32, MemCategory::Other, "xT");
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) t.data<float>()[c * rows + r] = x.data<float>()[r * cols + c];
-  return t;
 }
 
 void expect_same(const Fp8Matrix& a, const Fp8Matrix& b, const std::string& what) {

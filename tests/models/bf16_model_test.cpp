@@ -31,21 +31,12 @@ Result run(const std::string& preset, DType dtype, bool defer_head = false) {
   models::ModelCtx ctx;
   const double loss = m.forward(ctx, in, tg, true, 1.0f, defer_head).loss;
   m.backward(ctx);
-  Result r{loss, {}, Allocator::host().stats().peak[static_cast<size_t>(MemCategory::Activations)] - before};
-  for (const nn::Parameter* p : m.parameters()) {
-    EXPECT_EQ(p->grad.dtype(), DType::F32) << p->name;
-    const float* g = p->grad.data<float>();
-    r.grads.emplace_back(g, g + p->grad.numel());
-  }
-  return r;
+  for (const nn::Parameter* p : m.parameters()) EXPECT_EQ(p->grad.dtype(), DType::F32) << p->name;
+  return {loss, megaton::testing::gradients_of(m.parameters()),
+          static_cast<int64_t>(Allocator::host().stats().peak[static_cast<size_t>(MemCategory::Activations)]) - before};
 }
 
-// ||a - b|| / ||b||, NaN-safe (a NaN makes it NaN, which fails any < comparison).
-double relative_error(const std::vector<double>& a, const std::vector<double>& b) {
-  double diff = 0, ref = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff += (a[i] - b[i]) * (a[i] - b[i]), ref += b[i] * b[i];
-  return std::sqrt(diff / ref);
-}
+using megaton::testing::relative_error;
 
 }  // namespace
 

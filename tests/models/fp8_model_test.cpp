@@ -25,19 +25,10 @@ Result run(models::TransformerModel& m) {
   models::ModelCtx ctx;
   const double loss = m.forward(ctx, in, tg, true).loss;
   m.backward(ctx);
-  Result r{loss, {}};
-  for (const nn::Parameter* p : m.parameters()) {
-    const float* g = p->grad.data<float>();
-    r.grads.emplace_back(g, g + p->grad.numel());
-  }
-  return r;
+  return {loss, megaton::testing::gradients_of(m.parameters())};
 }
 
-double relative_error(const std::vector<double>& a, const std::vector<double>& b) {
-  double diff = 0, ref = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff += (a[i] - b[i]) * (a[i] - b[i]), ref += b[i] * b[i];
-  return std::sqrt(diff / ref);
-}
+using megaton::testing::relative_error;
 
 struct Case {
   const char* name;

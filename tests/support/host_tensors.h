@@ -1,4 +1,5 @@
-// Small f32 host tensors for kernel tests of the tensor API: from a vector, back to a vector, zeros.
+// Small f32 host tensors for kernel tests of the tensor API: from a vector, back to a vector, zeros,
+// the transpose of a matrix.
 #pragma once
 #include <gtest/gtest.h>
 
@@ -21,6 +22,15 @@ inline std::vector<float> values(const Tensor& t) { return {t.data<float>(), t.d
 
 inline Tensor zeros(Shape shape, const std::string& name, DType dtype = DType::F32) {
   return Tensor::zeros(std::move(shape), dtype, MemCategory::Other, name);
+}
+
+// A new f32 [cols, rows] tensor holding the f32 matrix x [rows, cols] transposed.
+inline Tensor transposed(const Tensor& x) {
+  const int64_t rows = x.size(0), cols = x.size(1);
+  Tensor t = Tensor::empty({cols, rows}, DType::F32, MemCategory::Other, x.name() + "_t");
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) t.data<float>()[c * rows + r] = x.data<float>()[r * cols + c];
+  return t;
 }
 
 }  // namespace megaton::testing

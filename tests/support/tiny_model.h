@@ -1,11 +1,14 @@
 // The smallest useful GPT / Llama shapes for model-level tests: 2 layers, hidden 48, 6 heads
 // (GQA with 2 kv heads for Llama), byte vocabulary, 64 positions.
 #pragma once
+#include <cmath>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "megaton/core/tensor.h"
 #include "megaton/models/transformer_config.h"
+#include "megaton/nn/parameter.h"
 
 namespace megaton::testing {
 
@@ -21,6 +24,23 @@ inline models::TransformerConfig tiny_config(const std::string& preset) {
 }
 
 // Deterministic byte-vocabulary inputs and targets [B, T] (i32) for model-level tests.
+// Every parameter's gradient, as doubles, in parameter order.
+inline std::vector<std::vector<double>> gradients_of(const nn::ParameterList& params) {
+  std::vector<std::vector<double>> grads;
+  for (const nn::Parameter* p : params) {
+    const float* g = p->grad.data<float>();
+    grads.emplace_back(g, g + p->grad.numel());
+  }
+  return grads;
+}
+
+// ||a - b|| / ||b||, NaN-safe (a NaN makes it NaN, which fails any < comparison).
+inline double relative_error(const std::vector<double>& a, const std::vector<double>& b) {
+  double diff = 0, ref = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff += (a[i] - b[i]) * (a[i] - b[i]), ref += b[i] * b[i];
+  return std::sqrt(diff / ref);
+}
+
 inline std::pair<Tensor, Tensor> tiny_batch(int64_t B, int64_t T) {
   Tensor in = Tensor::empty({B, T}, DType::I32), tg = Tensor::empty({B, T}, DType::I32);
   for (int64_t i = 0; i < B * T; ++i) {

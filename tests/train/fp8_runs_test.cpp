@@ -17,7 +17,7 @@ TEST(Fp8Runs, EveryRecipeTrainsCloseToFp32) {
     const Metrics f32 = dir.train_ok("f32");
     ASSERT_TRUE(std::isfinite(f32.final_val_loss));
     // Every recipe on gpt-tiny; llama-tiny (GQA, SwiGLU, no biases) with the DeepSeek-V3 one.
-    for (const std::string recipe : preset == "gpt-tiny" ? std::vector<std::string>{"delayed", "tensorwise", "blockwise", "mxfp8"}
+    for (const std::string& recipe : preset == "gpt-tiny" ? std::vector<std::string>{"delayed", "tensorwise", "blockwise", "mxfp8"}
                                                          : std::vector<std::string>{"blockwise"}) {
       const std::string format = recipe == "delayed" || recipe == "tensorwise" ? "hybrid" : "e4m3";
       const Metrics fp8 = dir.train_ok(recipe, "--set precision.fp8=" + format + " --set precision.fp8_recipe=" + recipe);
