@@ -19,12 +19,15 @@ void widen(const Fp8Matrix& m, int64_t k0, int64_t kw, bool fold_scales, T* pane
   for (int c = 0; c < 256; ++c) value[static_cast<size_t>(c)] = fp8::decode(static_cast<uint8_t>(c), m.format());
   const int64_t rows = m.data.size(0), cols = m.data.size(1);
   const auto* codes = static_cast<const uint8_t*>(m.data.raw());
+  const int64_t tile_cols = m.tile().cols;
 #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < rows; ++r)
+  for (int64_t r = 0; r < rows; ++r) {
+    float scale = 1.0f;  // the folded scale of the tile (k0 + k) lies in, looked up as a tile starts
     for (int64_t k = 0; k < kw; ++k) {
-      const float v = value[codes[r * cols + k0 + k]];
-      panel[r * kw + k] = cpu::store<T>(fold_scales ? v * m.scale_inv_at(r, k0 + k) : v);
+      if (fold_scales && (k == 0 || (k0 + k) % tile_cols == 0)) scale = m.scale_inv_at(r, k0 + k);
+      panel[r * kw + k] = cpu::store<T>(value[codes[r * cols + k0 + k]] * scale);
     }
+  }
 }
 
 // The K-group width: scales are constant over a group for both operands.

@@ -108,17 +108,19 @@ void TransformerModel::set_compute_dtype(DType dtype) {
   }
 }
 
-void TransformerModel::enable_fp8(const fp8::Fp8Config& config) {
+std::vector<nn::Linear*> TransformerModel::layer_linears() {
   std::vector<nn::Linear*> linears;
   for (auto& l : layers_) l->linears(linears);
-  for (nn::Linear* l : linears) l->enable_fp8(config);
+  return linears;
+}
+
+void TransformerModel::enable_fp8(const fp8::Fp8Config& config) {
+  for (nn::Linear* l : layer_linears()) l->enable_fp8(config);
 }
 
 std::vector<fp8::LinearQuantizer*> TransformerModel::fp8_quantizers() {
-  std::vector<nn::Linear*> linears;
-  for (auto& l : layers_) l->linears(linears);
   std::vector<fp8::LinearQuantizer*> out;
-  for (nn::Linear* l : linears)
+  for (nn::Linear* l : layer_linears())
     if (l->fp8()) out.push_back(l->fp8());
   return out;
 }

@@ -87,6 +87,9 @@ class TransformerModel {
   std::vector<ModelChunk>& chunks() { return chunks_; }
 
  private:
+  // Every transformer layer's Linear modules, in layer order.
+  std::vector<nn::Linear*> layer_linears();
+
   TransformerConfig config_;
   nn::TensorParallel tp_;
   nn::RopeTables rope_;

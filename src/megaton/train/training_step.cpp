@@ -87,8 +87,9 @@ double TrainingStep::grad_norm() const {
 }
 
 void TrainingStep::begin_fp8_step() {
+  const std::vector<fp8::LinearQuantizer*> quantizers = model_.fp8_quantizers();
   std::vector<fp8::DelayedScaling*> states;
-  for (fp8::LinearQuantizer* q : model_.fp8_quantizers())
+  for (fp8::LinearQuantizer* q : quantizers)
     for (fp8::DelayedScaling* s : q->delayed_states()) states.push_back(s);
   if (states.empty()) return;
   // Every rank must quantise with the same scales (TE reduces amaxes over the tensor- and
@@ -103,7 +104,7 @@ void TrainingStep::begin_fp8_step() {
   if (dp_.size() > 1) dp_.all_reduce(amax, parallel::ReduceOp::Max);
   if (const nn::TensorParallel& tp = model_.tensor_parallel(); tp.active()) tp.group->all_reduce(amax, parallel::ReduceOp::Max);
   for (int64_t i = 0; i < n; ++i) states[static_cast<size_t>(i)]->set_newest_amax(amax.data<float>()[i]);
-  for (fp8::LinearQuantizer* q : model_.fp8_quantizers()) q->next_step();
+  for (fp8::LinearQuantizer* q : quantizers) q->next_step();
 }
 
 TrainingStep::Result TrainingStep::forward_backward(int64_t step, int64_t first_sample) {
