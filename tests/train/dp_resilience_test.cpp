@@ -61,7 +61,9 @@ TEST(DpResilience, RankQualifierIsParsedAndRangeCheckedNamingTheSpec) {
            {"nan@step=5,rank=0,rank=1", 2, "--inject nan@step=5,rank=0,rank=1: rank given twice"},
            {"nan@step=x,rank=1", 2, "--inject nan@step=x,rank=1: 'x' is not a positive step number"},
            {"boom@step=3,rank=1", 2, "--inject boom@step=3,rank=1: expected nan@step=N"},
-           {"crash@save=10,rank=1", 2, "--inject crash@save=10,rank=1: checkpoints are written by rank 0 alone"},
+           {"crash@save=10,rank=1", 2, "--inject crash@save=10,rank=1: checkpoints and the final model are written by rank 0 alone"},
+           {"fail@final,rank=1", 2, "--inject fail@final,rank=1: checkpoints and the final model are written by rank 0 alone"},
+           {"fail@final=3", 2, "--inject fail@final=3: expected nan@step=N"},
        }) {
     const std::string e = inject_error({c.spec}, c.world);
     EXPECT_NE(e.find(c.message), std::string::npos) << c.spec << ": " << e;

@@ -16,26 +16,51 @@ using nlohmann::json;
 
 namespace {
 
+// `value` for an error message: its JSON text, cut short.
+std::string shown(const json& value) {
+  std::string text = value.dump();
+  return text.size() > 40 ? text.substr(0, 37) + "..." : text;
+}
+
+// The value of `key` read strictly as T (an integer must be a JSON integer, not 12.0 or true; a
+// bool must be true or false), or nullopt when absent or null. Errors name source and key.
 template <typename T>
-T get_or(const json& j, const char* key, T fallback) {
-  auto it = j.find(key);
-  return (it == j.end() || it->is_null()) ? fallback : it->get<T>();
+std::optional<T> read(const json& j, const std::string& key, const std::string& source) {
+  const auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return std::nullopt;
+  const json& v = *it;
+  auto wrong = [&](const char* want) {
+    fail(source, ": key '", key, "' must be ", want, ", got ", shown(v), " (", v.type_name(), ")");
+  };
+  if constexpr (std::is_same_v<T, bool>) {
+    if (!v.is_boolean()) wrong("true or false");
+  } else if constexpr (std::is_same_v<T, int64_t>) {
+    if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+      fail(source, ": key '", key, "' = ", shown(v), " is out of range (at most ", INT64_MAX, ")");
+    if (!v.is_number_integer()) wrong("an integer");
+  } else if constexpr (std::is_same_v<T, double>) {
+    if (!v.is_number()) wrong("a number");
+  } else {
+    if (!v.is_string()) wrong("a string");
+  }
+  return v.get<T>();
 }
 
 template <typename T>
-T require(const json& j, const char* key, const std::string& source) {
-  auto it = j.find(key);
-  if (it == j.end() || it->is_null()) fail(source, ": missing key '", key, "'");
-  try {
-    return it->get<T>();
-  } catch (const json::exception&) {
-    fail(source, ": key '", key, "' has the wrong type (", it->type_name(), ")");
-  }
+T get_or(const json& j, const std::string& key, T fallback, const std::string& source) {
+  return read<T>(j, key, source).value_or(fallback);
+}
+
+template <typename T>
+T require(const json& j, const std::string& key, const std::string& source) {
+  if (auto v = read<T>(j, key, source)) return *v;
+  fail(source, ": missing key '", key, "'");
 }
 
 }  // namespace
 
 TransformerConfig config_from_hf(const json& j, const std::string& source) {
+  if (!j.is_object()) fail(source, ": expected a JSON object, got ", shown(j), " (", j.type_name(), ")");
   const std::string type = require<std::string>(j, "model_type", source);
   TransformerConfig c;
   c.name = "custom";
@@ -45,10 +70,10 @@ TransformerConfig config_from_hf(const json& j, const std::string& source) {
     c.hidden_size = require<int64_t>(j, "n_embd", source);
     c.num_layers = require<int64_t>(j, "n_layer", source);
     c.num_attention_heads = c.num_query_groups = require<int64_t>(j, "n_head", source);
-    c.ffn_hidden_size = get_or<int64_t>(j, "n_inner", 4 * c.hidden_size);
-    c.norm_epsilon = get_or<double>(j, "layer_norm_epsilon", 1e-5);
-    c.tie_embeddings = get_or<bool>(j, "tie_word_embeddings", true);
-    const auto act = get_or<std::string>(j, "activation_function", "gelu_new");
+    c.ffn_hidden_size = get_or<int64_t>(j, "n_inner", 4 * c.hidden_size, source);
+    c.norm_epsilon = get_or<double>(j, "layer_norm_epsilon", 1e-5, source);
+    c.tie_embeddings = get_or<bool>(j, "tie_word_embeddings", true, source);
+    const auto act = get_or<std::string>(j, "activation_function", "gelu_new", source);
     if (act != "gelu_new" && act != "gelu_pytorch_tanh")
       fail(source, ": activation_function '", act, "' is not supported (Megaton's GPT-2 uses tanh GeLU, gelu_new)");
   } else if (type == "llama") {
@@ -57,26 +82,28 @@ TransformerConfig config_from_hf(const json& j, const std::string& source) {
     c.ffn_hidden_size = require<int64_t>(j, "intermediate_size", source);
     c.num_layers = require<int64_t>(j, "num_hidden_layers", source);
     c.num_attention_heads = require<int64_t>(j, "num_attention_heads", source);
-    c.num_query_groups = get_or<int64_t>(j, "num_key_value_heads", c.num_attention_heads);
-    c.kv_channels = get_or<int64_t>(j, "head_dim", 0);
-    c.max_position_embeddings = get_or<int64_t>(j, "max_position_embeddings", 2048);
-    c.norm_epsilon = get_or<double>(j, "rms_norm_eps", 1e-6);
-    c.rotary_base = get_or<double>(j, "rope_theta", 10000.0);
-    c.tie_embeddings = get_or<bool>(j, "tie_word_embeddings", false);
+    c.num_query_groups = get_or<int64_t>(j, "num_key_value_heads", c.num_attention_heads, source);
+    c.kv_channels = get_or<int64_t>(j, "head_dim", 0, source);
+    c.max_position_embeddings = get_or<int64_t>(j, "max_position_embeddings", 2048, source);
+    c.norm_epsilon = get_or<double>(j, "rms_norm_eps", 1e-6, source);
+    c.rotary_base = get_or<double>(j, "rope_theta", 10000.0, source);
+    c.tie_embeddings = get_or<bool>(j, "tie_word_embeddings", false, source);
     c.normalization = Normalization::RMSNorm;
     c.activation = Activation::SwiGLU;
     c.position_embedding = PositionEmbedding::Rope;
     c.rope_layout = kernels::RopeLayout::Half;
     c.add_bias_linear = false;
-    if (get_or<bool>(j, "attention_bias", false) || get_or<bool>(j, "mlp_bias", false))
+    if (get_or<bool>(j, "attention_bias", false, source) || get_or<bool>(j, "mlp_bias", false, source))
       fail(source, ": attention_bias / mlp_bias are not supported for llama models");
     if (auto it = j.find("rope_scaling"); it != j.end() && !it->is_null()) {
-      const auto rt = get_or<std::string>(*it, "rope_type", get_or<std::string>(*it, "type", ""));
+      if (!it->is_object()) fail(source, ": key 'rope_scaling' must be an object, got ", shown(*it));
+      const std::string where = source + " rope_scaling";
+      const auto rt = get_or<std::string>(*it, "rope_type", get_or<std::string>(*it, "type", "", where), where);
       if (rt != "llama3") fail(source, ": rope_scaling type '", rt, "' is not supported (only llama3)");
-      c.rope_scaling.factor = require<double>(*it, "factor", source + " rope_scaling");
-      c.rope_scaling.low_freq_factor = get_or<double>(*it, "low_freq_factor", 1.0);
-      c.rope_scaling.high_freq_factor = get_or<double>(*it, "high_freq_factor", 4.0);
-      c.rope_scaling.original_max_position = get_or<double>(*it, "original_max_position_embeddings", 8192.0);
+      c.rope_scaling.factor = require<double>(*it, "factor", where);
+      c.rope_scaling.low_freq_factor = get_or<double>(*it, "low_freq_factor", 1.0, where);
+      c.rope_scaling.high_freq_factor = get_or<double>(*it, "high_freq_factor", 4.0, where);
+      c.rope_scaling.original_max_position = get_or<double>(*it, "original_max_position_embeddings", 8192.0, where);
     }
   } else {
     fail(source, ": model_type '", type, "' is not supported (expected gpt2 or llama)");
@@ -285,6 +312,9 @@ void load_hf_tensors(TransformerModel& model, const std::map<std::string, Tensor
 
 TransformerConfig load_hf_config(const std::string& dir) {
   const std::string path = (fs::path(dir) / "config.json").string();
+  if (fs::exists(dir) && !fs::is_directory(dir))
+    fail("model '", dir, "' is a file; expected an HF model folder (config.json + model.safetensors)");
+  if (fs::is_directory(path)) fail("model config '", path, "' is a directory; expected the JSON file");
   std::ifstream in(path);
   if (!in) fail("cannot open model config '", path, "' (is '", dir, "' an HF model folder?)");
   json j;
