@@ -39,8 +39,9 @@ Trainer::Trainer(TrainConfig config, RunOptions options)
     fail("config key 'rewind.snapshot_interval' is 0 (rewind to the last checkpoint) but logging.save_interval is 0, "
          "so there would be no checkpoint to rewind to");
   check_run_dir_writable(cfg_.run_dir);
-  if (options.resume.empty() && !options.overwrite) {
-    // A fresh run would replace the metrics, checkpoints and final model of the one there.
+  if (primary_ && options.resume.empty() && !options.overwrite) {
+    // A fresh run would replace the metrics, checkpoints and final model of the one there. Rank 0
+    // alone looks: the others could see what rank 0 already started writing.
     std::string held;
     for (const std::string& h : previous_results(cfg_.run_dir)) held += (held.empty() ? "" : ", ") + h;
     if (!held.empty())
@@ -166,8 +167,10 @@ void Trainer::export_final_model() {
   } catch (const Error& e) {
     std::error_code ec;
     fs::remove_all(tmp_dir, ec);
-    fail(e.what(), "; the trained weights are not lost if checkpointed: ", checkpoints_.newest_checkpoint(),
-         checkpoints_.last_saved_step() == progress_.step ? " (of the last step; an HF folder eval and generate read)" : "");
+    fail(e.what(), "; ", checkpoints_.newest_checkpoint(),
+         checkpoints_.last_saved_step() == progress_.step
+             ? ", which holds the trained weights (an HF folder: megaton eval and generate read it)"
+             : "");
   }
 }
 
