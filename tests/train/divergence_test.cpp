@@ -46,7 +46,7 @@ TEST(Divergence, AnExtendedRunThatDivergesLeavesTheFinishedRunsResults) {
   const std::string run = d.run_dir("run");
   ASSERT_EQ(d.train("run", kShort).exit_code, 0);
   const std::string final_model = read_bytes(run + "/final/model.safetensors");
-  const CommandResult r = d.train("run", "--resume auto --set training.train_iters=14 --inject nan@step=13");
+  const CommandResult r = d.train("run", kShort + "--resume auto --set training.train_iters=14 --inject nan@step=13");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("step 13: loss is nan: the run diverged"), std::string::npos) << r.output;
   EXPECT_EQ(read_bytes(run + "/final/model.safetensors"), final_model);
@@ -59,7 +59,7 @@ TEST(Divergence, AnExtendedRunThatDivergesLeavesTheFinishedRunsResults) {
 TEST(Divergence, NonFiniteWeightsAreNeverSaved) {
   TinyRunDir d;
   const CommandResult r = d.train("huge_lr", "--set optimizer.lr=1e39 --set optimizer.min_lr=0.0 "
-                                             "--set logging.save_interval=1 --set training.train_iters=4");
+                                             "--set logging.save_interval=1 --set training.train_iters=6");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("error: step 1: the weights are not finite; not writing a checkpoint (it would replace "
                           "good files); no checkpoint was written yet"),
@@ -73,9 +73,9 @@ TEST(Divergence, NonFiniteWeightsAreNeverSaved) {
 // overflow) exits non-zero naming the model, instead of printing {"loss": null}.
 TEST(Divergence, EvalOfAModelWithANonFiniteLossFails) {
   TinyRunDir d;
-  ASSERT_EQ(d.train("run", "--set training.train_iters=2 --set logging.save_interval=0").exit_code, 0);
+  ASSERT_EQ(d.train("run", "--set training.train_iters=6 --set logging.save_interval=0").exit_code, 0);
   const std::string good = d.run_dir("run") + "/final";
-  const std::string eval = std::string(MEGATON_BINARY) + " eval --data " + d.run_dir("valid") + " --seq-len 16 --model ";
+  const std::string eval = std::string(MEGATON_BINARY) + " eval --data " + d.run_dir("valid") + " --seq-len 16 --max-samples 8 --model ";
   CommandResult r = run_command(eval + good);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   for (const auto& [name, scale] : std::vector<std::pair<std::string, float>>{{"nan", NAN}, {"huge", 1e30f}}) {

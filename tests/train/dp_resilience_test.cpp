@@ -281,7 +281,7 @@ TEST(DpResilience, ASignalToOneRankOrAllStopsEveryRankAfterTheSameStep) {
 TEST(DpResilience, SigtermToTheSupervisorOfAJobStopsItWithACheckpoint) {
   TinyRunDir d;
   const std::string run = d.run_dir("job");
-  const CommandResult r = run_and_signal(mpi_env(120) + d.command("job", "--nproc 2 --max-restarts 2 --set "
+  const CommandResult r = run_and_signal(mpi_environment() + d.command("job", "--nproc 2 --max-restarts 2 --set "
                                                                          "training.train_iters=100000 --set "
                                                                          "optimizer.lr_decay_iters=100 --set "
                                                                          "logging.save_interval=0"),

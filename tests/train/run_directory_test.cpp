@@ -31,10 +31,10 @@ TEST(RunDirectory, AnUnwritableRunDirectoryFailsBeforeTraining) {
   };
   for (const Case& c : std::vector<Case>{
            {d.run_dir("file"), "config key 'logging.run_dir': '" + d.run_dir("file") + "' is a file, not a directory"},
-           {d.run_dir("file") + "/run", "cannot create '" + d.run_dir("file") + "/run': '" + d.run_dir("file") +
-                                            "' is a file, not a directory"},
+           {d.run_dir("file") + "/run", "config key 'logging.run_dir': cannot create '" + d.run_dir("file") + "/run': '" +
+                                            d.run_dir("file") + "' is a file, not a directory"},
            // Not writable even by root (sysfs): the probe answers where access() would not.
-           {"/sys/megaton_run", "cannot create '/sys/megaton_run': '/sys' is not writable"},
+           {"/sys/megaton_run", "config key 'logging.run_dir': cannot create '/sys/megaton_run': '/sys' is not writable"},
        }) {
     const CommandResult r = run_command(std::string(MEGATON_BINARY) + " train --config " + d.run_dir("run.toml") +
                                         " --set logging.run_dir='\"" + c.run_dir + "\"'");
@@ -64,15 +64,16 @@ TEST(RunDirectory, AFinishedRunIsNeverSilentlyReplaced) {
   EXPECT_EQ(read_bytes(run + "/final/model.safetensors"), final_model);
 
   fs::rename(run + "/checkpoints/step_000002", run + "/checkpoints/step_000002.corrupt");
-  r = d.train("run", kShort + "--overwrite --set training.train_iters=4");
+  r = d.train("run", kShort + "--overwrite --set training.train_iters=8");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_EQ(read_metrics(run).losses.size(), 4u);  // a new run, not the old one's records
-  EXPECT_EQ(ckpt::list_checkpoints(run + "/checkpoints"),
-            (std::vector<std::string>{run + "/checkpoints/step_000004", run + "/checkpoints/step_000002"}));
+  EXPECT_EQ(read_metrics(run).losses.size(), 8u);  // a new run, not the old one's records
+  EXPECT_EQ(ckpt::list_checkpoints(run + "/checkpoints"),  // keep_last 3: the new step 2 went, the moved one stays
+            (std::vector<std::string>{run + "/checkpoints/step_000008", run + "/checkpoints/step_000006",
+                                      run + "/checkpoints/step_000004"}));
   EXPECT_TRUE(fs::exists(run + "/checkpoints/step_000002.corrupt"));
 
-  ASSERT_EQ(d.train("no_ckpt", "--set training.train_iters=2 --set logging.save_interval=0").exit_code, 0);
-  r = d.train("no_ckpt", "--resume auto --set training.train_iters=2 --set logging.save_interval=0");
+  ASSERT_EQ(d.train("no_ckpt", "--set training.train_iters=6 --set logging.save_interval=0").exit_code, 0);
+  r = d.train("no_ckpt", "--resume auto --set training.train_iters=6 --set logging.save_interval=0");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("holds a finished run (final/) but no checkpoint to continue it from"), std::string::npos)
       << r.output;

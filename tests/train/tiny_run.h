@@ -171,17 +171,20 @@ inline void expect_close_training(const Metrics& got, const Metrics& want, const
   }
 }
 
-// Starts `command` (led by a `timeout`, which passes signals on) in the background with its output
-// in `log`, sends it the first of `signals` ("TERM", "INT") once `metrics` holds a step record and each
-// further one once `log` shows `wait_for`, and waits for it. The output is "exit=STATUS" (128 + N when
-// signal N ended it) followed by the log.
+// Starts `command` in the background with its output in `log`, sends it the first of `signals`
+// ("TERM", "INT") once `metrics` holds a step record and each further one once `log` shows
+// `wait_for`, and waits for it; a watchdog kills it after 120 s. The output is "exit=STATUS" (128 + N
+// when signal N ended it) followed by the log. (Not under `timeout`: it passes a signal on twice, to
+// the command and to its process group, and a second signal means "stop at once".)
 inline CommandResult run_and_signal(const std::string& command, const std::string& metrics,
                                     const std::vector<std::string>& signals, const std::string& log,
                                     const std::string& wait_for = "stop requested") {
   auto wait_until = [](const std::string& text, const std::string& file) {
     return "for i in $(seq 600); do grep -q '" + text + "' " + file + " 2>/dev/null && break; sleep 0.1; done; ";
   };
-  std::string script = command + " >" + log + " 2>&1 & pid=$!; " + wait_until("step_time_s", metrics);
+  std::string script = command + " >" + log + " 2>&1 & pid=$!; "
+                       "(for i in $(seq 1200); do kill -0 $pid 2>/dev/null || exit 0; sleep 0.1; done; kill -KILL $pid) & " +
+                       wait_until("step_time_s", metrics);
   for (size_t i = 0; i < signals.size(); ++i)
     script += (i == 0 ? "" : wait_until(wait_for, log) + "sleep 0.3; ") + "kill -" + signals[i] + " $pid; ";
   return run_command(script + "wait $pid; echo exit=$?; cat " + log);
