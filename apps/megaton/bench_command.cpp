@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "option_range.h"
 #include "gemm_shapes.h"
 #include "megaton/core/allocator.h"
 #include "megaton/core/cpu_info.h"
@@ -71,10 +72,10 @@ void add_bench_command(CLI::App& app) {
   static bool json = false, gemm_shapes = false, cpu_only = false;
   static std::string device_name = "cpu", dtype_text = "f32", cpu_gemm = "auto", precision = "fp32";
   cmd->add_option("--model", preset, "Model preset")->capture_default_str();
-  cmd->add_option("--batch", batch, "Batch size")->capture_default_str()->check(CLI::PositiveNumber);
-  cmd->add_option("--seq-len", seq_len, "Sequence length")->capture_default_str()->check(CLI::PositiveNumber);
-  cmd->add_option("--steps", steps, "Timed steps (median reported)")->capture_default_str()->check(CLI::PositiveNumber);
-  cmd->add_option("--threads", threads, "CPU threads (default: OMP_NUM_THREADS or all cores)");
+  cmd->add_option("--batch", batch, "Batch size")->capture_default_str()->check(in_range<int64_t>(1, 1 << 20));
+  cmd->add_option("--seq-len", seq_len, "Sequence length")->capture_default_str()->check(in_range<int64_t>(1, 1 << 24));
+  cmd->add_option("--steps", steps, "Timed steps (median reported)")->capture_default_str()->check(in_range(1, 1 << 20));
+  cmd->add_option("--threads", threads, "CPU threads (default: OMP_NUM_THREADS or all cores)")->check(in_range(0, 4096));
   cmd->add_flag("--json", json, "Print one JSON line");
   cmd->add_flag("--gemm-shapes", gemm_shapes,
                 "Instead of training steps, time each linear's forward / dgrad / wgrad GEMM at batch x seq-len rows");

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "option_range.h"
 #include "megaton/data/data_loader.h"
 #include "megaton/data/dataset_builder.h"
 #include "megaton/data/dataset_summary.h"
@@ -20,15 +21,21 @@ struct SamplingOptions {
   std::array<int64_t, 3> num_samples{-1, -1, -1};  // -1: one epoch
 
   void add_to(CLI::App* cmd, bool seq_length_required) {
-    auto* t = cmd->add_option("--seq-length", config.seq_length, "Tokens per sample (inputs; samples hold one more)");
+    auto* t = cmd->add_option("--seq-length", config.seq_length, "Tokens per sample (inputs; samples hold one more)")
+                  ->check(in_range<int64_t>(1, int64_t{1} << 31));
     if (seq_length_required) t->required();
-    cmd->add_option("--seed", config.seed, "Sampling seed (numpy RandomState, as Megatron)")->capture_default_str();
+    cmd->add_option("--seed", config.seed, "Sampling seed (numpy RandomState, as Megatron)")
+        ->capture_default_str()
+        ->check(in_range<int64_t>(0, (int64_t{1} << 32) - 1));
     cmd->add_option("--split", config.split, "train,valid,test document ratios")->capture_default_str();
     cmd->add_option("--data-cache-path", config.cache_dir,
                     "Where sampling indices are cached (default: PREFIX/cache/GPTDataset_indices)");
-    cmd->add_option("--train-samples", num_samples[0], "Samples training draws (default: one epoch)");
-    cmd->add_option("--valid-samples", num_samples[1], "Samples validation draws (default: one epoch)");
-    cmd->add_option("--test-samples", num_samples[2], "Samples testing draws (default: one epoch)");
+    cmd->add_option("--train-samples", num_samples[0], "Samples training draws (default: one epoch)")
+        ->check(in_range<int64_t>(0, int64_t{1} << 40));
+    cmd->add_option("--valid-samples", num_samples[1], "Samples validation draws (default: one epoch)")
+        ->check(in_range<int64_t>(0, int64_t{1} << 40));
+    cmd->add_option("--test-samples", num_samples[2], "Samples testing draws (default: one epoch)")
+        ->check(in_range<int64_t>(0, int64_t{1} << 40));
   }
   std::array<std::optional<int64_t>, 3> counts() const {
     std::array<std::optional<int64_t>, 3> out;
@@ -199,8 +206,10 @@ void add_data_command(CLI::App& app) {
   static bool json = false;
   cmd->add_option("prefix", prefix, "Dataset prefix (PREFIX.bin / PREFIX.idx)")->required();
   cmd->add_option("--tokenizer", tokenizer, "Tokenizer spec used to decode")->capture_default_str();
-  cmd->add_option("--show", show, "Documents (and samples per split) to decode")->capture_default_str();
-  cmd->add_option("--max-chars", max_chars, "Characters shown per decoded text")->capture_default_str();
+  cmd->add_option("--show", show, "Documents (and samples per split) to decode")->capture_default_str()->check(in_range(0, 1 << 20));
+  cmd->add_option("--max-chars", max_chars, "Characters shown per decoded text")
+      ->capture_default_str()
+      ->check(in_range<size_t>(1, size_t{1} << 30));
   cmd->add_flag("--json", json, "One JSON object instead of text (full decoded texts and token ids)");
   inspect_sampling.add_to(cmd, false);
   cmd->callback([] { inspect(prefix, tokenizer, inspect_sampling, show, max_chars, json); });
@@ -212,9 +221,11 @@ void add_data_command(CLI::App& app) {
   static double seconds = 3;
   b->add_option("data_path", data_path, "PREFIX, or a blend \"W1 PREFIX1 W2 PREFIX2 ...\"")->required();
   bench_sampling.add_to(b, true);
-  b->add_option("--micro-batch-size", loader_opts.micro_batch_size)->capture_default_str();
-  b->add_option("--num-workers", loader_opts.num_workers, "Loader threads")->capture_default_str();
-  b->add_option("--seconds", seconds, "How long to read")->capture_default_str();
+  b->add_option("--micro-batch-size", loader_opts.micro_batch_size)->capture_default_str()->check(in_range<int64_t>(1, 1 << 20));
+  b->add_option("--num-workers", loader_opts.num_workers, "Loader threads")
+      ->capture_default_str()
+      ->check(in_range(1, data::DataLoader::kMaxWorkers));
+  b->add_option("--seconds", seconds, "How long to read")->capture_default_str()->check(in_range(0.0, 86400.0));
   b->callback([] { bench(data_path, bench_sampling, loader_opts, seconds); });
 }
 

@@ -1,7 +1,9 @@
+#include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "option_range.h"
 #include "megaton/ckpt/safetensors.h"
 #include "megaton/core/threads.h"
 #include "megaton/data/token_stream.h"
@@ -20,10 +22,11 @@ void add_eval_command(CLI::App& app) {
   cmd->add_option("--data", data_prefix, "Megatron dataset prefix (PREFIX.bin / PREFIX.idx)")->required();
   cmd->add_option("--seq-len", seq_len, "Sample length T: sample i is tokens [i*T, i*T+T] of the stream")
       ->required()
-      ->check(CLI::PositiveNumber);
-  cmd->add_option("--max-samples", max_samples, "Evaluate at most this many samples (default: all)");
-  cmd->add_option("--batch", batch, "Samples per forward pass")->check(CLI::PositiveNumber);
-  cmd->add_option("--threads", threads, "CPU threads (default: OMP_NUM_THREADS or all cores)");
+      ->check(in_range<int64_t>(1));
+  cmd->add_option("--max-samples", max_samples, "Evaluate at most this many samples (default: all)")
+      ->check(in_range<int64_t>(1));
+  cmd->add_option("--batch", batch, "Samples per forward pass")->check(in_range<int64_t>(1, 1 << 20));
+  cmd->add_option("--threads", threads, "CPU threads (default: OMP_NUM_THREADS or all cores)")->check(in_range(0, 4096));
   cmd->add_option("--dump-grads", dump,
                   "Also write the gradient of the loss for every parameter (HF names) to this safetensors file");
   cmd->callback([] {
@@ -34,6 +37,10 @@ void add_eval_command(CLI::App& app) {
            model->config().max_position_embeddings);
     data::StreamSamples samples(std::make_shared<data::TokenStream>(data_prefix), seq_len);
     auto r = train::evaluate(*model, samples, batch, max_samples, !dump.empty());
+    // A model that scores NaN or Inf is broken (diverged weights, overflow): a failure, not a number.
+    if (!std::isfinite(r.loss))
+      fail("model '", model_dir, "' gives a non-finite loss (", r.loss, ") on ", data_prefix, " over ", r.tokens,
+           " tokens: its weights are diverged or overflow");
     if (!dump.empty())
       ckpt::save_safetensors(dump, models::to_hf_tensors(*model, true), {{"loss", std::to_string(r.loss)}});
     std::printf("%s\n", nlohmann::json{{"loss", r.loss}, {"tokens", r.tokens}}.dump().c_str());

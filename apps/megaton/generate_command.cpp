@@ -2,6 +2,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "option_range.h"
 #include "megaton/core/threads.h"
 #include "megaton/data/tokenizer.h"
 #include "megaton/infer/generate.h"
@@ -17,15 +18,15 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--model", model_dir, "HF model folder (config.json + model.safetensors)")->required();
   cmd->add_option("--prompt", prompt, "Prompt text")->required();
   cmd->add_option("--tokenizer", tokenizer, "Tokenizer spec")->capture_default_str();
-  cmd->add_option("--max-new-tokens", opts.max_new_tokens, "Tokens to generate")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--max-new-tokens", opts.max_new_tokens, "Tokens to generate")->capture_default_str()->check(in_range<int64_t>(1));
   cmd->add_option("--temperature", opts.temperature, "Sampling temperature; 0 = greedy")->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(in_range(0.0));
   cmd->add_option("--top-k", opts.top_k, "Keep the k most likely tokens (0 = all)")->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(in_range<int64_t>(0));
   cmd->add_option("--top-p", opts.top_p, "Nucleus sampling: smallest set with this probability mass")->capture_default_str()
-      ->check(CLI::Range(0.0, 1.0));
-  cmd->add_option("--seed", opts.seed, "Sampling seed")->capture_default_str();
-  cmd->add_option("--threads", threads, "CPU threads");
+      ->check(in_range(0.0, 1.0));
+  cmd->add_option("--seed", opts.seed, "Sampling seed")->capture_default_str()->check(in_range<uint64_t>(0));
+  cmd->add_option("--threads", threads, "CPU threads")->check(in_range(0, 4096));
   cmd->callback([] {
     set_num_threads(threads);
     auto model = models::load_hf_model(model_dir);

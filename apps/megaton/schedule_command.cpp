@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "commands.h"
+#include "option_range.h"
 #include "megaton/core/atomic_file.h"
 #include "megaton/core/error.h"
 #include "megaton/pipeline/generators.h"
@@ -97,13 +98,13 @@ void add_schedule_command(CLI::App& app) {
   std::string kinds;
   for (const auto& k : pipeline::schedule_kinds()) kinds += (kinds.empty() ? "" : ", ") + k;
   cmd->add_option("--kind", kind, "Schedule: " + kinds)->capture_default_str();
-  cmd->add_option("--pp", pp, "Pipeline stages")->capture_default_str()->check(CLI::Range(1, 4096));
+  cmd->add_option("--pp", pp, "Pipeline stages")->capture_default_str()->check(in_range(1, 4096));
   cmd->add_option("--vpp", vpp, "Model chunks per stage (interleaved; 2 for zbv, dualpipe, dualpipev)")
       ->capture_default_str()
-      ->check(CLI::Range(1, 1024));
+      ->check(in_range(1, 1024));
   cmd->add_option("--microbatches", microbatches, "Micro-batches per step")
       ->capture_default_str()
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+      ->check(in_range(int64_t{1}, int64_t{1} << 20));
   cmd->add_option("--costs", costs_text,
                   "Per-op costs F=,B=,W=, the stage-to-stage transfer T= and an overlapped F&B FB= (default F+B)")
       ->capture_default_str();

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "option_range.h"
 #include "megaton/core/error.h"
 #include "megaton/core/threads.h"
 #include "megaton/data/sentencepiece_tokenizer.h"
@@ -137,7 +138,7 @@ void add_tokenizer_command(CLI::App& app) {
       ->check(CLI::ExistingFile);
   train->add_option("--vocab-size", train_opts.vocab_size, "Pieces in the model")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(in_range(1, 1 << 24));
   train->add_option("--type", train_opts.type, "Model type")
       ->capture_default_str()
       ->check(CLI::IsMember({"bpe", "unigram"}));
@@ -146,7 +147,7 @@ void add_tokenizer_command(CLI::App& app) {
                     "Extra SentencePieceTrainer flag as KEY=VALUE (spm_train's names), e.g. character_coverage=1.0; "
                     "repeatable. Defaults: normalization_rule_name=identity remove_extra_whitespaces=false "
                     "byte_fallback=true (lossless for UTF-8)");
-  train->add_option("--threads", train_opts.threads, "Trainer threads (default: all)");
+  train->add_option("--threads", train_opts.threads, "Trainer threads (default: all)")->check(in_range(0, 4096));
   train->callback([] {
     data::train_sentencepiece(train_opts);
     auto tok = data::make_tokenizer("sentencepiece:" + train_opts.output_prefix + ".model");
@@ -162,7 +163,7 @@ void add_tokenizer_command(CLI::App& app) {
   for (auto* sub : {enc, dec}) {
     sub->add_option("--tokenizer", spec, "byte, gpt2:DIR, tiktoken:FILE or sentencepiece:FILE.model")
         ->capture_default_str();
-    sub->add_option("--threads", threads, "Threads (default: all)");
+    sub->add_option("--threads", threads, "Threads (default: all)")->check(in_range(0, 4096));
   }
   enc->add_flag("--whole", whole, "Encode all of stdin as one document: one output line");
   dec->add_flag("--whole", whole,

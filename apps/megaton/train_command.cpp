@@ -4,9 +4,11 @@
 #include <filesystem>
 
 #include "commands.h"
+#include "option_range.h"
 #include "megaton/data/preprocess.h"
 #include "megaton/data/split_dataset.h"
 #include "megaton/parallel/communicator.h"
+#include "megaton/train/stop_signal.h"
 #include "megaton/train/supervisor.h"
 #include "megaton/train/trainer.h"
 
@@ -100,20 +102,24 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--resume", options.resume,
                   "Continue from a checkpoint: 'auto' (the newest valid one in the run directory, if any) or a path "
                   "(a checkpoint directory, or a checkpoints directory to take the newest valid one from)");
+  cmd->add_flag("--overwrite", options.overwrite,
+               "Start over in a run directory that holds an earlier run (its metrics, checkpoints and final model are "
+               "removed; checkpoints moved aside as corrupt are kept); with --resume auto: start over when no "
+               "checkpoint passes verification");
   cmd->add_option("--inject", options.inject,
                   "Inject a fault (repeatable, for testing): nan@step=N, spike@step=N, crash@step=N, crash@save[=N], "
-                  "fail@save[=N], slow@save=SECONDS; add ,rank=R to inject it on one rank of a data-parallel job only");
+                  "fail@save[=N], slow@save=SECONDS, sigterm@step=N, fail@final; add ,rank=R to inject it on one rank of a data-parallel job only");
   static int nproc = 1;
   static std::string launcher;
   cmd->add_option("--max-restarts", max_restarts,
                   "Run training in a child process (with --nproc: the whole job) and restart it with --resume auto "
                   "when it dies, up to this many times")
-      ->check(CLI::NonNegativeNumber);
+      ->check(in_range(0, 1000));
   cmd->add_option("--nproc", nproc,
                   "Train data parallel on this many processes: starts the job as `mpirun -np N megaton train ...` "
                   "(the other arguments passed on) and waits for it; with --max-restarts, restarts the whole job when "
                   "any rank dies")
-      ->check(CLI::PositiveNumber);
+      ->check(in_range(1, 1 << 20));
   cmd->add_option("--launcher", launcher,
                   "With --nproc: the command that starts the ranks instead of `mpirun -np N` ({nproc} is replaced by "
                   "N), e.g. \"srun --mpi=pmix -n {nproc}\"; default: the MEGATON_LAUNCHER environment variable");
@@ -140,14 +146,19 @@ void add_train_command(CLI::App& app) {
       if (!config.empty()) args.insert(args.end(), {"--config", config});
       for (const std::string& s : sets) args.insert(args.end(), {"--set", s});
       for (const std::string& f : options.inject) args.insert(args.end(), {"--inject", f});
+      // --overwrite goes on to restarts too: with --resume auto it only starts over when no checkpoint
+      // is valid, which a restart before the first checkpoint needs.
+      if (options.overwrite) args.push_back("--overwrite");
       std::vector<std::string> restart_args = args;
       if (!options.resume.empty()) args.insert(args.end(), {"--resume", options.resume});
       restart_args.insert(restart_args.end(), {"--resume", "auto"});
-      train::supervise(args, restart_args, max_restarts, (fs::path(cfg.run_dir) / "metrics.jsonl").string());
+      if (!train::supervise(args, restart_args, max_restarts, (fs::path(cfg.run_dir) / "metrics.jsonl").string()))
+        throw CLI::RuntimeError(train::kStoppedExitStatus);
       return;
     }
     train::Trainer trainer(std::move(cfg), options);
     auto summary = trainer.run();
+    if (summary.stopped) throw CLI::RuntimeError(train::kStoppedExitStatus);
     // Last, after the sample: the one number a run is judged by (rank 0 alone prints).
     if (summary.final_val_loss >= 0 && parallel::world().rank() == 0)
       std::printf("final validation loss: %.4f nats/token\n", summary.final_val_loss);

@@ -30,7 +30,10 @@ void save(const std::string& root, int64_t step, int64_t keep_last = 0) {
 
 std::vector<std::string> rejections(const std::string& root, std::optional<std::string>& chosen) {
   std::vector<std::string> why;
-  chosen = ckpt::find_valid_checkpoint(root, [&](const std::string& r) { why.push_back(r); });
+  chosen = ckpt::find_valid_checkpoint(root, [&](const std::string& dir, const std::string& r) {
+    EXPECT_NE(r.find(dir), std::string::npos) << r;  // the reason names the rejected checkpoint
+    why.push_back(r);
+  });
   return why;
 }
 
@@ -62,7 +65,34 @@ TEST(CheckpointDir, CorruptionIsNamedAndTheNewestValidCheckpointChosen) {
   fs::remove(root + "/step_000010/manifest.json");
   EXPECT_ERROR_CONTAINS(ckpt::verify_manifest(root + "/step_000010"), "step_000010", "no manifest.json");
   // A named checkpoint is verified too; an error instead of a fallback.
-  EXPECT_ERROR_CONTAINS(ckpt::find_valid_checkpoint(root + "/step_000020", [](const std::string&) {}), "checksum");
+  EXPECT_ERROR_CONTAINS(
+      ckpt::find_valid_checkpoint(root + "/step_000020", [](const std::string&, const std::string&) {}), "checksum");
+  // A file where a checkpoint directory belongs, and a path that is not there.
+  write_bytes(dir.file("file"), "x");
+  EXPECT_ERROR_CONTAINS(ckpt::find_valid_checkpoint(dir.file("file"), [](const std::string&, const std::string&) {}),
+                        dir.file("file"), "is a file");
+  EXPECT_ERROR_CONTAINS(ckpt::find_valid_checkpoint(dir.file("none"), [](const std::string&, const std::string&) {}),
+                        dir.file("none"), "does not exist");
+}
+
+// A rejected checkpoint moved aside keeps every byte, and neither retention nor a later save of
+// the same step touches it (issue 8: never destroy what could be recovered).
+TEST(CheckpointDir, MovedAsideCheckpointsSurviveRetentionAndLaterSaves) {
+  TempDir dir;
+  const std::string root = dir.file("ckpts");
+  for (int64_t s : {10, 20}) save(root, s);
+  const std::string bytes = read_bytes(root + "/step_000020/a.bin");
+  EXPECT_EQ(ckpt::move_aside(root + "/step_000020"), root + "/step_000020.corrupt");
+  save(root, 20);
+  EXPECT_EQ(ckpt::move_aside(root + "/step_000020"), root + "/step_000020.corrupt.2");
+  EXPECT_EQ(ckpt::list_moved_aside(root),
+            (std::vector<std::string>{root + "/step_000020.corrupt", root + "/step_000020.corrupt.2"}));
+  EXPECT_EQ(ckpt::list_checkpoints(root), std::vector<std::string>{root + "/step_000010"});
+  for (int64_t s : {20, 30, 40}) save(root, s, 1);  // keep one: every other step_N goes
+  EXPECT_EQ(ckpt::list_checkpoints(root), std::vector<std::string>{root + "/step_000040"});
+  EXPECT_EQ(read_bytes(root + "/step_000020.corrupt/a.bin"), bytes);
+  EXPECT_TRUE(fs::exists(root + "/step_000020.corrupt.2/manifest.json"));
+  EXPECT_TRUE(ckpt::remove_torn_checkpoints(root).empty());
 }
 
 TEST(CheckpointDir, RetentionLatestAndTornSaves) {

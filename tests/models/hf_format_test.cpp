@@ -225,3 +225,51 @@ TEST(Presets, ParameterCountsMatchThePublishedModels) {
   bad.num_query_groups = 5;
   EXPECT_THROW(bad.validate(), Error);
 }
+
+// Issue 8, principles 1 and 7: config.json values are read strictly, and every wrong one is an error
+// naming the file and the key (never a bare JSON-library message, never silently converted: 12.5
+// layers used to load as 12, `true` as 1).
+TEST(HfFormat, WrongTypedConfigFieldsNameTheFileAndKey) {
+  const nlohmann::json gpt2 = models::config_to_hf(models::preset("gpt-tiny"));
+  const nlohmann::json llama = models::config_to_hf(models::preset("llama-tiny"));
+  ASSERT_NO_THROW(models::config_from_hf(gpt2, "good.json"));
+  struct Case {
+    nlohmann::json base;
+    std::string key;
+    nlohmann::json value;
+    std::string message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {gpt2, "n_layer", "12", "cfg.json: key 'n_layer' must be an integer, got \"12\" (string)"},
+           {gpt2, "n_layer", 2.5, "cfg.json: key 'n_layer' must be an integer, got 2.5 (number)"},
+           {gpt2, "n_layer", 2.0, "cfg.json: key 'n_layer' must be an integer, got 2.0 (number)"},
+           {gpt2, "n_embd", true, "cfg.json: key 'n_embd' must be an integer, got true (boolean)"},
+           {gpt2, "vocab_size", nlohmann::json(UINT64_MAX), "cfg.json: key 'vocab_size' = 18446744073709551615 is out of range"},
+           {gpt2, "tie_word_embeddings", "yes", "cfg.json: key 'tie_word_embeddings' must be true or false, got \"yes\""},
+           {gpt2, "tie_word_embeddings", 1, "cfg.json: key 'tie_word_embeddings' must be true or false, got 1"},
+           {gpt2, "layer_norm_epsilon", "1e-5", "cfg.json: key 'layer_norm_epsilon' must be a number, got \"1e-5\""},
+           {gpt2, "activation_function", 7, "cfg.json: key 'activation_function' must be a string, got 7"},
+           {gpt2, "model_type", nlohmann::json::array({"gpt2"}), "cfg.json: key 'model_type' must be a string"},
+           {llama, "num_key_value_heads", 1.5, "cfg.json: key 'num_key_value_heads' must be an integer"},
+           {llama, "rope_scaling", 8, "cfg.json: key 'rope_scaling' must be an object, got 8"},
+           {llama, "rope_scaling", {{"rope_type", "llama3"}, {"factor", "8"}},
+            "cfg.json rope_scaling: key 'factor' must be a number, got \"8\""},
+           {llama, "attention_bias", "false", "cfg.json: key 'attention_bias' must be true or false"},
+       }) {
+    nlohmann::json j = c.base;
+    j[c.key] = c.value;
+    EXPECT_ERROR_CONTAINS(models::config_from_hf(j, "cfg.json"), c.message);
+  }
+  EXPECT_ERROR_CONTAINS(models::config_from_hf(nlohmann::json::array({gpt2}), "cfg.json"),
+                        "cfg.json: expected a JSON object, got [");
+}
+
+// A file where the model folder belongs and a directory where config.json belongs are named as such.
+TEST(HfFormat, FileForTheFolderAndFolderForTheFileAreNamed) {
+  TempDir dir;
+  megaton::testing::write_bytes(dir.file("model"), "x");
+  EXPECT_ERROR_CONTAINS(models::load_hf_model(dir.file("model")), "model '" + dir.file("model") + "' is a file");
+  std::filesystem::create_directories(dir.file("folder/config.json"));
+  EXPECT_ERROR_CONTAINS(models::load_hf_model(dir.file("folder")),
+                        "model config '" + dir.file("folder/config.json") + "' is a directory");
+}

@@ -6,12 +6,14 @@
 
 namespace megaton::testing {
 
-// The same environment and timeout for a command that starts mpirun itself (`megaton train
-// --nproc N`): ranks not bound to cores, like --bind-to none.
-inline std::string mpi_env(int timeout_s = 60) {
-  return "timeout -k 5 " + std::to_string(timeout_s) + " env " + MEGATON_MPI_ENV +
-         " OMP_NUM_THREADS=1 OMPI_MCA_hwloc_base_binding_policy=none ";
+// The environment for a command that starts mpirun itself (`megaton train --nproc N`): ranks not
+// bound to cores, like --bind-to none.
+inline std::string mpi_environment() {
+  return std::string("env ") + MEGATON_MPI_ENV + " OMP_NUM_THREADS=1 OMPI_MCA_hwloc_base_binding_policy=none ";
 }
+
+// The same with a timeout.
+inline std::string mpi_env(int timeout_s = 60) { return "timeout -k 5 " + std::to_string(timeout_s) + " " + mpi_environment(); }
 
 inline std::string mpirun(int np, int timeout_s = 60) {
   return mpi_env(timeout_s) + MEGATON_MPIEXEC + " --allow-run-as-root --oversubscribe --bind-to none -np " +

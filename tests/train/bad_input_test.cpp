@@ -7,6 +7,7 @@
 #include "../support/byte_dataset.h"
 #include "../support/run_command.h"
 #include "../support/temp_dir.h"
+#include "megaton/data/indexed_dataset.h"
 
 using megaton::testing::run_command;
 using megaton::testing::TempDir;
@@ -35,6 +36,16 @@ TEST(BadInput, ConfigAndDataErrorsNameTheCulpritAndWriteNothing) {
     return t;
   };
   const std::string base = "[data]\ndata_path = \"DATA\"\n" + training("");
+  // Token ids up to 299: made by a tokenizer larger than `byte` (257 ids).
+  {
+    megaton::data::IndexedDatasetWriter w(dir.file("wide"), megaton::DType::U16);
+    for (int d = 0; d < 20; ++d) {
+      std::vector<int32_t> doc;
+      for (int i = 0; i < 40; ++i) doc.push_back((d * 41 + i * 7) % 300);
+      w.add_document(doc);
+    }
+    w.finalize();
+  }
   const std::vector<BadCase> cases = {
       {"key in the wrong section", base + "lr = 0.1\n", "did you mean 'optimizer.lr'"},
       {"typo", base + "[optimizer]\nweight_decy = 0.1\n", "optimizer.weight_decay"},
@@ -66,10 +77,21 @@ TEST(BadInput, ConfigAndDataErrorsNameTheCulpritAndWriteNothing) {
       {"negative rotary base", base + "[model]\nrotary_base = -5.0\n", "rotary_base"},
       // What would fail at the end fails at the start: the sample prompt must leave room.
       {"prompt too long", base + "[sample]\ntokens = 5\nprompt = \"" + std::string(40, 'x') + "\"\n", "sample.prompt"},
+      // ... the tokenizer that decodes the sample must know every id of the data (the model is larger),
+      {"data from another tokenizer", "[data]\ndata_path = \"WIDE\"\n" + training("") +
+           "[model]\nvocab_size = 512\n[sample]\ntokens = 5\n", "data.tokenizer"},
+      // ... and validation must have data when eval_interval asks for it.
+      {"eval without validation data", "[data]\ndata_path = \"DATA\"\nsplit = \"100,0,0\"\n" + training("") +
+           "[logging]\neval_interval = 1\n", "logging.eval_interval"},
+      // Values from the file parsed strictly: no float for an integer, no string for a bool.
+      {"float for an integer", training("train_iters = 5.0\n") + "[data]\ndata_path = \"DATA\"\n", "training.train_iters"},
+      {"string for a bool", "[data]\ndata_path = \"DATA\"\nshuffle = \"yes\"\n" + training(""), "data.shuffle"},
+      {"integer for a bool", base + "[checkpoint]\nasync_save = 1\n", "checkpoint.async_save"},
   };
   for (const auto& c : cases) {
     std::string toml = c.toml;
     replace_all(toml, "DATA", dir.file("data"));
+    replace_all(toml, "WIDE", dir.file("wide"));
     const std::string run_dir = dir.file(std::string("run_") + std::to_string(&c - cases.data()));
     toml += "[logging]\nrun_dir = \"" + run_dir + "\"\n";
     if (c.toml.find("[logging]") != std::string::npos) {  // keep one [logging] table
@@ -92,6 +114,59 @@ TEST(BadInput, SetOverrideErrorsNameTheKey) {
   r = run_command(std::string(MEGATON_BINARY) + " train --set training.train_iters=many");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("training.train_iters"), std::string::npos) << r.output;
+  // A value is wholly one value of the key's type: no exponent or fraction for an integer, no
+  // trailing junk, no second line smuggling another key in, only true / false for a bool.
+  for (const std::string set : {"training.train_iters=1e3", "training.train_iters=5.0", "training.train_iters=5abc",
+                                 "training.seed=--5", "data.shuffle=yes", "data.shuffle=1", "optimizer.lr=0.1x",
+                                 "training.train_iters=\"$(printf '5\\nlogging.log_interval=1')\""}) {
+    const std::string key = set.substr(0, set.find('='));
+    r = run_command(std::string(MEGATON_BINARY) + " train --set " + set);
+    EXPECT_NE(r.exit_code, 0) << set;
+    EXPECT_NE(r.output.find("error: --set " + key), std::string::npos) << set << ": " << r.output;
+  }
+}
+
+// Principle 7: a mistyped command lists the commands, an out-of-range or malformed number prints
+// the range in plain numbers, a file where a directory belongs (and the reverse) is named; each one
+// line and a non-zero exit.
+TEST(BadInput, CommandLineErrorsSayWhatIsExpected) {
+  TempDir dir;
+  std::ofstream(dir.file("file")) << "x";
+  megaton::testing::write_byte_dataset(dir.file("data"), 50);
+  const std::string m = std::string(MEGATON_BINARY) + " ";
+  const std::string gen = m + "generate --model " + dir.file("file") + " --prompt a ";
+  const std::string eval = m + "eval --model " + dir.file("nomodel") + " --data " + dir.file("nodata") + " ";
+  struct Case {
+    std::string command, message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {m + "trian", "error: unknown command 'megaton trian'; the commands are: train, eval, generate, preprocess"},
+           {m, "error: megaton needs a command: train, eval, generate"},
+           {m + "data show x", "error: unknown command 'megaton data show'; the commands are: inspect, bench"},
+           {m + "tokenizer", "error: megaton tokenizer needs a command: train, encode, decode"},
+           {gen + "--top-p 2", "--top-p: 2 is out of range: must be in [0, 1]"},
+           {gen + "--temperature nan", "--temperature: 'nan' is not a finite number"},
+           {gen + "--top-k -1", "--top-k: -1 is out of range: must be at least 0"},
+           {eval + "--seq-len -3", "--seq-len: -3 is out of range: must be at least 1"},
+           {eval + "--seq-len 8.0", "--seq-len: '8.0' is not a whole number"},
+           {eval + "--seq-len 1e3", "--seq-len: '1e3' is not a whole number"},
+           {eval + "--seq-len 99999999999999999999", "--seq-len: 99999999999999999999 is out of range: must be in [1, "
+                                                     "9223372036854775807]"},
+           {eval + "--seq-len 8 --max-samples -5", "--max-samples: -5 is out of range: must be at least 1"},
+           {m + "schedule --pp 5000", "--pp: 5000 is out of range: must be in [1, 4096]"},
+           {m + "train --nproc 0", "--nproc: 0 is out of range: must be in [1, 1048576]"},
+           {m + "data bench x --seq-length 8 --num-workers 100000", "--num-workers: 100000 is out of range: must be in [1, 256]"},
+           // A file where a directory belongs, and a directory where a file belongs.
+           {gen, "model '" + dir.file("file") + "' is a file; expected an HF model folder"},
+           {m + "train --config " + dir.file(""), "--config: File is actually a directory"},
+           {m + "train --resume " + dir.file("file") + " --set data.data_path=\\\"" + dir.file("data") +
+                "\\\" --set logging.run_dir=\\\"" + dir.file("run") + "\\\"",
+            "checkpoint path '" + dir.file("file") + "' is a file"},
+       }) {
+    const auto r = run_command(c.command);
+    EXPECT_NE(r.exit_code, 0) << c.command;
+    EXPECT_NE(r.output.find(c.message), std::string::npos) << c.command << ":\n" << r.output;
+  }
 }
 
 TEST(BadInput, BenchGemmShapesNamesABadDeviceOrDtype) {

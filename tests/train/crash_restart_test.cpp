@@ -41,7 +41,7 @@ TEST(CrashRestart, WithoutRestartsACrashEndsTheRunAndTooManyCrashesGiveUp) {
   // next to the checkpoints of the run above).
   auto setup = d.train("repeated", "--max-restarts 3");
   EXPECT_NE(setup.exit_code, 0);
-  EXPECT_NE(setup.output.find("already holds checkpoints"), std::string::npos) << setup.output;
+  EXPECT_NE(setup.output.find("already holds a run"), std::string::npos) << setup.output;
   EXPECT_NE(setup.output.find("not restarting"), std::string::npos) << setup.output;
   EXPECT_EQ(setup.output.find("restart 1 of 3"), std::string::npos) << setup.output;
 }

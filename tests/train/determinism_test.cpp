@@ -31,14 +31,14 @@ std::vector<double> losses_of(const std::string& metrics) {
 }
 
 std::map<std::string, Tensor> train_run(const std::string& data, const std::string& run_dir, const std::string& preset,
-                                        int threads, std::vector<double>& losses) {
+                                        int threads, std::vector<double>& losses, train::RunOptions options = {}) {
   auto cfg = train::load_train_config(
       "", {"model.preset=\"" + preset + "\"", "model.num_layers=2", "model.hidden_size=48", "model.ffn_hidden_size=96",
            "model.num_attention_heads=6", "model.num_query_groups=" + std::string(preset == "gpt-tiny" ? "6" : "2"),
            "data.data_path=\"" + data + "\"", "training.micro_batch_size=4", "training.global_batch_size=8",
            "training.seq_length=32", "training.train_iters=6", "training.threads=" + std::to_string(threads),
            "optimizer.lr=1e-4", "optimizer.lr_warmup_iters=2", "logging.run_dir=\"" + run_dir + "\"", "logging.peak_tflops=1.0"});
-  train::Trainer(cfg).run();
+  train::Trainer(cfg, options).run();
   losses = losses_of(run_dir + "/metrics.jsonl");
   return ckpt::load_safetensors(run_dir + "/final/model.safetensors");
 }
@@ -84,14 +84,15 @@ TEST_P(Determinism, SameSeedTwiceIsBitwiseEqualAndOneVsTwoThreadsAgreeToRounding
 
 INSTANTIATE_TEST_SUITE_P(Models, Determinism, ::testing::Values("gpt-tiny", "llama-tiny"));
 
-// A fresh run into a directory an earlier run left (without checkpoints) starts metrics.jsonl
-// afresh instead of appending to the earlier run's records.
+// A fresh run into a directory an earlier run left (without checkpoints) is refused unless told to
+// overwrite it (run_directory_test); then it starts metrics.jsonl afresh instead of appending to the
+// earlier run's records.
 TEST(Metrics, FreshRunStartsItsOwnMetricsFile) {
   TempDir dir;
   megaton::testing::write_byte_dataset(dir.file("data"), 100);
   std::vector<double> first, second;
   train_run(dir.file("data"), dir.file("run"), "gpt-tiny", 2, first);
-  train_run(dir.file("data"), dir.file("run"), "gpt-tiny", 2, second);
+  train_run(dir.file("data"), dir.file("run"), "gpt-tiny", 2, second, {.resume = "", .overwrite = true, .inject = {}});
   EXPECT_EQ(second.size(), 6u);
   EXPECT_EQ(first, second);
 }

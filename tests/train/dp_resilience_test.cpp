@@ -1,9 +1,11 @@
 // Resilience of data-parallel jobs: faults on one rank (`--inject ...,rank=R`), agreed decisions,
 // restarts of the whole job (`megaton train --nproc N --max-restarts R`) and checkpoints that do
 // not depend on the number of ranks.
-// - A NaN on rank 1 alone is skipped (no rewind) or rewound (rewind on) by every rank, ending like the
-//   single-process run with the same NaN, within the 1e-5 of data parallelism; so is a loss spike
-//   that rank 1 alone sees.
+// - A NaN on rank 1 alone stops every rank at that step (no rewind: a diverged run fails) or is
+//   rewound by every rank (rewind on), like the single-process run with the same NaN, within the
+//   1e-5 of data parallelism; so is a loss spike that rank 1 alone sees.
+// - SIGTERM to rank 1 alone, or to every rank, or to the supervisor of a --nproc job, stops every
+//   rank after the same step with a checkpoint and exit status 3; the job resumes bitwise.
 // - Rank 1 killed by SIGKILL mid-run: the supervisor restarts the job from the newest checkpoint and
 //   it ends bitwise equal to the clean --nproc 2 run.
 // - A dp2 run stopped and resumed at dp2 equals the uninterrupted one bitwise; resumed at dp1 from
@@ -18,6 +20,7 @@
 #include <filesystem>
 #include <functional>
 
+#include "megaton/ckpt/checkpoint_dir.h"
 #include "megaton/core/error.h"
 #include "megaton/train/fault_injection.h"
 #include "megaton/train/supervisor.h"
@@ -61,7 +64,9 @@ TEST(DpResilience, RankQualifierIsParsedAndRangeCheckedNamingTheSpec) {
            {"nan@step=5,rank=0,rank=1", 2, "--inject nan@step=5,rank=0,rank=1: rank given twice"},
            {"nan@step=x,rank=1", 2, "--inject nan@step=x,rank=1: 'x' is not a positive step number"},
            {"boom@step=3,rank=1", 2, "--inject boom@step=3,rank=1: expected nan@step=N"},
-           {"crash@save=10,rank=1", 2, "--inject crash@save=10,rank=1: checkpoints are written by rank 0 alone"},
+           {"crash@save=10,rank=1", 2, "--inject crash@save=10,rank=1: checkpoints and the final model are written by rank 0 alone"},
+           {"fail@final,rank=1", 2, "--inject fail@final,rank=1: checkpoints and the final model are written by rank 0 alone"},
+           {"fail@final=3", 2, "--inject fail@final=3: expected nan@step=N"},
        }) {
     const std::string e = inject_error({c.spec}, c.world);
     EXPECT_NE(e.find(c.message), std::string::npos) << c.spec << ": " << e;
@@ -109,26 +114,34 @@ TEST(DpResilience, AFaultWithARankFiresOnThatRankAloneAndOncePerRunDirectory) {
 }
 
 // A NaN in rank 1's gradients after the reduction: rank 0's own gradients are fine, yet every rank
-// must skip the update (no rewind) or rewind (rewind on), exactly as a single process meeting the
-// NaN does; otherwise the replicas part ways and rank 0 saves weights unlike the single-process run.
-TEST(DpResilience, NanOnOneRankIsSkippedOrRewoundByEveryRank) {
+// must stop (no rewind: a diverged run is a failed run) or rewind (rewind on), exactly as a single
+// process meeting the NaN does; otherwise the replicas part ways and rank 0 saves weights unlike the
+// single-process run.
+TEST(DpResilience, NanOnOneRankStopsOrIsRewoundByEveryRank) {
   TinyRunDir d;
-  // No rewind: the step's update is skipped on every rank.
-  const Metrics single = d.train_ok("single", kShort + "--inject nan@step=4");
-  CommandResult r = d.train_mpi(2, "dp2", kShort + "--inject nan@step=4,rank=1");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
+  // No rewind: every rank stops at step 4, before its update, with a non-zero exit and no final model.
+  CommandResult r = d.train("single", kShort + "--inject nan@step=4");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("step 4: loss is nan: the run diverged and cannot rewind"), std::string::npos) << r.output;
+  const Metrics single = read_metrics(d.run_dir("single"));
+  r = d.train_mpi(2, "dp2", kShort + "--inject nan@step=4,rank=1");
+  EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("injected fault: nan@step=4,rank=1 (step 4, rank 1)"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("injected fault: nan@step=4,rank=1 (step 4)"), std::string::npos) << "fired on rank 0:\n"
                                                                                            << r.output;
-  Metrics dp = read_metrics(d.run_dir("dp2"));
-  ASSERT_EQ(dp.losses.size(), 10u);
-  EXPECT_EQ(dp.last.at(4)["skipped"], "non-finite gradient") << dp.last.at(4).dump();
-  EXPECT_EQ(single.last.at(4)["skipped"], "non-finite gradient");
-  // Rank 0 logs the loss it saw, the group's mean, which rank 1's NaN came after.
-  EXPECT_TRUE(std::isnan(single.losses.at(4)));
-  EXPECT_TRUE(std::isfinite(dp.losses.at(4)));
-  dp.losses[4] = single.losses.at(4);
-  expect_close_training(dp, single, d.run_dir("dp2"), d.run_dir("single"), "skipped NaN");
+  // Rank 0's own verdict decides (its norm is the group's NaN): both ranks stop with the same words.
+  EXPECT_NE(r.output.find("[rank 0] error: step 4: rank 0: grad norm is nan: the run diverged"), std::string::npos)
+      << r.output;
+  const Metrics dp = read_metrics(d.run_dir("dp2"));
+  for (const Metrics* m : {&single, &dp}) {
+    ASSERT_EQ(m->losses.size(), 3u);
+    ASSERT_EQ(m->events_of("diverged").size(), 1u);
+    EXPECT_EQ(m->events_of("diverged")[0]["step"], 4);
+  }
+  for (int64_t step = 1; step <= 3; ++step)
+    EXPECT_NEAR(dp.losses.at(step), single.losses.at(step), 1e-5 * single.losses.at(step)) << step;
+  EXPECT_FALSE(fs::exists(d.run_dir("single") + "/final"));
+  EXPECT_FALSE(fs::exists(d.run_dir("dp2") + "/final"));
 
   // Rewind: every rank restores the step-0 snapshot and skips the batch of step 4.
   const std::string rewind = kShort + "--set rewind.enabled=true ";
@@ -136,15 +149,15 @@ TEST(DpResilience, NanOnOneRankIsSkippedOrRewoundByEveryRank) {
   r = d.train_mpi(2, "dp2_rewind", rewind + "--inject nan@step=4,rank=1");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("step 4: rank 0: grad norm is nan; rewound to step 0"), std::string::npos) << r.output;
-  dp = read_metrics(d.run_dir("dp2_rewind"));
+  const Metrics dp_rw = read_metrics(d.run_dir("dp2_rewind"));
   ASSERT_EQ(single_rw.events_of("rewind").size(), 1u);
-  ASSERT_EQ(dp.events_of("rewind").size(), 1u);
-  const auto e = dp.events_of("rewind")[0];
+  ASSERT_EQ(dp_rw.events_of("rewind").size(), 1u);
+  const auto e = dp_rw.events_of("rewind")[0];
   EXPECT_EQ(e["restored_step"], 0);
   EXPECT_EQ(e["skipped_batches"], nlohmann::json::array({3 * 8}));
   EXPECT_EQ(e["skipped_batches"], single_rw.events_of("rewind")[0]["skipped_batches"]);
-  ASSERT_EQ(dp.losses.size(), 10u);
-  expect_close_training(dp, single_rw, d.run_dir("dp2_rewind"), d.run_dir("single_rewind"), "rewound NaN");
+  ASSERT_EQ(dp_rw.losses.size(), 10u);
+  expect_close_training(dp_rw, single_rw, d.run_dir("dp2_rewind"), d.run_dir("single_rewind"), "rewound NaN");
 }
 
 // A loss spike that only rank 1 sees (its loss and gradients x10 after the reduction): the anomaly
@@ -227,6 +240,64 @@ TEST(DpResilience, Dp2CheckpointResumesAtDp2BitwiseAndAtDp1Closely) {
   Metrics clean_tail = clean;
   for (int64_t step = 1; step <= 5; ++step) clean_tail.losses.erase(step);
   expect_close_training(dp1, clean_tail, d.run_dir("dp1"), d.run_dir("clean"), "dp1 resumed from dp2");
+}
+
+// A stop signal that reaches one rank alone (or every rank) stops all of them after the same step:
+// rank 0 writes the checkpoint, every rank exits with status 3 once it is on disk, and the job resumed
+// from it ends bitwise equal to the uninterrupted one.
+TEST(DpResilience, ASignalToOneRankOrAllStopsEveryRankAfterTheSameStep) {
+  TinyRunDir d;
+  const CommandResult clean = d.train_mpi(2, "clean", kShort);
+  ASSERT_EQ(clean.exit_code, 0) << clean.output;
+  struct Case {
+    std::string name, inject, reason;
+    int64_t step;
+  };
+  for (const Case& c : std::vector<Case>{{"one", "sigterm@step=3,rank=1", "rank 1: SIGTERM", 3},
+                                         {"all", "sigterm@step=6", "rank 0: SIGTERM", 6}}) {
+    CommandResult r = d.train_mpi(2, c.name, kShort + "--inject " + c.inject);
+    EXPECT_EQ(r.exit_code, 3) << r.output;
+    EXPECT_NE(r.output.find("stopped by a signal (" + c.reason + ") after step " + std::to_string(c.step)),
+              std::string::npos)
+        << r.output;
+    const Metrics stopped = read_metrics(d.run_dir(c.name));
+    ASSERT_EQ(stopped.events_of("stopped").size(), 1u) << c.name;
+    EXPECT_EQ(stopped.events_of("stopped")[0]["step"], c.step);
+    EXPECT_EQ(stopped.losses.size(), static_cast<size_t>(c.step));
+    EXPECT_FALSE(fs::exists(d.run_dir(c.name) + "/final"));
+    r = d.train_mpi(2, c.name, kShort + "--resume auto");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const Metrics resumed = read_metrics(d.run_dir(c.name));
+    ASSERT_EQ(resumed.events_of("resume").size(), 1u);
+    EXPECT_EQ(resumed.events_of("resume")[0]["step"], c.step);
+    EXPECT_EQ(resumed.losses, read_metrics(d.run_dir("clean")).losses) << c.name;
+    expect_bitwise_equal(final_weights(d.run_dir("clean")), final_weights(d.run_dir(c.name)));
+  }
+}
+
+// SIGTERM to the supervisor of a --nproc job: it asks the ranks to stop through its stop file (mpirun
+// would kill them a second after passing a signal on), they write a checkpoint and stop, and the
+// supervisor exits with status 3 without restarting; the stop file goes with it.
+TEST(DpResilience, SigtermToTheSupervisorOfAJobStopsItWithACheckpoint) {
+  TinyRunDir d;
+  const std::string run = d.run_dir("job");
+  const CommandResult r = run_and_signal(mpi_environment() + d.command("job", "--nproc 2 --max-restarts 2 --set "
+                                                                         "training.train_iters=100000 --set "
+                                                                         "optimizer.lr_decay_iters=100 --set "
+                                                                         "logging.save_interval=0"),
+                                        run + "/metrics.jsonl", {"TERM"}, d.run_dir("job.log"));
+  EXPECT_NE(r.output.find("exit=3"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("the training job (mpirun) stopped after writing a checkpoint; not restarting"),
+            std::string::npos)
+      << r.output;
+  const Metrics m = read_metrics(run);
+  ASSERT_EQ(m.events_of("stopped").size(), 1u) << r.output;
+  const int64_t step = m.events_of("stopped")[0]["step"].get<int64_t>();
+  EXPECT_EQ(m.steps.size(), static_cast<size_t>(step));
+  EXPECT_TRUE(fs::exists(run + "/checkpoints/" + ckpt::checkpoint_name(step) + "/manifest.json")) << step;
+  EXPECT_TRUE(m.events_of("resume").empty()) << "restarted";
+  for (const auto& e : fs::directory_iterator(run))
+    EXPECT_FALSE(e.path().filename().string().starts_with("stop_requested")) << e.path();
 }
 
 TEST(DpResilience, LaunchCommandAndItsErrors) {

@@ -17,6 +17,7 @@ namespace {
 
 constexpr std::string_view kPrefix = "step_";
 constexpr std::string_view kTmpSuffix = ".tmp";
+constexpr std::string_view kAsideSuffix = ".corrupt";
 
 // The step of a checkpoint directory name, or -1 for any other name.
 int64_t step_of(const std::string& name) {
@@ -100,9 +101,32 @@ std::vector<std::string> remove_torn_checkpoints(const std::string& root) {
   return removed;
 }
 
-std::optional<std::string> find_valid_checkpoint(const std::string& path,
-                                                 const std::function<void(const std::string& reason)>& rejected) {
-  if (!fs::is_directory(path)) fail("checkpoint path '", path, "' does not exist");
+std::string move_aside(const std::string& dir) {
+  std::string target = dir + std::string(kAsideSuffix);
+  for (int n = 2; fs::exists(target); ++n) target = dir + std::string(kAsideSuffix) + "." + std::to_string(n);
+  std::error_code ec;
+  fs::rename(dir, target, ec);
+  if (ec) fail("cannot move the rejected checkpoint '", dir, "' aside to '", target, "': ", ec.message());
+  return target;
+}
+
+std::vector<std::string> list_moved_aside(const std::string& root) {
+  std::vector<std::string> out;
+  if (!fs::is_directory(root)) return out;
+  for (const auto& e : fs::directory_iterator(root)) {
+    const std::string name = e.path().filename().string();
+    const size_t at = name.find(kAsideSuffix);
+    if (e.is_directory() && at != std::string::npos && step_of(name.substr(0, at)) >= 0) out.push_back(e.path().string());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::optional<std::string> find_valid_checkpoint(
+    const std::string& path, const std::function<void(const std::string& dir, const std::string& reason)>& rejected) {
+  if (!fs::exists(path)) fail("checkpoint path '", path, "' does not exist");
+  if (!fs::is_directory(path))
+    fail("checkpoint path '", path, "' is a file; expected a checkpoint directory or a checkpoints directory");
   if (fs::exists(fs::path(path) / kManifestName) || step_of(fs::path(path).filename().string()) >= 0) {
     verify_manifest(path);
     return path;
@@ -112,7 +136,7 @@ std::optional<std::string> find_valid_checkpoint(const std::string& path,
       verify_manifest(dir);
       return dir;
     } catch (const Error& e) {
-      rejected(e.what());
+      rejected(dir, e.what());
     }
   }
   return std::nullopt;

@@ -51,7 +51,7 @@ std::vector<int32_t> generate(models::TransformerModel& model, const std::vector
     fail("generate: prompt of ", prompt.size(), " tokens leaves no room in the model's ", max_len, " positions");
   model.refresh_compute_weights();
   auto caches = model.new_kv_caches(1, total);
-  const int64_t V = model.config().vocab_size;
+  const int64_t V = opts.vocab_size > 0 ? std::min(opts.vocab_size, model.config().vocab_size) : model.config().vocab_size;
   std::vector<int32_t> out;
   Tensor input = Tensor::empty({1, static_cast<int64_t>(prompt.size())}, DType::I32, MemCategory::Activations,
                                "prompt");

@@ -16,6 +16,9 @@ struct SamplingOptions {
   uint64_t seed = 0;
   int64_t max_new_tokens = 128;
   int32_t stop_token = -1;   // stop after emitting this id (e.g. end-of-document); -1: never
+  // Only ids below this are drawn: the tokenizer's vocabulary, when the model's is larger (padded,
+  // as Megatron pads it), so every generated id can be decoded. 0: every id of the model.
+  int64_t vocab_size = 0;
 };
 
 // Picks the next token from one row of logits; `draw` indexes the RNG stream.

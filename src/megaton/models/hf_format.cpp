@@ -17,39 +17,51 @@ using nlohmann::json;
 
 namespace {
 
-// The value of `key` as T. Its JSON type must be T's: an integer field given a float (1e30 would not
-// convert to int64 without undefined behaviour), a string or a bool is an error naming file and key.
+// `value` for an error message: its JSON text, cut short.
+std::string shown(const json& value) {
+  std::string text = value.dump();
+  return text.size() > 40 ? text.substr(0, 37) + "..." : text;
+}
+
+// The value of `key` read strictly as T (an integer must be a JSON integer, not 12.0 or true; a
+// bool must be true or false), or nullopt when absent or null. Errors name source and key.
 template <typename T>
-T typed(const json& v, const char* key, const std::string& source) {
-  bool ok;
-  if constexpr (std::is_same_v<T, bool>)
-    ok = v.is_boolean();
-  else if constexpr (std::is_integral_v<T>)
-    ok = v.is_number_integer() && !(v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX));
-  else if constexpr (std::is_floating_point_v<T>)
-    ok = v.is_number();
-  else
-    ok = v.is_string();
-  if (!ok) fail(source, ": key '", key, "' has the wrong type or range (", v.type_name(), " ", v.dump(), ")");
+std::optional<T> read(const json& j, const std::string& key, const std::string& source) {
+  const auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return std::nullopt;
+  const json& v = *it;
+  auto wrong = [&](const char* want) {
+    fail(source, ": key '", key, "' must be ", want, ", got ", shown(v), " (", v.type_name(), ")");
+  };
+  if constexpr (std::is_same_v<T, bool>) {
+    if (!v.is_boolean()) wrong("true or false");
+  } else if constexpr (std::is_same_v<T, int64_t>) {
+    if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+      fail(source, ": key '", key, "' = ", shown(v), " is out of range (at most ", INT64_MAX, ")");
+    if (!v.is_number_integer()) wrong("an integer");
+  } else if constexpr (std::is_same_v<T, double>) {
+    if (!v.is_number()) wrong("a number");
+  } else {
+    if (!v.is_string()) wrong("a string");
+  }
   return v.get<T>();
 }
 
 template <typename T>
-T get_or(const json& j, const char* key, T fallback, const std::string& source) {
-  auto it = j.find(key);
-  return (it == j.end() || it->is_null()) ? fallback : typed<T>(*it, key, source);
+T get_or(const json& j, const std::string& key, T fallback, const std::string& source) {
+  return read<T>(j, key, source).value_or(fallback);
 }
 
 template <typename T>
-T require(const json& j, const char* key, const std::string& source) {
-  auto it = j.find(key);
-  if (it == j.end() || it->is_null()) fail(source, ": missing key '", key, "'");
-  return typed<T>(*it, key, source);
+T require(const json& j, const std::string& key, const std::string& source) {
+  if (auto v = read<T>(j, key, source)) return *v;
+  fail(source, ": missing key '", key, "'");
 }
 
 }  // namespace
 
 TransformerConfig config_from_hf(const json& j, const std::string& source) {
+  if (!j.is_object()) fail(source, ": expected a JSON object, got ", shown(j), " (", j.type_name(), ")");
   const std::string type = require<std::string>(j, "model_type", source);
   TransformerConfig c;
   c.name = "custom";
@@ -85,12 +97,14 @@ TransformerConfig config_from_hf(const json& j, const std::string& source) {
     if (get_or<bool>(j, "attention_bias", false, source) || get_or<bool>(j, "mlp_bias", false, source))
       fail(source, ": attention_bias / mlp_bias are not supported for llama models");
     if (auto it = j.find("rope_scaling"); it != j.end() && !it->is_null()) {
-      const auto rt = get_or<std::string>(*it, "rope_type", get_or<std::string>(*it, "type", "", source), source);
+      if (!it->is_object()) fail(source, ": key 'rope_scaling' must be an object, got ", shown(*it));
+      const std::string where = source + " rope_scaling";
+      const auto rt = get_or<std::string>(*it, "rope_type", get_or<std::string>(*it, "type", "", where), where);
       if (rt != "llama3") fail(source, ": rope_scaling type '", rt, "' is not supported (only llama3)");
-      c.rope_scaling.factor = require<double>(*it, "factor", source + " rope_scaling");
-      c.rope_scaling.low_freq_factor = get_or<double>(*it, "low_freq_factor", 1.0, source);
-      c.rope_scaling.high_freq_factor = get_or<double>(*it, "high_freq_factor", 4.0, source);
-      c.rope_scaling.original_max_position = get_or<double>(*it, "original_max_position_embeddings", 8192.0, source);
+      c.rope_scaling.factor = require<double>(*it, "factor", where);
+      c.rope_scaling.low_freq_factor = get_or<double>(*it, "low_freq_factor", 1.0, where);
+      c.rope_scaling.high_freq_factor = get_or<double>(*it, "high_freq_factor", 4.0, where);
+      c.rope_scaling.original_max_position = get_or<double>(*it, "original_max_position_embeddings", 8192.0, where);
     }
   } else {
     fail(source, ": model_type '", type, "' is not supported (expected gpt2 or llama)");
@@ -303,6 +317,9 @@ void load_hf_tensors(TransformerModel& model, const std::map<std::string, Tensor
 
 TransformerConfig load_hf_config(const std::string& dir) {
   const std::string path = (fs::path(dir) / "config.json").string();
+  if (fs::exists(dir) && !fs::is_directory(dir))
+    fail("model '", dir, "' is a file; expected an HF model folder (config.json + model.safetensors)");
+  if (fs::is_directory(path)) fail("model config '", path, "' is a directory; expected the JSON file");
   if (!fs::exists(path)) fail("cannot open model config '", path, "' (is '", dir, "' an HF model folder?)");
   json j;
   try {

@@ -32,9 +32,14 @@ std::string spike(const char* what, const std::deque<double>& values, double x, 
 
 AnomalyDetector::AnomalyDetector(int64_t window, double zscore) : window_(window), zscore_(zscore) {}
 
-std::string AnomalyDetector::check(const AnomalyWindow& recent, double loss, double grad_norm) const {
+std::string AnomalyDetector::non_finite(double loss, double grad_norm) {
   if (!std::isfinite(loss)) return "loss is " + std::to_string(loss);
   if (!std::isfinite(grad_norm)) return "grad norm is " + std::to_string(grad_norm);
+  return {};
+}
+
+std::string AnomalyDetector::check(const AnomalyWindow& recent, double loss, double grad_norm) const {
+  if (std::string why = non_finite(loss, grad_norm); !why.empty()) return why;
   if (static_cast<int64_t>(recent.losses.size()) < window_) return {};
   std::string why = spike("loss", recent.losses, loss, zscore_);
   return why.empty() ? spike("grad norm", recent.grad_norms, grad_norm, zscore_) : why;

@@ -23,6 +23,8 @@ class AnomalyDetector {
   // deviations above ..."). Spikes are judged only once the window is full: early training moves
   // too fast for a short history to say what is normal.
   std::string check(const AnomalyWindow& recent, double loss, double grad_norm) const;
+  // The non-finite part of check alone: what a run without rewind stops on.
+  static std::string non_finite(double loss, double grad_norm);
   // Adds a normal step's values, dropping the oldest beyond the window.
   void accept(AnomalyWindow& recent, double loss, double grad_norm) const;
 
@@ -31,8 +33,9 @@ class AnomalyDetector {
   double zscore_;
 };
 
-// Every rank of a job must take the same decision, or one rewinds while the others step on (and the
-// job deadlocks or its replicas part ways). The ranks see the same averaged loss and, from the
+// Every rank of a job must take the same decision, or one rewinds (or stops) while the others step on
+// (and the job deadlocks or its replicas part ways). Used for anomalies, for a stop signal that may
+// have reached one rank alone, and for non-finite weights before a save. The ranks see the same averaged loss and, from the
 // reduced gradients, the same grad norm, so they normally agree already; a fault on one rank after
 // the reduction (a NaN or a spike in its gradients or loss) is seen by that rank alone. Given this
 // rank's verdict (empty: normal), returns the group's: the verdict of the lowest rank that saw an

@@ -16,34 +16,48 @@ CheckpointManager::CheckpointManager(const TrainConfig& cfg, FaultInjector& faul
 
 std::string CheckpointManager::checkpoints_dir() const { return (fs::path(cfg_.run_dir) / "checkpoints").string(); }
 
-std::optional<TrainProgress> CheckpointManager::resume(const std::string& from, models::TransformerModel& model,
-                                                       optim::Optimizer& optimizer) {
+std::optional<TrainProgress> CheckpointManager::resume(const std::string& from, bool start_over,
+                                                       models::TransformerModel& model, optim::Optimizer& optimizer) {
+  if (from.empty()) return std::nullopt;
   const std::string root = checkpoints_dir();
-  if (from.empty()) {
-    // Starting over next to an older run's checkpoints would interleave two runs' steps under
-    // one `latest`; refuse instead of guessing which one the user meant.
-    const auto existing = ckpt::list_checkpoints(root);
-    if (!existing.empty())
-      fail("config key 'logging.run_dir': '", cfg_.run_dir, "' already holds checkpoints (", existing.front(),
-           "): pass --resume auto to continue that run, or choose another run directory");
-    return std::nullopt;
-  }
-  if (from == "auto" && !fs::is_directory(root)) return std::nullopt;  // nothing saved yet: a fresh start
-  auto dir = ckpt::find_valid_checkpoint(from == "auto" ? root : from, [&](const std::string& why) {
-    std::fprintf(stderr, "warning: checkpoint rejected: %s; falling back to an older one\n", why.c_str());
-    rejected_.push_back(why);
-  });
+  const bool own = from == "auto";
+  // Rank 0 verifies first and moves this run's rejected checkpoints aside; the other ranks then
+  // find the same newest valid one among what is left.
+  if (!writes_) world_.barrier();
+  auto dir = own && !fs::is_directory(root)
+                 ? std::nullopt
+                 : ckpt::find_valid_checkpoint(own ? root : from, [&](const std::string& rejected, const std::string& why) {
+                     std::string moved;
+                     if (writes_ && fs::path(rejected).parent_path() == fs::path(root)) moved = ckpt::move_aside(rejected);
+                     std::fprintf(stderr, "warning: checkpoint rejected: %s%s; falling back to an older one\n",
+                                  why.c_str(), moved.empty() ? "" : ("; moved aside to " + moved).c_str());
+                     rejected_.emplace_back(why, moved);
+                   });
+  if (writes_) world_.barrier();
   if (!dir) {
-    if (from != "auto") fail("--resume ", from, ": no valid checkpoint there");
-    std::fprintf(stderr, "warning: no valid checkpoint in %s; starting from step 0\n", root.c_str());
+    if (!own) fail("--resume ", from, ": no valid checkpoint there");
+    const std::vector<std::string> aside = ckpt::list_moved_aside(root);
+    if (!aside.empty() && !start_over)
+      fail("--resume auto: no checkpoint in ", root, " passes verification (", aside.size(), " moved aside, e.g. ",
+           aside.front(), "); pass --overwrite to start over from step 0, or --resume PATH to load another checkpoint");
+    if (fs::exists(fs::path(cfg_.run_dir) / "final") && !start_over)
+      fail("--resume auto: '", cfg_.run_dir, "' holds a finished run (final/) but no checkpoint to continue it from; "
+           "pass --overwrite to train it again from step 0, or choose another logging.run_dir");
+    if (fs::is_directory(root)) std::fprintf(stderr, "warning: no valid checkpoint in %s; starting from step 0\n", root.c_str());
     return std::nullopt;
   }
   TrainProgress progress = load_checkpoint(*dir, model, optimizer, cfg_);
-  resumed_from_ = *dir;
+  resumed_from_ = newest_ = *dir;
   resumed_step_ = progress.step;
   resumed_samples_ = progress.consumed_samples;
   last_saved_step_ = progress.step;
   return progress;
+}
+
+std::string CheckpointManager::newest_checkpoint() const {
+  if (!newest_.empty()) return "the newest checkpoint is " + newest_;
+  return cfg_.save_interval > 0 ? "no checkpoint was written yet"
+                                : "no checkpoint was written (logging.save_interval is 0)";
 }
 
 void CheckpointManager::start(MetricsLog& metrics, const models::TransformerModel& model,
@@ -59,8 +73,11 @@ void CheckpointManager::start(MetricsLog& metrics, const models::TransformerMode
     std::printf("removed %s (a checkpoint whose writing was interrupted)\n", path.c_str());
     metrics.write({{"event", "torn_checkpoint_removed"}, {"path", path}, {"time", unix_time()}});
   }
-  for (const std::string& why : rejected_)
-    metrics.write({{"event", "checkpoint_rejected"}, {"reason", why}, {"time", unix_time()}});
+  for (const auto& [why, moved] : rejected_) {
+    nlohmann::json rec = {{"event", "checkpoint_rejected"}, {"reason", why}, {"time", unix_time()}};
+    if (!moved.empty()) rec["moved_to"] = moved;
+    metrics.write(rec);
+  }
   if (!resumed_from_.empty()) {
     std::printf("resumed from %s at step %ld (%ld samples consumed)\n", resumed_from_.c_str(), resumed_step_,
                 resumed_samples_);
@@ -79,6 +96,8 @@ void CheckpointManager::save(const models::TransformerModel& model, const optim:
     writer_.wait();  // at most one save in flight: its buffers are free again once it is written
     log_finished_writes();
   }
+  // A stop signal saves without checkpointing being on: its buffers are allocated then.
+  if (!save_buffers_) save_buffers_ = std::make_unique<StateSnapshot>(model, optimizer);
   // On every rank: capturing a distributed optimizer's state is collective. Rank 0 alone writes.
   save_buffers_->capture(model, optimizer, progress, cfg_);
   if (!writes_) {
@@ -112,6 +131,7 @@ void CheckpointManager::save(const models::TransformerModel& model, const optim:
 void CheckpointManager::log_finished_writes() {
   for (const ckpt::WriteReport& r : writer_.take_finished()) {
     nlohmann::json rec = std::move(pending_saves_.at(r.what));
+    newest_ = rec["path"].get<std::string>();
     pending_saves_.erase(r.what);
     rec["write_start"] = r.start_time;
     rec["write_end"] = r.end_time;
@@ -147,8 +167,13 @@ std::pair<TrainProgress, std::string> CheckpointManager::restore_rewind_point(co
   }
   finish();  // the newest checkpoint may still be in flight
   world_.barrier();  // ... on rank 0: every rank must then find the same newest one
-  auto dir = ckpt::find_valid_checkpoint(checkpoints_dir(), [](const std::string& reason) {
-    std::fprintf(stderr, "warning: checkpoint rejected: %s; falling back to an older one\n", reason.c_str());
+  auto dir = ckpt::find_valid_checkpoint(checkpoints_dir(), [&](const std::string& rejected, const std::string& reason) {
+    // Rank 0 moves it aside; every rank then passes over it (moved or not, it fails verification).
+    const std::string moved = writes_ ? ckpt::move_aside(rejected) : "";
+    std::fprintf(stderr, "warning: checkpoint rejected: %s%s; falling back to an older one\n", reason.c_str(),
+                 moved.empty() ? "" : ("; moved aside to " + moved).c_str());
+    if (metrics_ && !moved.empty())
+      metrics_->write({{"event", "checkpoint_rejected"}, {"reason", reason}, {"moved_to", moved}, {"time", unix_time()}});
   });
   if (!dir) fail(why, "; no valid checkpoint in ", checkpoints_dir(), " to rewind to");
   return {load_checkpoint(*dir, model, optimizer, cfg_), *dir};

@@ -26,21 +26,28 @@ class CheckpointManager {
   CheckpointManager(const TrainConfig& cfg, FaultInjector& faults, parallel::Communicator& world);
   std::string checkpoints_dir() const;
 
-  // --resume: "" starts fresh (an error when the run directory already holds checkpoints), "auto"
+  // --resume: "" starts fresh (whether the run directory may be used is the trainer's check), "auto"
   // the newest valid checkpoint of this run if any, otherwise that checkpoint (or the newest valid
   // one under that directory). Loads it into model and optimizer and returns its progress; nullopt
-  // when starting fresh. Runs before anything is written.
-  std::optional<TrainProgress> resume(const std::string& from, models::TransformerModel& model,
+  // when starting fresh. Runs before anything is written. Checkpoints of this run that fail
+  // verification are moved aside (rank 0; reported now and in the metrics). With "auto", a run
+  // whose checkpoints all fail verification (or were moved aside before) is an error unless
+  // start_over (--overwrite); so is a finished run (final/) with no checkpoint to continue from.
+  std::optional<TrainProgress> resume(const std::string& from, bool start_over, models::TransformerModel& model,
                                       optim::Optimizer& optimizer);
   // Opens for business once the metrics file exists: removes torn checkpoints, logs them, the
   // checkpoints resume() rejected and the resume itself; allocates the save buffers when saving is on.
   void start(MetricsLog& metrics, const models::TransformerModel& model, const optim::Optimizer& optimizer);
 
   // A full checkpoint of the current state: the step pays for the copy into the buffers (allocated
-  // by start(), as saves happen only with logging.save_interval or training.exit_interval set);
+  // by start() when logging.save_interval or training.exit_interval ask for saves, else by the first
+  // save, which a stop signal asks for);
   // the write runs in the background (or at once when checkpoint.async_save is off).
   void save(const models::TransformerModel& model, const optim::Optimizer& optimizer, const TrainProgress& progress);
   int64_t last_saved_step() const { return last_saved_step_; }
+  // Where the newest complete checkpoint of this run is (written, or resumed from), as a phrase for
+  // messages that must say where the last good state is.
+  std::string newest_checkpoint() const;
   // Logs the writes that finished since the last call.
   void log_finished_writes();
   // Waits for the write in flight (the last save must be on disk before the process may end).
@@ -68,7 +75,8 @@ class CheckpointManager {
   std::map<std::string, nlohmann::json> pending_saves_;  // checkpoint name -> its metrics record so far
   std::string resumed_from_;
   int64_t resumed_step_ = 0, resumed_samples_ = 0;
-  std::vector<std::string> rejected_;  // reasons, logged once the metrics file is open
+  std::vector<std::pair<std::string, std::string>> rejected_;  // (reason, moved to), logged once the metrics file is open
+  std::string newest_;  // the newest complete checkpoint directory, "" when there is none
   int64_t last_saved_step_ = -1;
 };
 

@@ -14,7 +14,8 @@ namespace megaton::train {
 namespace {
 
 constexpr const char* kUsage =
-    "expected nan@step=N, spike@step=N, crash@step=N, crash@save[=N], fail@save[=N] or slow@save=SECONDS, "
+    "expected nan@step=N, spike@step=N, crash@step=N, sigterm@step=N, crash@save[=N], fail@save[=N], "
+    "slow@save=SECONDS or fail@final, "
     "optionally followed by ,rank=R";
 
 int64_t parse_count(const std::string& spec, const std::string& text) {
@@ -63,15 +64,20 @@ void FaultInjector::parse(const std::string& s, int world_size, std::vector<Spec
   const std::string kind = fault.substr(0, at);
   const std::string trigger = fault.substr(at + 1, eq == std::string::npos ? std::string::npos : eq - at - 1);
   const std::string value = eq == std::string::npos ? "" : fault.substr(eq + 1);
-  if (trigger == "save" && rank > 0)
-    fail("--inject ", s, ": checkpoints are written by rank 0 alone, so a fault in their writing cannot happen on rank ",
-         rank);
-  if (trigger == "step" && (kind == "nan" || kind == "spike" || kind == "crash")) {
-    const Fault f = kind == "nan" ? Fault::Nan : kind == "spike" ? Fault::Spike : Fault::CrashAtStep;
+  if ((trigger == "save" || trigger == "final") && rank > 0)
+    fail("--inject ", s, ": checkpoints and the final model are written by rank 0 alone, so a fault in their writing "
+         "cannot happen on rank ", rank);
+  if (trigger == "step" && (kind == "nan" || kind == "spike" || kind == "crash" || kind == "sigterm")) {
+    const Fault f = kind == "nan"     ? Fault::Nan
+                    : kind == "spike" ? Fault::Spike
+                    : kind == "crash" ? Fault::CrashAtStep
+                                      : Fault::SignalAtStep;
     specs.push_back({s, f, parse_count(s, value), rank});
   } else if (trigger == "save" && (kind == "crash" || kind == "fail")) {
     specs.push_back({s, kind == "crash" ? Fault::CrashInSave : Fault::FailSave, value.empty() ? -1 : parse_count(s, value),
                      rank});
+  } else if (trigger == "final" && kind == "fail" && eq == std::string::npos) {
+    specs.push_back({s, Fault::FailFinal, -1, rank});
   } else if (trigger == "save" && kind == "slow") {
     try {
       save_delay_s = std::stod(value);

@@ -3,13 +3,16 @@
 //   nan@step=N      the gradients and loss of step N become NaN
 //   spike@step=N    the loss and gradients of step N are multiplied by 10
 //   crash@step=N    the process kills itself (SIGKILL) as step N begins
+//   sigterm@step=N  the process sends itself SIGTERM as step N begins (a stop asked for by the user)
 //   crash@save[=N]  the process kills itself halfway through writing a checkpoint (of step N)
 //   fail@save[=N]   one attempt at writing a checkpoint (of step N) fails with an I/O error
 //   slow@save=S     every checkpoint write takes S seconds longer (a slow file system)
+//   fail@final      one attempt at writing the final model (RUN/final) fails with an I/O error
 // followed by an optional qualifier `,rank=R`: under data parallelism the fault then happens on
 // rank R alone (nan@step=5,rank=1 poisons rank 1's gradients after the reduction, as a fault in
 // one machine would; crash@step=7,rank=1 kills rank 1 only); without it every rank meets it.
-// Checkpoints are written by rank 0 alone, so the @save faults take no rank other than 0.
+// Checkpoints and the final model are written by rank 0 alone, so the @save and @final faults take
+// no rank other than 0.
 // Each fault except slow@save fires once per run directory: firing is recorded before it takes
 // effect (rank 0 in RUN/injected_faults, rank R > 0 in RUN/injected_faults.rankR; a fault recorded
 // in any of them counts as fired on every rank), so a restarted or resumed run does not meet it
@@ -25,7 +28,7 @@
 
 namespace megaton::train {
 
-enum class Fault { Nan, Spike, CrashAtStep, CrashInSave, FailSave };
+enum class Fault { Nan, Spike, CrashAtStep, SignalAtStep, CrashInSave, FailSave, FailFinal };
 
 class FaultInjector {
  public:
@@ -49,7 +52,7 @@ class FaultInjector {
   struct Spec {
     std::string text;
     Fault kind;
-    int64_t step;  // -1: any step (crash@save, fail@save without =N)
+    int64_t step;  // -1: any step (crash@save, fail@save without =N, fail@final)
     int rank;      // -1: every rank
   };
   // Appends the spec's fault (none for slow@save, which sets save_delay_s) to specs.

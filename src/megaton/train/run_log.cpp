@@ -1,7 +1,6 @@
 #include "megaton/train/run_log.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstdio>
 #include <filesystem>
 
@@ -65,7 +64,6 @@ void RunLog::step(int64_t step, const TrainingStep::Result& r, double lr, int64_
       peak[std::string(mem_category_name(static_cast<MemCategory>(c)))] = static_cast<double>(mem.peak[c]) / 1e6;
     rec["peak_memory_mb"] = peak;
   }
-  if (!std::isfinite(r.grad_norm)) rec["skipped"] = "non-finite gradient";
   metrics_->write(rec);
   if (primary_ && (step % cfg_.log_interval == 0 || step == cfg_.train_iters)) {
     const double rate = median(rates_);

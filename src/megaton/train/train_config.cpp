@@ -218,6 +218,8 @@ Value from_text(const std::string& text, const Field& f) {
   // bare words are taken as strings for convenience (--set data.tokenizer=byte).
   try {
     auto doc = toml::parse("v = " + text);
+    // A line break would let the text carry more keys after the value: refused, not ignored.
+    if (doc.size() != 1) fail("--set ", f.name, "=", text, ": expected one value, got more than one line");
     return from_toml(*doc.get("v"), f, "--set " + f.name + "=" + text);
   } catch (const toml::parse_error&) {
     if (f.kind == Kind::String) return text;

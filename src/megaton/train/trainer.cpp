@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -12,7 +13,10 @@
 #include "megaton/kernels/sgemm_ceiling.h"
 #include "megaton/models/hf_format.h"
 #include "megaton/models/tensor_parallel_weights.h"
+#include "megaton/optim/grad_clip.h"
 #include "megaton/train/evaluate.h"
+#include "megaton/train/run_directory.h"
+#include "megaton/train/stop_signal.h"
 
 namespace megaton::train {
 
@@ -35,6 +39,17 @@ Trainer::Trainer(TrainConfig config, RunOptions options)
   if (cfg_.rewind && cfg_.snapshot_interval == 0 && cfg_.save_interval == 0)
     fail("config key 'rewind.snapshot_interval' is 0 (rewind to the last checkpoint) but logging.save_interval is 0, "
          "so there would be no checkpoint to rewind to");
+  check_run_dir_writable(cfg_.run_dir);
+  if (primary_ && options.resume.empty() && !options.overwrite) {
+    // A fresh run would replace the metrics, checkpoints and final model of the one there. Rank 0
+    // alone looks: the others could see what rank 0 already started writing.
+    std::string held;
+    for (const std::string& h : previous_results(cfg_.run_dir)) held += (held.empty() ? "" : ", ") + h;
+    if (!held.empty())
+      fail("config key 'logging.run_dir': '", cfg_.run_dir, "' already holds a run (", held,
+           "): pass --resume auto to continue it, --overwrite to start over in its place, or choose another run "
+           "directory");
+  }
   auto tokenizer = data::make_tokenizer(cfg_.tokenizer);
   if (tokenizer->vocab_size() > cfg_.model.vocab_size)
     fail("config key 'data.tokenizer': tokenizer '", cfg_.tokenizer, "' has ", tokenizer->vocab_size(),
@@ -47,6 +62,13 @@ Trainer::Trainer(TrainConfig config, RunOptions options)
            "training.seq_length ", cfg_.seq_length, " (the positions the model was trained on)");
   }
   data_ = build_training_data(cfg_);
+  if (cfg_.sample_tokens > 0 && data_.max_token >= tokenizer->vocab_size())
+    // The sample is decoded with this tokenizer: data it cannot have made means the wrong one is named.
+    fail("config key 'data.tokenizer': tokenizer '", cfg_.tokenizer, "' has ", tokenizer->vocab_size(),
+         " ids but the data holds token id ", data_.max_token, " (the data was tokenized with another tokenizer)");
+  if (cfg_.eval_interval > 0 && !data_.valid)
+    fail("config key 'logging.eval_interval' is ", cfg_.eval_interval, " but there is no validation data: "
+         "data.valid_data_path is empty and data.split '", cfg_.split, "' leaves no documents for validation");
   // This rank's shard of the model over its tensor-parallel group (the whole model at tp 1).
   const nn::TensorParallel tp{&groups_->tp(), cfg_.sequence_parallel};
   if (!cfg_.load.empty()) {
@@ -69,15 +91,20 @@ Trainer::Trainer(TrainConfig config, RunOptions options)
                optim::lr_decay_style_from_name(cfg_.lr_decay_style)};
   schedule_.lr_at(0);  // validates warmup vs decay steps now, before any file is written
   resuming_ = !options.resume.empty();
-  if (auto resumed = checkpoints_.resume(options.resume, *model_, *optimizer_)) progress_ = *resumed;
+  if (auto resumed = checkpoints_.resume(options.resume, options.overwrite, *model_, *optimizer_))
+    progress_ = *resumed;
+  else
+    clear_on_start_ = options.overwrite;
   peak_gflops_ = cfg_.peak_tflops > 0 ? cfg_.peak_tflops * 1e3 : kernels::measure_sgemm_gflops();
   log_ = std::make_unique<RunLog>(cfg_, model_->config().flops_per_token(cfg_.seq_length), peak_gflops_, primary_);
 }
 
 void Trainer::rewind(int64_t step, const std::string& reason, int64_t first_sample) {
-  if (progress_.rewinds >= cfg_.max_rewinds)
+  if (progress_.rewinds >= cfg_.max_rewinds) {
+    checkpoints_.finish();  // the newest checkpoint, still good, must be complete before the run ends
     fail("step ", step, ": ", reason, "; not rewinding again after ", progress_.rewinds,
-         " rewinds (config key 'rewind.max_rewinds')");
+         " rewinds (config key 'rewind.max_rewinds'); ", checkpoints_.newest_checkpoint());
+  }
   const TrainProgress before = progress_;
   std::string restored_from;
   std::tie(progress_, restored_from) =
@@ -108,6 +135,54 @@ void Trainer::rewind(int64_t step, const std::string& reason, int64_t first_samp
   std::fflush(stdout);
 }
 
+void Trainer::diverged(int64_t step, const std::string& reason, const TrainingStep::Result& r) {
+  log_->metrics().write(
+      {{"event", "diverged"}, {"step", step}, {"reason", reason}, {"loss", r.loss}, {"grad_norm", r.grad_norm},
+       {"time", unix_time()}});
+  checkpoints_.finish();
+  fail("step ", step, ": ", reason, ": the run diverged and cannot rewind (config key 'rewind.enabled' is false); "
+       "stopping before the update; ", checkpoints_.newest_checkpoint());
+}
+
+void Trainer::check_finite_weights(const std::string& what) {
+  const double norm = optim::global_norm({step_->buffer().weights()});
+  // Every rank: each judges its own weights (replicated, or its tensor-parallel shard) and all agree.
+  const std::string why = agree_on_anomaly(world_, std::isfinite(norm) ? "" : "the weights are not finite");
+  if (why.empty()) return;
+  checkpoints_.finish();
+  fail("step ", progress_.step, ": ", why, "; not writing ", what, " (it would replace good files); ",
+       checkpoints_.newest_checkpoint());
+}
+
+void Trainer::save_checkpoint() {
+  check_finite_weights("a checkpoint");
+  checkpoints_.save(*model_, *optimizer_, progress_);
+}
+
+void Trainer::export_final_model(models::TransformerModel& final_model) {
+  const fs::path final_dir = fs::path(cfg_.run_dir) / "final";
+  const fs::path tmp_dir = fs::path(cfg_.run_dir) / "final.tmp";
+  // Retried like a checkpoint write; written aside and renamed, so a failure never leaves a torn
+  // final/ (nor removes the one an earlier export of this run left).
+  ckpt::AsyncWriter writer(false, static_cast<int>(cfg_.write_attempts));
+  try {
+    writer.submit("the final model " + final_dir.string(), [&] {
+      fs::remove_all(tmp_dir);
+      if (faults_.fire(Fault::FailFinal, progress_.step)) fail("injected fault fail@final: cannot write ", tmp_dir.string());
+      models::save_hf_model(final_model, tmp_dir.string());
+      fs::remove_all(final_dir);
+      fs::rename(tmp_dir, final_dir);
+    });
+  } catch (const Error& e) {
+    std::error_code ec;
+    fs::remove_all(tmp_dir, ec);
+    fail(e.what(), "; ", checkpoints_.newest_checkpoint(),
+         checkpoints_.last_saved_step() == progress_.step
+             ? ", which holds the trained weights (an HF folder: megaton eval and generate read it)"
+             : "");
+  }
+}
+
 double Trainer::validation_loss() {
   return evaluate(*model_, *data_.valid, cfg_.micro_batch_size,
                   cfg_.eval_iters > 0 ? cfg_.eval_iters * cfg_.micro_batch_size : 0)
@@ -115,7 +190,9 @@ double Trainer::validation_loss() {
 }
 
 TrainSummary Trainer::run() {
+  const StopSignals stop_signals;  // SIGINT / SIGTERM: stop after the step in progress
   if (primary_) {
+    if (clear_on_start_) clear_previous_results(cfg_.run_dir);
     fs::create_directories(cfg_.run_dir);
     std::ofstream resolved(fs::path(cfg_.run_dir) / "config.toml");
     resolved << to_toml(cfg_);
@@ -145,21 +222,23 @@ TrainSummary Trainer::run() {
   Allocator::host().reset_peaks();
   TrainSummary summary;
   bool exiting = false;
+  std::string stop;  // why the run stops early on a signal ("rank R: SIGTERM" under data parallelism)
   while (progress_.step < cfg_.train_iters && !exiting) {
     const int64_t step = progress_.step + 1;
     if (faults_.fire(Fault::CrashAtStep, step)) FaultInjector::crash("crash@step=" + std::to_string(step));
+    if (faults_.fire(Fault::SignalAtStep, step)) std::raise(SIGTERM);
     checkpoints_.keep_rewind_point(*model_, *optimizer_, progress_);
     const int64_t first_sample = progress_.next_batch(cfg_.global_batch_size);
     const TrainingStep::Result r = step_->forward_backward(step, first_sample);
-    if (cfg_.rewind) {
-      // Every rank rewinds, or none: a fault may have touched one rank's loss or gradients alone.
-      const std::string why = agree_on_anomaly(world_, detector_.check(progress_.recent, r.loss, r.grad_norm));
-      if (!why.empty()) {
-        rewind(step, why, first_sample);
-        continue;
-      }
-      detector_.accept(progress_.recent, r.loss, r.grad_norm);
+    // Every rank rewinds (or stops), or none: a fault may have touched one rank's loss or gradients alone.
+    const std::string why = agree_on_anomaly(world_, cfg_.rewind ? detector_.check(progress_.recent, r.loss, r.grad_norm)
+                                                                 : AnomalyDetector::non_finite(r.loss, r.grad_norm));
+    if (!why.empty()) {
+      if (!cfg_.rewind) diverged(step, why, r);
+      rewind(step, why, first_sample);
+      continue;
     }
+    if (cfg_.rewind) detector_.accept(progress_.recent, r.loss, r.grad_norm);
     // The schedule is indexed by the 1-based number of the update being made, so the first
     // update of a warmup already moves the weights.
     const double lr = schedule_.lr_at(step) * progress_.lr_multiplier(step);
@@ -171,32 +250,48 @@ TrainSummary Trainer::run() {
     if (data_.valid && cfg_.eval_interval > 0 && step % cfg_.eval_interval == 0 && step != cfg_.train_iters) {
       log_->validation(step, validation_loss(), false);
     }
-    if (cfg_.save_interval > 0 && step % cfg_.save_interval == 0) checkpoints_.save(*model_, *optimizer_, progress_);
+    if (cfg_.save_interval > 0 && step % cfg_.save_interval == 0) save_checkpoint();
     exiting = cfg_.exit_interval > 0 && step % cfg_.exit_interval == 0 && step < cfg_.train_iters;
+    // A signal may reach one rank alone (or the ranks at different steps): all stop after the same one.
+    stop = agree_on_anomaly(world_, stop_signals.requested());
+    if (!stop.empty()) exiting = step < cfg_.train_iters;
   }
   // The last state is always on disk when checkpointing is on, so a finished run can be extended
   // (--resume auto with more train_iters) and an early exit resumed.
-  if ((cfg_.save_interval > 0 || exiting) && checkpoints_.last_saved_step() != progress_.step)
-    checkpoints_.save(*model_, *optimizer_, progress_);
+  if ((cfg_.save_interval > 0 || exiting) && checkpoints_.last_saved_step() != progress_.step) save_checkpoint();
   checkpoints_.finish();  // the last save must be complete before the process may end
   summary.steps = progress_.step;
   summary.final_loss = log_->last_loss();
   summary.tokens_per_s = log_->median_tokens_per_s();
   if (exiting) {
-    if (primary_)
+    summary.stopped = !stop.empty();
+    if (primary_ && summary.stopped) {
+      log_->metrics().write({{"event", "stopped"}, {"step", progress_.step}, {"reason", stop}, {"time", unix_time()}});
+      std::printf("stopped by a signal (%s) after step %ld; %s; continue with --resume auto\n", stop.c_str(), progress_.step,
+                  checkpoints_.newest_checkpoint().c_str());
+    } else if (primary_) {
       std::printf("exiting after step %ld (training.exit_interval); continue with --resume auto\n", progress_.step);
+    }
+    std::fflush(stdout);
+    // No rank may end before rank 0's checkpoint is on disk: a launcher ends the job when one rank
+    // exits with a non-zero status.
+    world_.barrier();
     return summary;
   }
   if (data_.valid) {
     summary.final_val_loss = validation_loss();
     log_->validation(cfg_.train_iters, summary.final_val_loss, true);
+    if (!std::isfinite(summary.final_val_loss))
+      fail("the final validation loss is ", summary.final_val_loss, ": the model is not exported; ",
+           checkpoints_.newest_checkpoint());
   }
+  check_finite_weights("the final model");
   // The export and the sample need the whole model: a split one is gathered (by every rank).
   std::unique_ptr<models::TransformerModel> whole;
   if (model_->tensor_parallel().active()) whole = models::gather_whole_model(*model_);
   models::TransformerModel& final_model = whole ? *whole : *model_;
   if (!primary_) return summary;
-  models::save_hf_model(final_model, (fs::path(cfg_.run_dir) / "final").string());
+  export_final_model(final_model);
   std::printf("model saved to %s\n", (fs::path(cfg_.run_dir) / "final").c_str());
   if (cfg_.sample_tokens > 0) {
     auto tok = data::make_tokenizer(cfg_.tokenizer);
@@ -206,6 +301,7 @@ TrainSummary Trainer::run() {
     opts.seed = static_cast<uint64_t>(cfg_.seed);
     opts.max_new_tokens = cfg_.sample_tokens;
     opts.stop_token = tok->eod();
+    opts.vocab_size = tok->vocab_size();
     auto prompt = tok->encode(cfg_.sample_prompt.empty() ? "\n" : cfg_.sample_prompt);
     // Positions beyond the training length were never trained (learned position embeddings stay
     // at their init), so the sample stops at seq_length tokens.

@@ -33,6 +33,7 @@ struct TrainSummary {
   double final_val_loss = -1; // -1 when there is no validation data (or training exited early)
   double tokens_per_s = 0;    // median over logged steps
   std::string sample;         // generated text (when sample.tokens > 0)
+  bool stopped = false;       // stopped by SIGINT / SIGTERM after writing a checkpoint
 };
 
 struct RunOptions {
@@ -40,18 +41,31 @@ struct RunOptions {
   // valid checkpoint of this run directory, or a fresh start if there is none; otherwise a
   // checkpoint directory or a checkpoints directory to take the newest valid one from.
   std::string resume;
+  // --overwrite: a fresh run may start in a run directory holding an earlier run's results (which
+  // it removes), and `--resume auto` starts over when no checkpoint passes verification.
+  bool overwrite = false;
   std::vector<std::string> inject;  // fault injection specs, see fault_injection.h
 };
 
 class Trainer {
  public:
   // Opens the data, builds the model and restores the checkpoint to resume from; every error in
-  // config, data or checkpoint surfaces here, before anything is written to the run directory.
+  // config, data, checkpoint or run directory surfaces here, before anything is written to it.
   explicit Trainer(TrainConfig config, RunOptions options = {});
+  // Trains to train_iters. A non-finite loss or gradient that cannot be rewound, non-finite weights
+  // about to be saved and a non-finite final validation loss are errors that leave the last good
+  // checkpoint and final model in place. SIGINT / SIGTERM (on any rank) stop every rank after the
+  // same step, with a checkpoint (summary.stopped).
   TrainSummary run();
 
  private:
+  void check_before_start(const RunOptions& options);
   void rewind(int64_t step, const std::string& reason, int64_t first_sample);
+  [[noreturn]] void diverged(int64_t step, const std::string& reason, const TrainingStep::Result& r);
+  // A checkpoint of the current state, refused (an error) when the weights are not finite.
+  void save_checkpoint();
+  void check_finite_weights(const std::string& what);
+  void export_final_model(models::TransformerModel& final_model);
   double validation_loss();
 
   TrainConfig cfg_;
@@ -60,6 +74,7 @@ class Trainer {
   std::unique_ptr<parallel::ProcessGroups> groups_;
   TrainingData data_;
   bool resuming_ = false;  // --resume given: metrics.jsonl continues rather than starts afresh
+  bool clear_on_start_ = false;  // --overwrite and not resumed: remove the earlier run's results first
   std::unique_ptr<models::TransformerModel> model_;
   // Forward, backward and update over the model's flat buffers (declared after model_: its buffer
   // unhooks the model's parameters when destroyed, so it must go first).

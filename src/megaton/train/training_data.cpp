@@ -1,5 +1,6 @@
 #include "megaton/train/training_data.h"
 
+#include <algorithm>
 #include <filesystem>
 
 #include "megaton/core/error.h"
@@ -10,12 +11,16 @@ namespace megaton::train {
 
 namespace {
 
-// Opens one dataset prefix named by config key `key`, checking it against the model.
+// Opens one dataset prefix named by config key `key`, checking it against the model; raises
+// max_token to the largest id seen.
 std::shared_ptr<const data::TokenStream> open_checked(const std::string& prefix, const std::string& key,
-                                                     const TrainConfig& cfg) {
+                                                     const TrainConfig& cfg, int32_t& max_token) {
   namespace fs = std::filesystem;
   if (!fs::exists(prefix + ".idx") || !fs::exists(prefix + ".bin"))
     fail("config key '", key, "': dataset '", prefix, "' not found (expected ", prefix, ".bin and ", prefix, ".idx)");
+  for (const char* ext : {".idx", ".bin"})
+    if (fs::is_directory(prefix + ext))
+      fail("config key '", key, "': '", prefix, ext, "' is a directory; expected the dataset file");
   auto s = std::make_shared<data::TokenStream>(prefix);
   if (s->num_samples(cfg.seq_length) == 0)
     fail("config key '", key, "': dataset '", prefix, "' has ", s->size(), " tokens, fewer than one sample of ",
@@ -24,6 +29,7 @@ std::shared_ptr<const data::TokenStream> open_checked(const std::string& prefix,
   if (top >= cfg.model.vocab_size)
     fail("config key '", key, "': dataset '", prefix, "' holds token id ", top, " but the model's vocab_size is ",
          cfg.model.vocab_size, " (vocab mismatch between data and model)");
+  max_token = std::max(max_token, top);
   return s;
 }
 
@@ -33,13 +39,14 @@ TrainingData build_training_data(const TrainConfig& cfg) {
   if (cfg.data_path.empty()) fail("config key 'data.data_path' is empty: no training data");
   const data::Blend blend = data::parse_blend(cfg.data_path);
   std::vector<std::shared_ptr<const data::TokenStream>> streams;
-  for (const std::string& prefix : blend.prefixes) streams.push_back(open_checked(prefix, "data.data_path", cfg));
+  TrainingData out;
+  for (const std::string& prefix : blend.prefixes)
+    streams.push_back(open_checked(prefix, "data.data_path", cfg, out.max_token));
   const int64_t train_samples = (cfg.train_iters + (cfg.rewind ? cfg.max_rewinds : 0)) * cfg.global_batch_size;
 
-  TrainingData out;
   if (!cfg.valid_data_path.empty())
-    out.valid = std::make_shared<data::StreamSamples>(open_checked(cfg.valid_data_path, "data.valid_data_path", cfg),
-                                                      cfg.seq_length);
+    out.valid = std::make_shared<data::StreamSamples>(
+        open_checked(cfg.valid_data_path, "data.valid_data_path", cfg, out.max_token), cfg.seq_length);
   if (!cfg.shuffle) {
     if (streams.size() != 1)
       fail("config key 'data.data_path': data.shuffle = false reads one dataset in order, but '", cfg.data_path,

@@ -12,6 +12,9 @@ namespace megaton::train {
 struct TrainingData {
   std::shared_ptr<const data::SampleSource> train;
   std::shared_ptr<const data::SampleSource> valid;  // null: no validation
+  // The largest token id read while checking the datasets against the model (the first 2^22 tokens
+  // of each), for checks against the tokenizer.
+  int32_t max_token = 0;
 };
 
 // data.shuffle = true: Megatron's GPTDataset / BlendedDataset over data.data_path with data.split,
