@@ -1,8 +1,9 @@
 // Pipeline parallelism end to end: `mpirun -np N megaton train --set pp=P` with every schedule the
 // trainer runs trains the tiny GPT (tied embeddings) and Llama (GQA) models, split into 4 layers,
 // like one process: per-step losses and grad norms within 1e-5 relative, final weights within 1e-5
-// (each stage runs the same kernels on the same shapes; only the tied embedding's two gradient
-// parts are summed in another order). pp2 with 1F1B, ZB-H1, ZB-H2, ZB-V, DualPipeV and
+// (1e-4 with tp2, as for tensor parallelism alone). Each stage runs the same kernels on the same
+// shapes, so the untied Llama trains bit for bit at pp2 under every schedule; GPT's tied embedding
+// sums its two gradient parts in another order. pp2 with 1F1B, ZB-H1, ZB-H2, ZB-V, DualPipeV and
 // interleaved (vpp2); pp4 with 1F1B and ZB-H1; pp2 x dp2 and pp2 x tp2 on four ranks. A pp2
 // checkpoint resumes at pp2 bitwise like the uninterrupted run and in one process like the
 // single-process run; bad layouts are refused naming the sizes.
@@ -28,10 +29,11 @@ Metrics train_mpi_ok(const TinyRunDir& run, int np, const std::string& name, con
   return megaton::testing::read_metrics(run.run_dir(name));
 }
 
+// weight_tol: 1e-5, or 1e-4 with tensor parallelism (tiny_run.h: the split forward's rounding).
 void expect_like(const TinyRunDir& run, const Metrics& got, const std::string& name, const Metrics& want,
-                 const std::string& want_name) {
+                 const std::string& want_name, double weight_tol = 1e-5) {
   ASSERT_EQ(got.losses.size(), 8u) << name;
-  megaton::testing::expect_close_training(got, want, run.run_dir(name), run.run_dir(want_name), name);
+  megaton::testing::expect_close_training(got, want, run.run_dir(name), run.run_dir(want_name), name, weight_tol);
 }
 
 class PipelineParallelRuns : public ::testing::TestWithParam<std::string> {};
@@ -71,7 +73,15 @@ TEST_P(PipelineParallelRuns, EverySchedulesTrainsLikeOneProcess) {
                       "tensor parallel 2 ranks + sequence parallel (parameters per rank) | pipeline parallel 2"});
   for (const Variant& v : variants) {
     const Metrics got = train_mpi_ok(run, v.np, v.name, kShort + v.args, v.banner);
-    expect_like(run, got, v.name, single, "single");
+    const bool tp = v.args.find("tp=2") != std::string::npos;
+    expect_like(run, got, v.name, single, "single", tp ? 1e-4 : 1e-5);
+    // Without tied embeddings or other parallelism every gradient element is summed in the same
+    // order as in one process (each stage's plus zeros): bit for bit.
+    if (GetParam() == "llama-tiny" && v.np == 2) {
+      EXPECT_EQ(got.losses, single.losses) << v.name;
+      megaton::testing::expect_bitwise_equal(megaton::testing::final_weights(run.run_dir(v.name)),
+                                             megaton::testing::final_weights(run.run_dir("single")));
+    }
   }
 }
 
