@@ -13,6 +13,7 @@
 
 using megaton::testing::Metrics;
 using megaton::testing::TinyRunDir;
+using Variant = megaton::testing::MpiVariant;
 
 namespace {
 
@@ -20,14 +21,6 @@ namespace {
 const std::string kShort =
     "--set training.train_iters=8 --set logging.save_interval=0 --set training.threads=1 --set model.num_layers=4 "
     "--set training.micro_batch_size=2 ";
-
-Metrics train_mpi_ok(const TinyRunDir& run, int np, const std::string& name, const std::string& args,
-                     const std::string& banner) {
-  const megaton::testing::CommandResult r = run.train_mpi(np, name, args, 300);
-  EXPECT_EQ(r.exit_code, 0) << name << "\n" << r.output;
-  EXPECT_NE(r.output.find(banner), std::string::npos) << r.output;
-  return megaton::testing::read_metrics(run.run_dir(name));
-}
 
 // weight_tol: 1e-5, or 1e-4 with tensor parallelism (tiny_run.h: the split forward's rounding).
 void expect_like(const TinyRunDir& run, const Metrics& got, const std::string& name, const Metrics& want,
@@ -41,11 +34,6 @@ class PipelineParallelRuns : public ::testing::TestWithParam<std::string> {};
 TEST_P(PipelineParallelRuns, EverySchedulesTrainsLikeOneProcess) {
   TinyRunDir run(GetParam());
   const Metrics single = run.train_ok("single", kShort);
-  struct Variant {
-    const char* name;
-    int np;
-    std::string args, banner;
-  };
   const auto pp2 = [](const std::string& kind, const std::string& chunks) {
     return Variant{"", 2, "--set pp=2 --set parallel.pipeline_schedule='\"" + kind + "\"'",
                    "pipeline parallel 2 stages, schedule '" + kind + "', " + chunks + " model chunks"};
@@ -72,7 +60,7 @@ TEST_P(PipelineParallelRuns, EverySchedulesTrainsLikeOneProcess) {
   variants.push_back({"pp2_tp2", 4, "--set pp=2 --set tp=2 --set parallel.sequence_parallel=true",
                       "tensor parallel 2 ranks + sequence parallel (parameters per rank) | pipeline parallel 2"});
   for (const Variant& v : variants) {
-    const Metrics got = train_mpi_ok(run, v.np, v.name, kShort + v.args, v.banner);
+    const Metrics got = run.train_mpi_ok(v.np, v.name, kShort + v.args, v.banner);
     const bool tp = v.args.find("tp=2") != std::string::npos;
     expect_like(run, got, v.name, single, "single", tp ? 1e-4 : 1e-5);
     // Without tied embeddings or other parallelism every gradient element is summed in the same
@@ -94,14 +82,14 @@ INSTANTIATE_TEST_SUITE_P(Models, PipelineParallelRuns, ::testing::Values("gpt-ti
 TEST(PipelineParallel, CheckpointsResumeBitwiseAndAcrossLayouts) {
   TinyRunDir run("gpt-tiny");
   const std::string pp2 = "--set pp=2 --set parallel.pipeline_schedule='\"zbv\"' ";
-  const Metrics straight = train_mpi_ok(run, 2, "straight", kShort + pp2, "pipeline parallel 2");
+  const Metrics straight = run.train_mpi_ok(2, "straight", kShort + pp2, "pipeline parallel 2");
   const std::string stop = "--set training.exit_interval=4 ";
-  EXPECT_EQ(train_mpi_ok(run, 2, "resumed", kShort + pp2 + stop, "pipeline parallel 2").losses.size(), 4u);
-  const Metrics resumed = train_mpi_ok(run, 2, "resumed", kShort + pp2 + "--resume auto", "pipeline parallel 2");
+  EXPECT_EQ(run.train_mpi_ok(2, "resumed", kShort + pp2 + stop, "pipeline parallel 2").losses.size(), 4u);
+  const Metrics resumed = run.train_mpi_ok(2, "resumed", kShort + pp2 + "--resume auto", "pipeline parallel 2");
   ASSERT_EQ(resumed.losses, straight.losses);
   megaton::testing::expect_bitwise_equal(megaton::testing::final_weights(run.run_dir("resumed")),
                                          megaton::testing::final_weights(run.run_dir("straight")));
-  EXPECT_EQ(train_mpi_ok(run, 2, "at_pp1", kShort + pp2 + stop, "pipeline parallel 2").losses.size(), 4u);
+  EXPECT_EQ(run.train_mpi_ok(2, "at_pp1", kShort + pp2 + stop, "pipeline parallel 2").losses.size(), 4u);
   const Metrics at_pp1 = run.train_ok("at_pp1", kShort + "--resume auto");
   const Metrics single = run.train_ok("single", kShort);
   expect_like(run, at_pp1, "at_pp1", single, "single");
