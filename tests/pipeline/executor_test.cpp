@@ -79,6 +79,7 @@ struct RecordingRunner : pipeline::StageRunner {
   void backward_input(int64_t m, int c) override { calls.push_back("B" + std::to_string(m) + "." + std::to_string(c)); }
   void backward_weight(int64_t m, int c) override { calls.push_back("W" + std::to_string(m) + "." + std::to_string(c)); }
   void backward(int64_t m, int c) override { calls.push_back("BW" + std::to_string(m) + "." + std::to_string(c)); }
+  void prepare(const pipeline::Op& next) override { calls.push_back("prepare " + pipeline::op_name(next)); }
 };
 
 }  // namespace
@@ -137,7 +138,21 @@ TEST(Executor, FusesABackwardInputWithItsOwnWeightGradientOnly) {
                      {pipeline::OpKind::BackwardWeight, 0, 1},  // another chunk's W: not fused
                      {pipeline::OpKind::BackwardWeight, 1}},
                     r);
-  EXPECT_EQ(r.calls, (std::vector<std::string>{"F0.0", "F1.0", "BW0.0", "B1.0", "W0.1", "W1.0"}));
+  EXPECT_EQ(r.calls, (std::vector<std::string>{"prepare F1", "F0.0", "prepare B0", "F1.0", "prepare B1", "BW0.0",
+                                               "B1.0", "W0.1", "W1.0"}));
+}
+
+// A pipelined runner posts the receives of the next op that takes an input (F, B or F&B) while the
+// op before it runs: announced once each, before the compute op ahead of it, never a W.
+TEST(Executor, AnnouncesEachOpTakingAnInputOnceBeforeTheOpAheadOfIt) {
+  RecordingRunner r;
+  using pipeline::OpKind;
+  pipeline::execute({{OpKind::Forward, 0},
+                     {OpKind::BackwardInput, 0},
+                     {OpKind::BackwardWeight, 0, 1},
+                     {OpKind::ForwardBackward, 1, 0, 2, 1}},
+                    r);
+  EXPECT_EQ(r.calls, (std::vector<std::string>{"prepare B0", "F0.0", "prepare F1&B2.1", "B0.0", "W0.1", "F1.0", "B2.1"}));
 }
 
 // DualPipe's overlapped F&B: a runner without an overlapped kernel runs the F, then the B (with its
@@ -151,7 +166,8 @@ TEST(Executor, RunsAnOverlappedForwardBackwardAsItsForwardThenItsBackward) {
                      {OpKind::BackwardWeight, 4, 0},  // the W of the F&B's forward micro-batch: not fused
                      {OpKind::BackwardWeight, 2, 1}},
                     r);
-  EXPECT_EQ(r.calls, (std::vector<std::string>{"F3.0", "BW1.1", "F4.0", "B2.1", "W4.0", "W2.1"}));
+  EXPECT_EQ(r.calls,
+            (std::vector<std::string>{"prepare F4&B2.1", "F3.0", "BW1.1", "F4.0", "B2.1", "W4.0", "W2.1"}));
 }
 
 TEST(Executor, CommunicationInASingleProcessIsAnErrorNamingTheOp) {

@@ -141,7 +141,8 @@ std::pair<std::vector<Reduction>, std::vector<float>> one_step(bool overlap) {
     const float* g = position->grad.data<float>();
     log.push_back({t.name(), std::all_of(g, g + position->grad.numel(), [](float v) { return v == 0.0f; })});
   });
-  train::TrainingStep step(m, cfg, std::make_shared<PatternSource>(), dp);
+  parallel::LocalCommunicator pp("pp");  // no pipelining
+  train::TrainingStep step(m, cfg, std::make_shared<PatternSource>(), dp, pp);
   EXPECT_GT(step.buffer().buckets().size(), 3u);
   const auto r = step.forward_backward(1, 0);
   EXPECT_TRUE(std::isfinite(r.loss) && std::isfinite(r.grad_norm));

@@ -14,18 +14,11 @@
 
 using megaton::testing::Metrics;
 using megaton::testing::TinyRunDir;
+using Variant = megaton::testing::MpiVariant;
 
 namespace {
 
 const std::string kShort = "--set training.train_iters=10 --set logging.save_interval=0 --set training.threads=1 ";
-
-Metrics train_mpi_ok(const TinyRunDir& run, int np, const std::string& name, const std::string& args,
-                     const std::string& banner) {
-  const megaton::testing::CommandResult r = run.train_mpi(np, name, args, 300);
-  EXPECT_EQ(r.exit_code, 0) << name << "\n" << r.output;
-  EXPECT_NE(r.output.find(banner), std::string::npos) << r.output;
-  return megaton::testing::read_metrics(run.run_dir(name));
-}
 
 // Losses and grad norms within 1e-5 relative, weights within 1e-4 (tiny_run.h: the rounding floor
 // of the single-process run itself).
@@ -40,11 +33,6 @@ class TensorParallelRuns : public ::testing::TestWithParam<std::string> {};
 TEST_P(TensorParallelRuns, TrainLikeOneProcess) {
   TinyRunDir run(GetParam());
   const Metrics single = run.train_ok("single", kShort);
-  struct Variant {
-    const char* name;
-    int np;
-    std::string args, banner;
-  };
   for (const Variant& v :
        {Variant{"tp2", 2, "--set tp=2", "tensor parallel 2 ranks (parameters"},
         Variant{"tp2_sp", 2, "--set tp=2 --set parallel.sequence_parallel=true",
@@ -53,7 +41,7 @@ TEST_P(TensorParallelRuns, TrainLikeOneProcess) {
                 "tensor parallel 2 ranks + sequence parallel (parameters per rank) | data parallel 2 ranks"},
         Variant{"dp2_tp2_zero", 4, "--set tp=2 --set parallel.use_distributed_optimizer=true --set parallel.bucket_size=4000",
                 "data parallel 2 ranks, distributed optimizer"}}) {
-    const Metrics got = train_mpi_ok(run, v.np, v.name, kShort + v.args, v.banner);
+    const Metrics got = run.train_mpi_ok(v.np, v.name, kShort + v.args, v.banner);
     expect_like(run, got, v.name, single, "single");
     for (const auto& rec : got.steps) EXPECT_TRUE(rec.contains("comm_wait_s")) << v.name << " " << rec.dump();
   }
@@ -72,7 +60,7 @@ TEST(TensorParallel, ReplicatedKvHeadsTrainLikeOneProcess) {
   TinyRunDir run("llama-tiny");
   const std::string mqa = "--set model.num_query_groups=1 ";
   const Metrics single = run.train_ok("single", kShort + mqa);
-  const Metrics tp = train_mpi_ok(run, 2, "tp2", kShort + mqa + "--set tp=2 --set parallel.sequence_parallel=true",
+  const Metrics tp = run.train_mpi_ok(2, "tp2", kShort + mqa + "--set tp=2 --set parallel.sequence_parallel=true",
                                   "tensor parallel 2 ranks");
   expect_like(run, tp, "tp2", single, "single");
 }
@@ -95,11 +83,11 @@ TEST(TensorParallel, CheckpointsResumeAcrossLayouts) {
   const Metrics straight = run.train_ok("straight", kShort);
   const std::string stop = "--set training.exit_interval=5 ";
   const std::string tp2 = "--set tp=2 --set parallel.sequence_parallel=true ";
-  EXPECT_EQ(train_mpi_ok(run, 2, "from_tp2", kShort + tp2 + stop, "tensor parallel").losses.size(), 5u);
+  EXPECT_EQ(run.train_mpi_ok(2, "from_tp2", kShort + tp2 + stop, "tensor parallel").losses.size(), 5u);
   const Metrics at_tp1 = run.train_ok("from_tp2", kShort + "--resume auto");
   expect_like(run, at_tp1, "from_tp2", straight, "straight");
   EXPECT_EQ(run.train_ok("from_tp1", kShort + stop).losses.size(), 5u);
-  const Metrics at_tp2 = train_mpi_ok(run, 2, "from_tp1", kShort + tp2 + "--resume auto", "tensor parallel");
+  const Metrics at_tp2 = run.train_mpi_ok(2, "from_tp1", kShort + tp2 + "--resume auto", "tensor parallel");
   expect_like(run, at_tp2, "from_tp1", straight, "straight");
 }
 

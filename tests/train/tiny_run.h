@@ -63,6 +63,14 @@ inline Metrics read_metrics(const std::string& run_dir) {
   return m;
 }
 
+// One multi-process layout of a run: its directory name, ranks, extra arguments and the text its
+// parallel layout line must print (TinyRunDir::train_mpi_ok).
+struct MpiVariant {
+  std::string name;
+  int np;
+  std::string args, banner;
+};
+
 // A scratch directory with training and validation data and a config for a 2-layer model.
 class TinyRunDir {
  public:
@@ -91,6 +99,14 @@ class TinyRunDir {
   // The same under `mpirun -np np` (a job that hangs fails after timeout_s).
   CommandResult train_mpi(int np, const std::string& name, const std::string& args = "", int timeout_s = 120) const {
     return run_command(mpirun(np, timeout_s) + command(name, args));
+  }
+  // A run under `mpirun -np np` that must succeed and print `banner` (its parallel layout line):
+  // its metrics.
+  Metrics train_mpi_ok(int np, const std::string& name, const std::string& args, const std::string& banner) const {
+    const CommandResult r = train_mpi(np, name, args, 300);
+    EXPECT_EQ(r.exit_code, 0) << name << "\n" << r.output;
+    EXPECT_NE(r.output.find(banner), std::string::npos) << r.output;
+    return read_metrics(run_dir(name));
   }
   // A run that must succeed: its metrics.
   Metrics train_ok(const std::string& name, const std::string& args = "") const {

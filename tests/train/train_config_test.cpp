@@ -92,7 +92,14 @@ TEST(TrainConfig, ParallelSizesTakeShortAliasesAndResolveAgainstTheWorld) {
   };
   EXPECT_NE(message({"tp=0"}).find("parallel.tensor_model_parallel_size"), std::string::npos);
   EXPECT_EQ(train::load_train_config("", {"tp=2"}).tensor_model_parallel_size, 2);
-  EXPECT_NE(message({"pp=2"}).find("2 is not supported yet"), std::string::npos);
+  EXPECT_NE(message({"cp=2"}).find("2 is not supported yet"), std::string::npos);
+  EXPECT_EQ(train::load_train_config("", {"pp=2", "model.num_layers=4"}).pipeline_model_parallel_size, 2);
+  EXPECT_NE(message({"pp=2", "model.num_layers=3"}).find("3 layers do not split evenly into 2 pipeline model chunks"),
+            std::string::npos);
+  EXPECT_NE(message({"pp=2", "model.num_layers=4", "parallel.pipeline_schedule=\"zbv\"", "model.num_layers=6"})
+                .find("6 layers do not split evenly into 4 pipeline model chunks (pipeline_model_parallel_size 2 x 2 "
+                      "chunks per rank for 'zbv')"),
+            std::string::npos);
   EXPECT_NE(message({"tp=2", "parallel.sequence_parallel=true", "training.seq_length=33"})
                 .find("needs training.seq_length 33 divisible by tensor_model_parallel_size 2"),
             std::string::npos);

@@ -73,9 +73,11 @@ std::vector<ElementRange> ParamAndGradBuffer::shard_ranges(int64_t shard) const 
   return out;
 }
 
-void ParamAndGradBuffer::begin_step(int64_t microbatches) {
+void ParamAndGradBuffer::begin_step(int64_t microbatches, bool track) {
   MEGATON_CHECK(microbatches > 0, "a step needs at least one micro-batch, got ", microbatches);
   grads_.zero_();
+  armed_ = false;
+  if (!track) return;
   microbatches_ = microbatches;
   reports_left_.resize(params_.size());
   for (size_t i = 0; i < params_.size(); ++i) reports_left_[i] = params_[i]->uses * microbatches;

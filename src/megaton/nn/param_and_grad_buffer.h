@@ -71,7 +71,9 @@ class ParamAndGradBuffer {
   // Called with a bucket's index when its gradients are final (during the step's last micro-batch).
   void on_bucket_ready(std::function<void(size_t bucket)> callback) { ready_callback_ = std::move(callback); }
   // Zeroes the gradients and arms readiness tracking for a step of `microbatches` micro-batches.
-  void begin_step(int64_t microbatches);
+  // track = false: zeroes only. A pipeline stage computes the gradients of its own layers alone, so
+  // the others would never become final: no bucket fires and the step reduces after backward.
+  void begin_step(int64_t microbatches, bool track = true);
   // Throws naming the first parameter whose gradient was not reported the expected number of times
   // (so its bucket never fired), then disarms tracking.
   void end_step();

@@ -9,9 +9,25 @@ void StageRunner::communicate(const Op& op) {
        "process with no neighbours");
 }
 
+namespace {
+bool takes_input(OpKind k) {
+  return k == OpKind::Forward || k == OpKind::BackwardInput || k == OpKind::ForwardBackward;
+}
+}  // namespace
+
 void execute(const std::vector<Op>& ops, StageRunner& runner) {
+  size_t announced = 0;  // the ops before this index were announced
   for (size_t i = 0; i < ops.size(); ++i) {
     const Op& op = ops[i];
+    if (!compute_parts(op).empty()) {
+      // The first op after this one that takes an input, unless it was announced already.
+      size_t next = i + 1;
+      while (next < ops.size() && !takes_input(ops[next].kind)) ++next;
+      if (next < ops.size() && next >= announced) {
+        runner.prepare(ops[next]);
+        announced = next + 1;
+      }
+    }
     // Whether the next op is the W of this op's B (alone or in an F&B): one call, then skipped.
     const auto takes_next_w = [&](int64_t microbatch, int chunk) {
       const bool fused = i + 1 < ops.size() && ops[i + 1] == Op{OpKind::BackwardWeight, microbatch, chunk};

@@ -31,13 +31,18 @@ class StageRunner {
     if (with_weight) backward(b_microbatch, b_chunk);
     else backward_input(b_microbatch, b_chunk);
   }
+  // Called with the next op that takes an input from outside (F, B or F&B) before the op ahead of
+  // it runs, once: a pipelined runner posts that op's receives here so they travel while the
+  // current op computes. Nothing to do in one process.
+  virtual void prepare(const Op& next) { (void)next; }
   // Point-to-point transfers with the neighbouring stages. A single-process runner has none, so
   // the defaults refuse with the op's name.
   virtual void communicate(const Op& op);
 };
 
 // Runs `ops` in order on `runner` (B immediately followed by the same micro-batch's W goes to
-// runner.backward; an F&B followed by its B's W to forward_backward with the weight).
+// runner.backward; an F&B followed by its B's W to forward_backward with the weight), announcing
+// the next F, B or F&B to runner.prepare before each compute op.
 void execute(const std::vector<Op>& ops, StageRunner& runner);
 
 }  // namespace megaton::pipeline

@@ -13,6 +13,7 @@
 #include "megaton/data/data_loader.h"
 #include "megaton/models/hf_format.h"
 #include "megaton/optim/lr_schedule.h"
+#include "megaton/pipeline/generators.h"
 
 namespace megaton::train {
 
@@ -112,6 +113,8 @@ const std::vector<Field>& fields() {
       field("training.exit_interval", &TC::exit_interval),
       field("parallel.tensor_model_parallel_size", &TC::tensor_model_parallel_size),
       field("parallel.pipeline_model_parallel_size", &TC::pipeline_model_parallel_size),
+      field("parallel.virtual_pipeline_model_parallel_size", &TC::virtual_pipeline_model_parallel_size),
+      field("parallel.pipeline_schedule", &TC::pipeline_schedule),
       field("parallel.context_parallel_size", &TC::context_parallel_size),
       field("parallel.expert_model_parallel_size", &TC::expert_model_parallel_size),
       field("parallel.data_parallel_size", &TC::data_parallel_size),
@@ -242,6 +245,28 @@ void check(bool ok, const std::string& key, const std::string& msg) {
   if (!ok) fail("config key '", key, "': ", msg);
 }
 
+// The schedule's sizes (generators.h refuses the rest when the step builds it, naming them) and
+// the layer split: every model chunk holds the same number of whole layers.
+void check_pipeline(const TrainConfig& c) {
+  const int64_t pp = c.pipeline_model_parallel_size, vpp = c.virtual_pipeline_model_parallel_size;
+  check(vpp >= 1 && vpp <= 1024, "parallel.virtual_pipeline_model_parallel_size",
+        "must be in [1, 1024], got " + std::to_string(vpp));
+  const auto& kinds = pipeline::schedule_kinds();
+  check(c.pipeline_schedule != "none" && std::find(kinds.begin(), kinds.end(), c.pipeline_schedule) != kinds.end(),
+        "parallel.pipeline_schedule",
+        "'" + c.pipeline_schedule + "' is not one of 1f1b, interleaved, zb-h1, zb-h2, zbv, dualpipev");
+  check(c.pipeline_schedule != "dualpipe", "parallel.pipeline_schedule",
+        "'dualpipe' (two parameter copies per rank) is not supported yet; 'dualpipev' is its one-copy form");
+  check(vpp == 1 || c.pipeline_schedule == "interleaved", "parallel.virtual_pipeline_model_parallel_size",
+        std::to_string(vpp) + " needs parallel.pipeline_schedule = \"interleaved\"");
+  if (pp == 1) return;
+  const int64_t chunks = pp * pipeline_chunks_per_rank(c);
+  check(c.model.num_layers % chunks == 0, "model.num_layers",
+        std::to_string(c.model.num_layers) + " layers do not split evenly into " + std::to_string(chunks) +
+            " pipeline model chunks (pipeline_model_parallel_size " + std::to_string(pp) + " x " +
+            std::to_string(pipeline_chunks_per_rank(c)) + " chunks per rank for '" + c.pipeline_schedule + "')");
+}
+
 void validate(const TrainConfig& c) {
   // Hyper-parameters must be finite: an inf or NaN lr trains NaN from the first step.
   for (const auto& [key, v] : {std::pair{"optimizer.lr", c.lr}, {"optimizer.min_lr", c.min_lr},
@@ -304,10 +329,13 @@ void validate(const TrainConfig& c) {
                                   {"parallel.context_parallel_size", c.context_parallel_size},
                                   {"parallel.expert_model_parallel_size", c.expert_model_parallel_size}}) {
     check(size >= 1 && size <= 1'000'000, key, "must be in [1, 1000000], got " + std::to_string(size));
-    // Distributed training lands in slices (issue 9): data and tensor parallelism so far.
-    if (std::string_view(key) != "parallel.tensor_model_parallel_size")
-      check(size == 1, key, std::to_string(size) + " is not supported yet (data and tensor parallelism only, for now)");
+    // Distributed training lands in slices (issue 9): data, tensor and pipeline parallelism so far.
+    if (std::string_view(key) != "parallel.tensor_model_parallel_size" &&
+        std::string_view(key) != "parallel.pipeline_model_parallel_size")
+      check(size == 1, key,
+            std::to_string(size) + " is not supported yet (data, tensor and pipeline parallelism only, for now)");
   }
+  check_pipeline(c);
   check(c.data_parallel_size >= 0 && c.data_parallel_size <= 1'000'000, "parallel.data_parallel_size",
         "must be in [0, 1000000] (0: derived from the world size)");
   check(!c.sequence_parallel || c.tensor_model_parallel_size > 1, "parallel.sequence_parallel",
@@ -414,6 +442,11 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   validate(c);
   fp8_config(c);  // an unknown recipe or format fails here, before any file is opened
   return c;
+}
+
+int64_t pipeline_chunks_per_rank(const TrainConfig& c) {
+  if (c.pipeline_schedule == "zbv" || c.pipeline_schedule == "dualpipev") return 2;  // the V: stages r and 2p-1-r
+  return c.pipeline_schedule == "interleaved" ? c.virtual_pipeline_model_parallel_size : 1;
 }
 
 void resolve_parallel_layout(TrainConfig& c, int64_t world_size) {

@@ -46,6 +46,13 @@ struct TrainConfig {
   // dp is derived from the world size. `--set tp=2` (also pp, cp, ep, dp) is short for these keys.
   int64_t tensor_model_parallel_size = 1;
   int64_t pipeline_model_parallel_size = 1;
+  // Model chunks per pipeline rank for the interleaved schedule (Megatron's
+  // --num-layers-per-virtual-pipeline-stage, given as a count): 1, or > 1 with "interleaved".
+  int64_t virtual_pipeline_model_parallel_size = 1;
+  // The op list every pipeline rank runs (pipeline/generators.h kinds): "1f1b", "interleaved",
+  // "zb-h1", "zb-h2", "zbv", "dualpipev" ("dualpipe", with its two parameter copies, is refused
+  // for now). At pipeline_model_parallel_size 1 the step runs without pipelining whatever is set.
+  std::string pipeline_schedule = "1f1b";
   int64_t context_parallel_size = 1;
   int64_t expert_model_parallel_size = 1;
   int64_t data_parallel_size = 0;      // 0: world size / (tp x cp x pp); else checked against it
@@ -126,6 +133,9 @@ std::string to_toml(const TrainConfig& c);
 void resolve_parallel_layout(TrainConfig& c, int64_t world_size);
 // The FP8 recipe of [precision] (nullopt when fp8 is off); errors name the key.
 std::optional<fp8::Fp8Config> fp8_config(const TrainConfig& c);
+// Model chunks each pipeline rank holds under c.pipeline_schedule: 2 for the V schedules (zbv,
+// dualpipev), virtual_pipeline_model_parallel_size for interleaved, else 1.
+int64_t pipeline_chunks_per_rank(const TrainConfig& c);
 // All known "section.key" names (for help and suggestions).
 std::vector<std::string> train_config_keys();
 

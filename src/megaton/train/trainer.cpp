@@ -70,21 +70,25 @@ Trainer::Trainer(TrainConfig config, RunOptions options)
     fail("config key 'logging.eval_interval' is ", cfg_.eval_interval, " but there is no validation data: "
          "data.valid_data_path is empty and data.split '", cfg_.split, "' leaves no documents for validation");
   // This rank's shard of the model over its tensor-parallel group (the whole model at tp 1).
+  // Under pipeline parallelism the layers split into the schedule's model chunks (stages x chunks
+  // per rank), of which this rank runs its stage's.
   const nn::TensorParallel tp{&groups_->tp(), cfg_.sequence_parallel};
+  const int64_t chunks =
+      cfg_.pipeline_model_parallel_size > 1 ? cfg_.pipeline_model_parallel_size * pipeline_chunks_per_rank(cfg_) : 1;
   if (!cfg_.load.empty()) {
     model_ = models::load_hf_model(cfg_.load);
-    if (tp.active()) {
-      auto split = std::make_unique<models::TransformerModel>(model_->config(), 1, tp);
+    if (tp.active() || chunks > 1) {
+      auto split = std::make_unique<models::TransformerModel>(model_->config(), chunks, tp);
       models::copy_weights(*model_, *split);
       model_ = std::move(split);
     }
   } else {
-    model_ = std::make_unique<models::TransformerModel>(cfg_.model, 1, tp);
+    model_ = std::make_unique<models::TransformerModel>(cfg_.model, chunks, tp);
     model_->init_weights(static_cast<uint64_t>(cfg_.seed));
   }
   if (cfg_.bf16) model_->set_compute_dtype(DType::BF16);
   if (const auto fp8 = fp8_config(cfg_)) model_->enable_fp8(*fp8);
-  step_ = std::make_unique<TrainingStep>(*model_, cfg_, data_.train, groups_->dp());
+  step_ = std::make_unique<TrainingStep>(*model_, cfg_, data_.train, groups_->dp(), groups_->pp());
   step_->on_gradients([this](int64_t step, const Tensor& grads, double& loss) { faults_.corrupt_gradients(step, grads, loss); });
   optimizer_ = &step_->optimizer();
   schedule_ = {cfg_.lr, cfg_.min_lr, cfg_.lr_warmup_iters, cfg_.lr_decay_iters,
@@ -205,6 +209,9 @@ TrainSummary Trainer::run() {
     if (cfg_.tensor_model_parallel_size > 1)
       s += " | tensor parallel " + std::to_string(cfg_.tensor_model_parallel_size) + " ranks" +
            (cfg_.sequence_parallel ? " + sequence parallel" : "") + " (parameters per rank)";
+    if (cfg_.pipeline_model_parallel_size > 1)
+      s += " | pipeline parallel " + std::to_string(cfg_.pipeline_model_parallel_size) + " stages, schedule '" +
+           cfg_.pipeline_schedule + "', " + std::to_string(model_->chunks().size()) + " model chunks";
     if (cfg_.data_parallel_size > 1)
       s += " | data parallel " + std::to_string(cfg_.data_parallel_size) + " ranks" +
            (cfg_.use_distributed_optimizer ? ", distributed optimizer" : "");

@@ -14,14 +14,22 @@
 namespace megaton::train {
 
 TrainingStep::TrainingStep(models::TransformerModel& model, const TrainConfig& cfg,
-                           std::shared_ptr<const data::SampleSource> train, parallel::Communicator& data_parallel)
+                           std::shared_ptr<const data::SampleSource> train, parallel::Communicator& data_parallel,
+                           parallel::Communicator& pipeline)
     : model_(model),
       cfg_(cfg),
       train_(std::move(train)),
       dp_(data_parallel),
+      pp_(pipeline),
       buffer_(std::make_unique<nn::ParamAndGradBuffer>(model.parameters(), cfg.bucket_size,
                                                        cfg.use_distributed_optimizer ? data_parallel.size() : 1)),
-      schedule_(pipeline::no_pipelining(cfg.grad_accum_steps(), false, static_cast<int>(model.chunks().size()))) {
+      schedule_(pipeline.size() == 1
+                    ? pipeline::no_pipelining(cfg.grad_accum_steps(), false, static_cast<int>(model.chunks().size()))
+                    : pipeline::generate(cfg.pipeline_schedule, pipeline.size(),
+                                         static_cast<int>(pipeline_chunks_per_rank(cfg)), cfg.grad_accum_steps())) {
+  if (pp_.size() != cfg.pipeline_model_parallel_size)
+    fail("pipeline group '", pp_.name(), "' has ", pp_.size(), " ranks but the config sets pipeline_model_parallel_size ",
+         cfg.pipeline_model_parallel_size);
   if (dp_.size() != std::max<int64_t>(1, cfg.data_parallel_size))
     fail("data-parallel group '", dp_.name(), "' has ", dp_.size(), " ranks but the config resolved data_parallel_size ",
          cfg.data_parallel_size);
@@ -34,7 +42,7 @@ TrainingStep::TrainingStep(models::TransformerModel& model, const TrainConfig& c
     optimizer_ = std::make_unique<optim::AdamW>(*buffer_, adamw);
   }
   pipeline::validate(schedule_);
-  if (dp_.size() > 1 && cfg.overlap_grad_reduce) buffer_->on_bucket_ready([this](size_t b) { reduce_bucket(b); });
+  if (dp_.size() > 1 && cfg.overlap_grad_reduce && pp_.size() == 1) buffer_->on_bucket_ready([this](size_t b) { reduce_bucket(b); });
   // Without tensor parallelism the norm reads the whole buffer (or the owned shards), as plain and
   // distributed AdamW always have; with it, each global element once.
   const nn::TensorParallel& tp = model_.tensor_parallel();
@@ -66,7 +74,10 @@ void TrainingStep::wait_reductions() {
 
 double TrainingStep::finish_reductions() {
   const auto t0 = std::chrono::steady_clock::now();
-  if (dp_.size() > 1 && !cfg_.overlap_grad_reduce)
+  // Each pipeline stage holds its own layers' gradients (zero elsewhere): summed first, then
+  // reduced over data parallelism like one process's (sums commute).
+  if (pp_.size() > 1) pp_.all_reduce(buffer_->grads());
+  if (dp_.size() > 1 && (!cfg_.overlap_grad_reduce || pp_.size() > 1))
     for (size_t b = 0; b < buffer_->buckets().size(); ++b) reduce_bucket(b);
   wait_reductions();
   // Sums commute: adding the tensor-parallel parts after the data-parallel sum gives the same
@@ -93,7 +104,8 @@ void TrainingStep::begin_fp8_step() {
     for (fp8::DelayedScaling* s : q->delayed_states()) states.push_back(s);
   if (states.empty()) return;
   // Every rank must quantise with the same scales (TE reduces amaxes over the tensor- and
-  // data-parallel groups): max of the newest slots, NaN carried as inf (MPI's max of NaN is
+  // data-parallel groups; a pipeline rank holding the whole model saw only its stage's layers, so the
+  // pipeline group is reduced too): max of the newest slots, NaN carried as inf (MPI's max of NaN is
   // unspecified; either keeps the previous scale).
   const int64_t n = static_cast<int64_t>(states.size());
   Tensor amax = Tensor::empty({n}, DType::F32, MemCategory::Workspace, "fp8_amax");
@@ -102,6 +114,7 @@ void TrainingStep::begin_fp8_step() {
     amax.data<float>()[i] = std::isnan(a) ? std::numeric_limits<float>::infinity() : a;
   }
   if (dp_.size() > 1) dp_.all_reduce(amax, parallel::ReduceOp::Max);
+  if (pp_.size() > 1) pp_.all_reduce(amax, parallel::ReduceOp::Max);
   if (const nn::TensorParallel& tp = model_.tensor_parallel(); tp.active()) tp.group->all_reduce(amax, parallel::ReduceOp::Max);
   for (int64_t i = 0; i < n; ++i) states[static_cast<size_t>(i)]->set_newest_amax(amax.data<float>()[i]);
   for (fp8::LinearQuantizer* q : quantizers) q->next_step();
@@ -113,7 +126,7 @@ TrainingStep::Result TrainingStep::forward_backward(int64_t step, int64_t first_
   const int64_t mbs = cfg_.micro_batch_size;
   model_.refresh_compute_weights();  // the main weights changed since: optimizer step, resume, rewind
   begin_fp8_step();
-  buffer_->begin_step(schedule_.microbatches);
+  buffer_->begin_step(schedule_.microbatches, pp_.size() == 1);
   if (!loader_ || loader_position_ != first_sample) {
     loader_.reset();  // stop the old workers before the new loader starts its own
     loader_ = std::make_unique<data::DataLoader>(
@@ -126,10 +139,11 @@ TrainingStep::Result TrainingStep::forward_backward(int64_t step, int64_t first_
         if (!loader_->next(batch)) fail("training data exhausted at sample ", loader_position_);
         loader_position_ += mbs * dp_.size();  // one micro-batch on every data-parallel rank
       },
-      schedule_.microbatches, false, dp_.size());
+      schedule_.microbatches, false, dp_.size(), {&schedule_, &pp_});
   reductions_.clear();
   try {
-    pipeline::execute(schedule_.ops.at(0), stage);
+    pipeline::execute(schedule_.ops.at(static_cast<size_t>(pp_.rank())), stage);
+    stage.finish();
   } catch (...) {
     // The buckets in flight still point into the gradient buffer: let them land before unwinding.
     wait_reductions();
@@ -140,15 +154,20 @@ TrainingStep::Result TrainingStep::forward_backward(int64_t step, int64_t first_
   // gradient reductions.
   const double comm_wait = parallel::tensor_parallel_wait_seconds() - tp_wait0 + finish_reductions();
   double loss = stage.mean_loss();
+  if (pp_.size() > 1) loss = pp_.all_reduce_scalar(loss);  // the last stage's; the others add 0
   if (dp_.size() > 1) loss = dp_.all_reduce_scalar(loss) / static_cast<double>(dp_.size());
   if (hook_) hook_(step, buffer_->grads(), loss);
   double grad_norm = this->grad_norm();  // the tensor-parallel group's: non-finite on every member if on one
   // Without the distributed optimizer the reduced gradients are the same on every data-parallel
   // rank, unless something (a fault) touched one rank's after the reduction: one rank's non-finite
   // norm is everyone's. (The distributed optimizer's norm is already summed over the group.)
-  if (!distributed_ && dp_.size() > 1 &&
-      dp_.all_reduce_scalar(std::isfinite(grad_norm) ? 0.0 : 1.0, parallel::ReduceOp::Max) > 0)
-    grad_norm = std::numeric_limits<double>::quiet_NaN();
+  // The pipeline ranks summed their gradients the same way; a fault may touch one rank's after.
+  const auto agree = [&](parallel::Communicator& group) {
+    if (group.all_reduce_scalar(std::isfinite(grad_norm) ? 0.0 : 1.0, parallel::ReduceOp::Max) > 0)
+      grad_norm = std::numeric_limits<double>::quiet_NaN();
+  };
+  if (!distributed_ && dp_.size() > 1) agree(dp_);
+  if (pp_.size() > 1) agree(pp_);
   return {loss, grad_norm, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), comm_wait};
 }
 

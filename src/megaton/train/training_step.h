@@ -17,6 +17,20 @@
 // are summed over the tensor-parallel group, and the grad norm adds every rank's elements once
 // (replicated parameters counted on one rank, vocabulary padding on none).
 //
+// Pipeline parallelism (cfg.pipeline_model_parallel_size > 1): the step runs the op list of this
+// rank's stage of cfg.pipeline_schedule (pipeline/generators.h) through TrainingStage, which moves
+// activations and gradients point-to-point over the pipeline group. The model's layers are split
+// into stages x chunks-per-rank model chunks; every rank holds the whole model but computes only
+// its stage's chunks. After backward the gradient buffer is summed over the pipeline group (each
+// element comes from the stage that owns it, zero elsewhere; the tied embedding's two parts from
+// the first and the last stage: Megatron's embedding-group sum), so every pipeline rank runs the
+// same optimizer step on the same full gradient and keeps identical weights and optimizer state:
+// the grad norm covers every stage, a NaN on one stage is everyone's, and checkpoints, exports and
+// resume are those of one process whatever the layout. The price, until stages hold their own
+// layers only: every rank keeps the whole model's parameters and optimizer state and the step adds
+// an all-reduce of the whole gradient over the pipeline group. The loss is computed by the last
+// stage and summed over the group (the others add 0).
+//
 // The step owns the optimizer: plain AdamW over the whole buffer, or with
 // parallel.use_distributed_optimizer the distributed optimizer (parallel/distributed_optimizer.h):
 // the buffer is then sharded over the data-parallel group, each bucket is reduce-scattered instead
@@ -50,9 +64,10 @@ class TrainingStep {
   // Wraps the model's parameters in a gradient buffer and builds the optimizer over it (AdamW with
   // the config's settings; distributed over data_parallel when cfg.use_distributed_optimizer).
   // data_parallel: the group gradients are summed over; its size must be cfg.data_parallel_size
-  // (or 1 with data_parallel_size 0).
+  // (or 1 with data_parallel_size 0). pipeline: this rank's pipeline group (size
+  // cfg.pipeline_model_parallel_size); the model is split into the schedule's model chunks.
   TrainingStep(models::TransformerModel& model, const TrainConfig& cfg, std::shared_ptr<const data::SampleSource> train,
-               parallel::Communicator& data_parallel);
+               parallel::Communicator& data_parallel, parallel::Communicator& pipeline);
   const nn::ParamAndGradBuffer& buffer() const { return *buffer_; }
   optim::Optimizer& optimizer() { return *optimizer_; }
   const optim::Optimizer& optimizer() const { return *optimizer_; }
@@ -73,13 +88,14 @@ class TrainingStep {
   const TrainConfig& cfg_;
   std::shared_ptr<const data::SampleSource> train_;
   parallel::Communicator& dp_;
+  parallel::Communicator& pp_;
   std::unique_ptr<nn::ParamAndGradBuffer> buffer_;
   std::unique_ptr<optim::Optimizer> optimizer_;             // over buffer_
   parallel::DistributedOptimizer* distributed_ = nullptr;  // optimizer_, when it is the distributed one
   std::vector<parallel::WorkHandle> reductions_;  // this step's bucket reductions in flight
   nn::ParameterList shared_grads_;               // parameters with gradients summed over tensor parallelism
   std::vector<nn::ElementRange> norm_ranges_;    // the gradient elements this rank adds to the norm
-  pipeline::Schedule schedule_;  // no pipelining: F, B, W per micro-batch
+  pipeline::Schedule schedule_;  // this step's op lists (no pipelining at pp 1: F, B, W per micro-batch)
   std::unique_ptr<data::DataLoader> loader_;
   int64_t loader_position_ = -1;
   GradientHook hook_;

@@ -1,0 +1,136 @@
+// Pipeline parallelism end to end: `mpirun -np N megaton train --set pp=P` with every schedule the
+// trainer runs trains the tiny GPT (tied embeddings) and Llama (GQA) models, split into 4 layers,
+// like one process: per-step losses and grad norms within 1e-5 relative, final weights within 1e-5
+// (1e-4 with tp2, as for tensor parallelism alone). Each stage runs the same kernels on the same
+// shapes, so the untied Llama trains bit for bit at pp2 under every schedule; GPT's tied embedding
+// sums its two gradient parts in another order. pp2 with 1F1B, ZB-H1, ZB-H2, ZB-V, DualPipeV and
+// interleaved (vpp2); pp4 with 1F1B and ZB-H1; pp2 x dp2 and pp2 x tp2 on four ranks. A pp2
+// checkpoint resumes at pp2 bitwise like the uninterrupted run and in one process like the
+// single-process run; bad layouts are refused naming the sizes.
+#include <gtest/gtest.h>
+
+#include "tiny_run.h"
+
+using megaton::testing::Metrics;
+using megaton::testing::TinyRunDir;
+using Variant = megaton::testing::MpiVariant;
+
+namespace {
+
+// 4 layers (4 model chunks at pp4 or pp2 x 2 chunks per rank), 4 micro-batches of 2 per step.
+const std::string kShort =
+    "--set training.train_iters=8 --set logging.save_interval=0 --set training.threads=1 --set model.num_layers=4 "
+    "--set training.micro_batch_size=2 ";
+
+// weight_tol: 1e-5, or 1e-4 with tensor parallelism (tiny_run.h: the split forward's rounding).
+void expect_like(const TinyRunDir& run, const Metrics& got, const std::string& name, const Metrics& want,
+                 const std::string& want_name, double weight_tol = 1e-5) {
+  ASSERT_EQ(got.losses.size(), 8u) << name;
+  megaton::testing::expect_close_training(got, want, run.run_dir(name), run.run_dir(want_name), name, weight_tol);
+}
+
+class PipelineParallelRuns : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(PipelineParallelRuns, EverySchedulesTrainsLikeOneProcess) {
+  TinyRunDir run(GetParam());
+  const Metrics single = run.train_ok("single", kShort);
+  const auto pp2 = [](const std::string& kind, const std::string& chunks) {
+    return Variant{"", 2, "--set pp=2 --set parallel.pipeline_schedule='\"" + kind + "\"'",
+                   "pipeline parallel 2 stages, schedule '" + kind + "', " + chunks + " model chunks"};
+  };
+  std::vector<Variant> variants;
+  for (const auto& [name, kind, chunks] : std::vector<std::tuple<const char*, std::string, std::string>>{
+           {"pp2_1f1b", "1f1b", "2"},
+           {"pp2_zbh1", "zb-h1", "2"},
+           {"pp2_zbh2", "zb-h2", "2"},
+           {"pp2_zbv", "zbv", "4"},
+           {"pp2_dualpipev", "dualpipev", "4"}}) {
+    variants.push_back(pp2(kind, chunks));
+    variants.back().name = name;
+  }
+  variants.push_back({"pp2_vpp2", 2,
+                      "--set pp=2 --set parallel.pipeline_schedule='\"interleaved\"' "
+                      "--set parallel.virtual_pipeline_model_parallel_size=2",
+                      "schedule 'interleaved', 4 model chunks"});
+  variants.push_back({"pp4_1f1b", 4, "--set pp=4", "pipeline parallel 4 stages, schedule '1f1b', 4 model chunks"});
+  variants.push_back({"pp4_zbh1", 4, "--set pp=4 --set parallel.pipeline_schedule='\"zb-h1\"'",
+                      "pipeline parallel 4 stages, schedule 'zb-h1'"});
+  variants.push_back({"pp2_dp2", 4, "--set pp=2", "pipeline parallel 2 stages, schedule '1f1b', 2 model chunks | data "
+                                                   "parallel 2 ranks"});
+  variants.push_back({"pp2_tp2", 4, "--set pp=2 --set tp=2 --set parallel.sequence_parallel=true",
+                      "tensor parallel 2 ranks + sequence parallel (parameters per rank) | pipeline parallel 2"});
+  for (const Variant& v : variants) {
+    const Metrics got = run.train_mpi_ok(v.np, v.name, kShort + v.args, v.banner);
+    const bool tp = v.args.find("tp=2") != std::string::npos;
+    expect_like(run, got, v.name, single, "single", tp ? 1e-4 : 1e-5);
+    // Without tied embeddings or other parallelism every gradient element is summed in the same
+    // order as in one process (each stage's plus zeros): bit for bit.
+    if (GetParam() == "llama-tiny" && v.np == 2) {
+      EXPECT_EQ(got.losses, single.losses) << v.name;
+      megaton::testing::expect_bitwise_equal(megaton::testing::final_weights(run.run_dir(v.name)),
+                                             megaton::testing::final_weights(run.run_dir("single")));
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, PipelineParallelRuns, ::testing::Values("gpt-tiny", "llama-tiny"),
+                         [](const auto& info) { return info.param == "gpt-tiny" ? "gpt" : "llama"; });
+
+// Every pipeline rank keeps the whole model's weights and optimizer state (training_step.h), so a
+// pp2 checkpoint is a one-process checkpoint: it resumes at pp2 bit for bit like the uninterrupted
+// pp2 run, and in one process like the single-process run.
+TEST(PipelineParallel, CheckpointsResumeBitwiseAndAcrossLayouts) {
+  TinyRunDir run("gpt-tiny");
+  const std::string pp2 = "--set pp=2 --set parallel.pipeline_schedule='\"zbv\"' ";
+  const Metrics straight = run.train_mpi_ok(2, "straight", kShort + pp2, "pipeline parallel 2");
+  const std::string stop = "--set training.exit_interval=4 ";
+  EXPECT_EQ(run.train_mpi_ok(2, "resumed", kShort + pp2 + stop, "pipeline parallel 2").losses.size(), 4u);
+  const Metrics resumed = run.train_mpi_ok(2, "resumed", kShort + pp2 + "--resume auto", "pipeline parallel 2");
+  ASSERT_EQ(resumed.losses, straight.losses);
+  megaton::testing::expect_bitwise_equal(megaton::testing::final_weights(run.run_dir("resumed")),
+                                         megaton::testing::final_weights(run.run_dir("straight")));
+  EXPECT_EQ(run.train_mpi_ok(2, "at_pp1", kShort + pp2 + stop, "pipeline parallel 2").losses.size(), 4u);
+  const Metrics at_pp1 = run.train_ok("at_pp1", kShort + "--resume auto");
+  const Metrics single = run.train_ok("single", kShort);
+  expect_like(run, at_pp1, "at_pp1", single, "single");
+}
+
+TEST(PipelineParallel, BadLayoutsNameTheSizes) {
+  TinyRunDir run("gpt-tiny");
+  // 3 layers do not split over 2 stages.
+  megaton::testing::CommandResult r = run.train_mpi(2, "layers", kShort + "--set pp=2 --set model.num_layers=3", 120);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("3 layers do not split evenly into 2 pipeline model chunks"), std::string::npos) << r.output;
+  // ZB-V holds 2 chunks per rank: 4 model chunks for 2 layers.
+  r = run.train("zbv", kShort + "--set pp=2 --set model.num_layers=2 --set parallel.pipeline_schedule='\"zbv\"'");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("2 layers do not split evenly into 4 pipeline model chunks"), std::string::npos) << r.output;
+  // pp 2 does not divide a world of 3.
+  r = run.train_mpi(3, "world", kShort + "--set pp=2", 120);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("world size 3 is not divisible by tensor_model_parallel_size 1 x context_parallel_size 1 x "
+                          "pipeline_model_parallel_size 2"),
+            std::string::npos)
+      << r.output;
+  // Interleaving needs micro-batches in multiples of the stages: 3 (global batch 6 of 2) over 2.
+  r = run.train_mpi(2, "interleaved",
+                    kShort + "--set pp=2 --set training.global_batch_size=6 --set parallel.pipeline_schedule="
+                             "'\"interleaved\"' --set parallel.virtual_pipeline_model_parallel_size=2",
+                    120);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("interleaved 1F1B needs the micro-batches (3) to be a multiple of the pipeline stages (2)"),
+            std::string::npos)
+      << r.output;
+  r = run.train("dualpipe", kShort + "--set pp=2 --set parallel.pipeline_schedule='\"dualpipe\"'");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("'dualpipe' (two parameter copies per rank) is not supported yet"), std::string::npos)
+      << r.output;
+  r = run.train("vpp", kShort + "--set parallel.virtual_pipeline_model_parallel_size=2");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("needs parallel.pipeline_schedule = \"interleaved\""), std::string::npos) << r.output;
+  r = run.train("kind", kShort + "--set parallel.pipeline_schedule='\"gpipe\"'");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("'gpipe' is not one of 1f1b, interleaved"), std::string::npos) << r.output;
+}
+
+}  // namespace
