@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "megaton/models/model_chunk.h"
+#include "megaton/nn/moe/moe_layer.h"
 #include "megaton/models/transformer_config.h"
 
 namespace megaton::models {
@@ -72,6 +73,14 @@ class TransformerModel {
   // sequence's last new token, [B, vocab].
   std::vector<nn::KVCache> new_kv_caches(int64_t B, int64_t max_len) const;
   Tensor forward_cached(std::vector<nn::KVCache>& caches, const Tensor& tokens);
+
+  // The MoE layers (mlp_type "moe"), in layer order; empty for a dense model.
+  std::vector<nn::MoeLayer*> moe_layers();
+  // Per training step (Megatron's MoE hooks): the balancing losses' gradient scale, the same as
+  // the main loss's; and after the optimizer step the auxiliary-loss-free bias update, with the
+  // expert loads summed over `dp` (null: this process alone).
+  void set_moe_aux_loss_grad_scale(double scale);
+  void update_moe_expert_bias(parallel::Communicator* dp);
 
   nn::Embedding& embedding() { return embedding_; }
   std::vector<std::unique_ptr<nn::TransformerBlock>>& layers() { return layers_; }

@@ -11,6 +11,7 @@ TrainingStage::TrainingStage(models::TransformerModel& model, std::function<void
       defer_head_weight_grad_(defer_head_weight_grad) {
   MEGATON_CHECK(microbatches > 0, "a training step needs at least one micro-batch, got ", microbatches);
   MEGATON_CHECK(data_parallel_size > 0, "data-parallel size ", data_parallel_size);
+  model_.set_moe_aux_loss_grad_scale(grad_scale_);
 }
 
 TrainingStage::InFlight& TrainingStage::in_flight(int64_t microbatch, const char* op) {

@@ -132,6 +132,7 @@ TrainingStep::Result TrainingStep::forward_backward(int64_t step, int64_t first_
 
 void TrainingStep::update(double lr, double grad_norm) {
   if (std::isfinite(grad_norm)) optimizer_->step(lr, optim::clip_coefficient(grad_norm, cfg_.clip_grad));
+  model_.update_moe_expert_bias(&dp_);
 }
 
 }  // namespace megaton::train

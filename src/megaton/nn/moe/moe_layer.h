@@ -1,0 +1,74 @@
+// The "moe" MLP kind (Megatron-Core's MoELayer): a router picks k of E routed experts per token,
+// the token dispatcher permutes the tokens' rows so each expert's tokens are contiguous, the routed
+// experts (SwiGLU MLPs) run as one grouped GEMM per projection over those rows, and unpermute sums
+// each token's expert outputs weighted by its routing probs; an optional shared expert (a dense
+// SwiGLU MLP) sees every token and is added. The load-balancing and z losses do not enter the
+// model's loss: as Megatron's MoEAuxLossAutoScaler, their gradient is added to the router logits'
+// during B (scaled like the main loss, see set_aux_loss_grad_scale) and their values reported in
+// stats(). Single process: no tensor or expert parallelism yet (a tensor-parallel spec is refused).
+#pragma once
+#include <optional>
+
+#include "megaton/kernels/moe.h"
+#include "megaton/nn/mlp.h"
+#include "megaton/nn/moe/moe_config.h"
+
+namespace megaton::nn {
+
+struct MoeCtx : SublayerCtx {
+  LinearCtx router_ctx;
+  Tensor logits;         // [N, E] f32
+  Tensor indices, probs;  // [N, K]: selected experts and their weights
+  Tensor dbalance;       // [N, E]: the balancing loss's gradient at its scores (scaled), or undefined
+  Tensor pos;            // [N, K]: permuted row of every slot (-1: dropped)
+  kernels::DispatchPlan plan;
+  Tensor xp, h, a, eo;   // permuted input, fc1 output [gate | up], SwiGLU output, fc2 output
+  Tensor dh, deo;        // saved by B for W: the fc1 and fc2 output gradients
+  std::unique_ptr<SublayerCtx> shared;
+};
+
+// Routing statistics of the latest forward, for the metrics.
+struct MoeStats {
+  double balance_loss = 0.0;  // the load-balancing (aux / seq aux) loss, coefficient included
+  double z_loss = 0.0;
+  int64_t dropped = 0;        // slots dropped by the capacity factor
+  double max_load = 0.0, mean_load = 0.0;  // slots that selected an expert: max and mean over experts
+};
+
+class MoeLayer final : public MlpLayer {
+ public:
+  MoeLayer(const std::string& name, int64_t hidden, const MoeConfig& config);
+  std::unique_ptr<SublayerCtx> new_ctx() const override { return std::make_unique<MoeCtx>(); }
+  // x [N, hidden] with N = B*T tokens; T groups the rows into sequences for the sequence-wise loss.
+  Tensor forward(SublayerCtx& ctx, const Tensor& x, int64_t B, int64_t T) override;
+  Tensor backward_input(SublayerCtx& ctx, const Tensor& dy, int64_t B, int64_t T) override;
+  void backward_weight(SublayerCtx& ctx) override;
+  void parameters(ParameterList& out) override;
+  void gemm_weights(ParameterList& out) override;
+
+  // The factor the balancing and z losses' gradients are multiplied by: the main loss's gradient
+  // scale (1 / (micro-batches x data-parallel size)), set by the training step.
+  void set_aux_loss_grad_scale(double s) { aux_grad_scale_ = s; }
+  // Auxiliary-loss-free balancing, after each optimizer step: bias_e += rate * sign(mean - load_e)
+  // over the slots each expert was selected by in the micro-batches trained since the last update,
+  // summed over the data-parallel group `dp` (null: this process) so every replica moves its bias
+  // alike. No-op without moe_router_enable_expert_bias.
+  void update_expert_bias(parallel::Communicator* dp);
+  const MoeStats& stats() const { return stats_; }
+  const MoeConfig& config() const { return config_; }
+
+  Linear router;              // [E, hidden], fp32, no bias
+  Parameter expert_bias;      // [E], undefined without moe_router_enable_expert_bias; never trained by the optimizer
+  Parameter fc1;              // [E * 2F, hidden]: each expert's [gate | up]
+  Parameter fc2;              // [E * hidden, F]
+  std::optional<Mlp> shared;  // the shared expert
+
+ private:
+  MoeConfig config_;
+  int64_t hidden_;
+  double aux_grad_scale_ = 1.0;
+  MoeStats stats_;
+  std::vector<int64_t> load_since_update_;  // per expert, over the micro-batches trained since the last bias update
+};
+
+}  // namespace megaton::nn
