@@ -3,6 +3,7 @@
 // Trainer whose loss falls and whose expert bias moves.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <numeric>
@@ -10,6 +11,7 @@
 #include "../support/byte_dataset.h"
 #include "../support/temp_dir.h"
 #include "megaton/ckpt/safetensors.h"
+#include "megaton/models/hf_format.h"
 #include "megaton/models/transformer_model.h"
 #include "megaton/train/trainer.h"
 
@@ -45,6 +47,29 @@ TEST(MoeModel, FirstKDenseThenMoeLayersAndTheirParameterCount) {
   EXPECT_NEAR(cfg.model.flops_per_token(32) - dense.flops_per_token(32), 6.0 * (moe_mlp - dense_mlp), 1e-6);
 }
 
+TEST(MoeModel, SavedUnderDeepSeekV3NamesAndLoadedBack) {
+  auto cfg = train::load_train_config("", moe_overrides());
+  models::TransformerModel a(cfg.model), b(cfg.model);
+  a.init_weights(1);
+  for (nn::Parameter* p : a.parameters())  // the expert bias is zero after init: give it values
+    if (p->name.ends_with("expert_bias"))
+      for (int64_t e = 0; e < p->value.numel(); ++e) p->value.data<float>()[e] = 0.1f * static_cast<float>(e);
+  megaton::testing::TempDir dir;
+  models::save_hf_model(a, dir.file("hf"));
+  const auto tensors = ckpt::load_safetensors(dir.file("hf") + "/model.safetensors");
+  for (const char* name : {"model.layers.0.mlp.gate_proj.weight", "model.layers.1.mlp.gate.weight",
+                           "model.layers.1.mlp.gate.e_score_correction_bias",
+                           "model.layers.1.mlp.experts.3.up_proj.weight",
+                           "model.layers.1.mlp.shared_experts.down_proj.weight"})
+    EXPECT_TRUE(tensors.count(name)) << name;
+  models::load_hf_tensors(b, tensors, "saved");
+  for (size_t i = 0; i < a.parameters().size(); ++i) {
+    const Tensor& x = a.parameters()[i]->value;
+    const Tensor& y = b.parameters()[i]->value;
+    EXPECT_EQ(std::memcmp(x.raw(), y.raw(), x.nbytes()), 0) << a.parameters()[i]->name;
+  }
+}
+
 TEST(MoeModel, BadMoeKeysAreErrors) {
   auto o = moe_overrides();
   o.push_back("model.moe_router_group_topk=3");
@@ -76,7 +101,7 @@ TEST(MoeModel, TinyMoeTrainsAndTheExpertBiasMoves) {
   const double last = std::accumulate(losses.end() - 3, losses.end(), 0.0) / 3;
   EXPECT_LT(last, first - 1.0) << "first steps " << first << ", last steps " << last;
   const auto weights = ckpt::load_safetensors(dir.file("run") + "/final/model.safetensors");
-  const Tensor& bias = weights.at("decoder.layers.1.mlp.router.expert_bias");
+  const Tensor& bias = weights.at("model.layers.1.mlp.gate.e_score_correction_bias");
   double moved = 0;
   for (int64_t e = 0; e < bias.numel(); ++e) moved += std::abs(bias.data<float>()[e]);
   EXPECT_GT(moved, 0.0) << "the expert bias never moved";
