@@ -94,7 +94,13 @@ TEST(MoeModel, TinyMoeTrainsAndTheExpertBiasMoves) {
   std::ifstream in(dir.file("run") + "/metrics.jsonl");
   for (std::string line; std::getline(in, line);) {
     auto j = nlohmann::json::parse(line);
-    if (j.contains("loss") && !j["loss"].is_null()) losses.push_back(j["loss"].get<double>());
+    if (!j.contains("loss") || j["loss"].is_null()) continue;
+    losses.push_back(j["loss"].get<double>());
+    // One record per MoE layer (layer 1; layer 0 is dense), dropless.
+    ASSERT_EQ(j.at("moe").size(), 1u) << line;
+    EXPECT_EQ(j["moe"][0].at("dropped_tokens").get<int64_t>(), 0);
+    EXPECT_GE(j["moe"][0].at("max_over_mean_load").get<double>(), 1.0);
+    EXPECT_GT(j["moe"][0].at("balance_loss").get<double>(), 0.0);
   }
   ASSERT_GE(losses.size(), 10u);
   const double first = std::accumulate(losses.begin(), losses.begin() + 3, 0.0) / 3;

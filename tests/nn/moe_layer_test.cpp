@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <iomanip>
@@ -129,6 +130,7 @@ TEST(MoeLayer, ExpertBiasMovesTowardsTheMeanLoad) {
   fill_random(layer.router.weight.value, 1, 0.5);
   Tensor x = Tensor::empty({16, 4}, DType::F32), dy = Tensor::zeros({16, 4}, DType::F32);
   fill_random(x, 2, 1.0);
+  layer.begin_step();
   auto ctx = layer.new_ctx();
   layer.forward(*ctx, x, 2, 8);
   const std::vector<int64_t> load = [&] {
@@ -146,7 +148,10 @@ TEST(MoeLayer, ExpertBiasMovesTowardsTheMeanLoad) {
     const float want = load[e] < mean ? 0.25f : load[e] > mean ? -0.25f : 0.0f;
     EXPECT_EQ(layer.expert_bias.value.data<float>()[e], want) << "expert " << e << " load " << load[e];
   }
+  EXPECT_EQ(layer.step_stats().max_load, static_cast<double>(*std::max_element(load.begin(), load.end())));
+  EXPECT_EQ(layer.step_stats().mean_load, mean);
   // Forward alone (evaluation) does not count.
+  layer.begin_step();
   layer.forward(*layer.new_ctx(), x, 2, 8);
   layer.update_expert_bias(nullptr);
   for (size_t e = 0; e < 8; ++e) {

@@ -107,6 +107,16 @@ void TransformerModel::set_moe_aux_loss_grad_scale(double scale) {
   for (nn::MoeLayer* m : moe_layers()) m->set_aux_loss_grad_scale(scale);
 }
 
+void TransformerModel::begin_moe_step() {
+  for (nn::MoeLayer* m : moe_layers()) m->begin_step();
+}
+
+std::vector<nn::MoeStats> TransformerModel::moe_step_stats() {
+  std::vector<nn::MoeStats> out;
+  for (nn::MoeLayer* m : moe_layers()) out.push_back(m->step_stats());
+  return out;
+}
+
 void TransformerModel::update_moe_expert_bias(parallel::Communicator* dp) {
   for (nn::MoeLayer* m : moe_layers()) m->update_expert_bias(dp);
 }

@@ -80,6 +80,9 @@ class TransformerModel {
   // the main loss's; and after the optimizer step the auxiliary-loss-free bias update, with the
   // expert loads summed over `dp` (null: this process alone).
   void set_moe_aux_loss_grad_scale(double scale);
+  // begin_step on every MoE layer; then each one's step_stats, in layer order.
+  void begin_moe_step();
+  std::vector<nn::MoeStats> moe_step_stats();
   void update_moe_expert_bias(parallel::Communicator* dp);
 
   nn::Embedding& embedding() { return embedding_; }

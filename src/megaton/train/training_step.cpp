@@ -92,6 +92,7 @@ TrainingStep::Result TrainingStep::forward_backward(int64_t step, int64_t first_
   const int64_t mbs = cfg_.micro_batch_size;
   model_.refresh_compute_weights();  // the main weights changed since: optimizer step, resume, rewind
   buffer_->begin_step(schedule_.microbatches);
+  model_.begin_moe_step();
   if (!loader_ || loader_position_ != first_sample) {
     loader_.reset();  // stop the old workers before the new loader starts its own
     loader_ = std::make_unique<data::DataLoader>(
@@ -127,7 +128,8 @@ TrainingStep::Result TrainingStep::forward_backward(int64_t step, int64_t first_
   if (!distributed_ && dp_.size() > 1 &&
       dp_.all_reduce_scalar(std::isfinite(grad_norm) ? 0.0 : 1.0, parallel::ReduceOp::Max) > 0)
     grad_norm = std::numeric_limits<double>::quiet_NaN();
-  return {loss, grad_norm, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), comm_wait};
+  return {loss, grad_norm, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), comm_wait,
+          model_.moe_step_stats()};
 }
 
 void TrainingStep::update(double lr, double grad_norm) {

@@ -22,7 +22,7 @@ MoeLayer::MoeLayer(const std::string& name, int64_t hidden, const MoeConfig& con
           {checked_mul("moe fc2 rows", config.num_moe_experts, hidden), config.moe_ffn_hidden_size}, true),
       config_(config),
       hidden_(hidden),
-      load_since_update_(static_cast<size_t>(config.num_moe_experts), 0) {
+      step_load_(static_cast<size_t>(config.num_moe_experts), 0) {
   if (config.moe_router_enable_expert_bias)
     expert_bias = Parameter(name + ".router.expert_bias", {config.num_moe_experts}, false);
   if (config.moe_shared_expert_intermediate_size > 0)
@@ -83,6 +83,7 @@ Tensor MoeLayer::forward(SublayerCtx& c, const Tensor& x, int64_t B, int64_t T) 
   Tensor y = new_activation({N, hidden_}, router.weight.name + ".moe_out", dt);
   kernels::moe_unpermute(on, y, ctx.eo, ctx.pos, as_dtype(ctx.probs, dt));
 
+  ctx.stats = stats_;
   if (shared) {
     ctx.shared = shared->new_ctx();
     kernels::residual_forward(on, y, y, shared->forward(*ctx.shared, x, B, T));
@@ -125,9 +126,13 @@ Tensor MoeLayer::backward_input(SublayerCtx& c, const Tensor& dy, int64_t B, int
   ctx.logits = ctx.probs = ctx.indices = {};
 
   if (shared) kernels::residual_forward(on, dx, dx, shared->backward_input(*ctx.shared, dy, B, T));
-  // Only trained micro-batches (the ones that run backward) count towards the bias update.
-  for (int64_t e = 0; e < E; ++e)
-    load_since_update_[static_cast<size_t>(e)] += ctx.plan.selected_per_expert[static_cast<size_t>(e)];
+  // Only trained micro-batches (the ones that run backward) count towards the step's statistics
+  // and the bias update.
+  for (int64_t e = 0; e < E; ++e) step_load_[static_cast<size_t>(e)] += ctx.plan.selected_per_expert[static_cast<size_t>(e)];
+  step_sums_.balance_loss += ctx.stats.balance_loss;
+  step_sums_.z_loss += ctx.stats.z_loss;
+  step_sums_.dropped += ctx.stats.dropped;
+  ++step_microbatches_;
   return dx;
 }
 
@@ -146,13 +151,31 @@ void MoeLayer::backward_weight(SublayerCtx& c) {
   ctx = MoeCtx{};
 }
 
+void MoeLayer::begin_step() {
+  std::fill(step_load_.begin(), step_load_.end(), 0);
+  step_sums_ = {};
+  step_microbatches_ = 0;
+}
+
+MoeStats MoeLayer::step_stats() const {
+  MoeStats s = step_sums_;
+  if (step_microbatches_ == 0) return s;
+  s.balance_loss /= static_cast<double>(step_microbatches_);
+  s.z_loss /= static_cast<double>(step_microbatches_);
+  int64_t total = 0;
+  for (int64_t l : step_load_) total += l;
+  s.max_load = static_cast<double>(*std::max_element(step_load_.begin(), step_load_.end()));
+  s.mean_load = static_cast<double>(total) / static_cast<double>(step_load_.size());
+  return s;
+}
+
 void MoeLayer::update_expert_bias(parallel::Communicator* dp) {
   if (!expert_bias.value.defined()) return;
-  const auto E = static_cast<int64_t>(load_since_update_.size());
+  const auto E = static_cast<int64_t>(step_load_.size());
   // Counts in f64: exact far beyond any step's token count, and summed exactly over the group.
   Tensor load = Tensor::empty({E}, DType::F64, MemCategory::Workspace, expert_bias.name + ".load");
   double* l = load.data<double>();
-  for (int64_t e = 0; e < E; ++e) l[e] = static_cast<double>(load_since_update_[static_cast<size_t>(e)]);
+  for (int64_t e = 0; e < E; ++e) l[e] = static_cast<double>(step_load_[static_cast<size_t>(e)]);
   if (dp && dp->size() > 1) dp->all_reduce(load);
   double total = 0.0;
   for (int64_t e = 0; e < E; ++e) total += l[e];
@@ -163,7 +186,6 @@ void MoeLayer::update_expert_bias(parallel::Communicator* dp) {
     const double load = l[e];
     b[e] += load < mean ? rate : load > mean ? -rate : 0.0f;
   }
-  std::fill(load_since_update_.begin(), load_since_update_.end(), 0);
 }
 
 void MoeLayer::parameters(ParameterList& out) {

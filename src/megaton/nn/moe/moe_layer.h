@@ -15,6 +15,15 @@
 
 namespace megaton::nn {
 
+// Routing statistics of a forward, or summed over the micro-batches of a training step, for the
+// metrics.
+struct MoeStats {
+  double balance_loss = 0.0;  // the load-balancing (aux / seq aux) loss, coefficient included (step: mean)
+  double z_loss = 0.0;        // (step: mean)
+  int64_t dropped = 0;        // slots dropped by the capacity factor
+  double max_load = 0.0, mean_load = 0.0;  // slots that selected an expert: max and mean over experts
+};
+
 struct MoeCtx : SublayerCtx {
   LinearCtx router_ctx;
   Tensor logits;         // [N, E] f32
@@ -25,14 +34,7 @@ struct MoeCtx : SublayerCtx {
   Tensor xp, h, a, eo;   // permuted input, fc1 output [gate | up], SwiGLU output, fc2 output
   Tensor dh, deo;        // saved by B for W: the fc1 and fc2 output gradients
   std::unique_ptr<SublayerCtx> shared;
-};
-
-// Routing statistics of the latest forward, for the metrics.
-struct MoeStats {
-  double balance_loss = 0.0;  // the load-balancing (aux / seq aux) loss, coefficient included
-  double z_loss = 0.0;
-  int64_t dropped = 0;        // slots dropped by the capacity factor
-  double max_load = 0.0, mean_load = 0.0;  // slots that selected an expert: max and mean over experts
+  MoeStats stats;        // this micro-batch's, counted into the step's by B
 };
 
 class MoeLayer final : public MlpLayer {
@@ -49,11 +51,16 @@ class MoeLayer final : public MlpLayer {
   // The factor the balancing and z losses' gradients are multiplied by: the main loss's gradient
   // scale (1 / (micro-batches x data-parallel size)), set by the training step.
   void set_aux_loss_grad_scale(double s) { aux_grad_scale_ = s; }
+  // Starts a training step: forgets the loads and statistics of the micro-batches trained before.
+  void begin_step();
+  // This process's statistics over the micro-batches trained (the ones that ran B) since begin_step.
+  MoeStats step_stats() const;
   // Auxiliary-loss-free balancing, after each optimizer step: bias_e += rate * sign(mean - load_e)
-  // over the slots each expert was selected by in the micro-batches trained since the last update,
+  // over the slots each expert was selected by in the micro-batches trained since begin_step,
   // summed over the data-parallel group `dp` (null: this process) so every replica moves its bias
   // alike. No-op without moe_router_enable_expert_bias.
   void update_expert_bias(parallel::Communicator* dp);
+  // The latest forward's statistics (training or not).
   const MoeStats& stats() const { return stats_; }
   const MoeConfig& config() const { return config_; }
 
@@ -68,7 +75,10 @@ class MoeLayer final : public MlpLayer {
   int64_t hidden_;
   double aux_grad_scale_ = 1.0;
   MoeStats stats_;
-  std::vector<int64_t> load_since_update_;  // per expert, over the micro-batches trained since the last bias update
+  // Over the micro-batches trained since begin_step: slots per expert, and the sums of their stats.
+  std::vector<int64_t> step_load_;
+  MoeStats step_sums_;
+  int64_t step_microbatches_ = 0;
 };
 
 }  // namespace megaton::nn
