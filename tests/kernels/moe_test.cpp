@@ -176,9 +176,10 @@ TEST(MoeRoute, GroupLimitedSelectionStaysInTheBestGroups) {
   // The bias steers selection, never the weights.
   std::vector<double> bias(8, 0.0);
   bias[7] = 0.5;
-  moe_route(kCpu, idx, probs, f64(logits, {1, 8}), f64(bias, {8}), {8, 1, true, true, 4, 2, false, 1.0});
-  EXPECT_EQ(idx.data<int32_t>()[0], 7);
-  EXPECT_NEAR(probs.data<double>()[0], 0.6, 1e-12);
+  Tensor idx1 = i32({0}, {1, 1}), probs1 = Tensor::empty({1, 1}, DType::F64);
+  moe_route(kCpu, idx1, probs1, f64(logits, {1, 8}), f64(bias, {8}), {8, 1, true, true, 4, 2, false, 1.0});
+  EXPECT_EQ(idx1.data<int32_t>()[0], 7);
+  EXPECT_NEAR(probs1.data<double>()[0], 0.6, 1e-12);
 }
 
 TEST(MoeRoute, InvalidOptionsAreErrors) {

@@ -191,3 +191,42 @@ TEST(MoeLayer, ConfigErrorsNameTheKey) {
   c.moe_aux_loss_coeff = std::nan("");
   EXPECT_ERROR_CONTAINS(nn::MoeLayer("mlp", 4, c), "moe_aux_loss_coeff");
 }
+
+TEST(MoeLayer, AuxLossFreeBiasBalancesASkewedRouter) {
+  // A router that sends every token to experts 0 and 1 (max / mean load 4 with 8 experts, top-2);
+  // the weights stay frozen, so only the bias can move the load.
+  for (bool bias_on : {true, false}) {
+    nn::MoeConfig c = deepseek_like();
+    c.moe_router_num_groups = c.moe_router_group_topk = 1;
+    c.moe_router_enable_expert_bias = bias_on;
+    c.moe_router_bias_update_rate = 0.005;
+    nn::MoeLayer layer("mlp", 8, c);
+    // Feature 0 is 1 for every token and weighs +1 for experts 0 and 1, -1 for the others; the
+    // other features differ per token, so tokens rank the experts differently.
+    fill_random(layer.router.weight.value, 11, 0.5);
+    float* w = layer.router.weight.value.data<float>();
+    for (int64_t e = 0; e < 8; ++e) w[e * 8] = e < 2 ? 1.0f : -1.0f;
+    Tensor x = Tensor::empty({64, 8}, DType::F32), dy = Tensor::zeros({64, 8}, DType::F32);
+    fill_random(x, 9, 1.0);
+    for (int64_t n = 0; n < 64; ++n) x.data<float>()[n * 8] = 1.0f;
+    double first = 0, last = 0;
+    fd::with_threads(1, [&] {
+    for (int step = 0; step < 200; ++step) {
+      layer.begin_step();
+      auto ctx = layer.new_ctx();
+      layer.forward(*ctx, x, 4, 16);
+      layer.backward_input(*ctx, dy, 4, 16);
+      layer.backward_weight(*ctx);
+      const double ratio = layer.step_stats().max_load / layer.step_stats().mean_load;
+      if (step == 0) first = ratio;
+      last = ratio;
+      layer.update_expert_bias(nullptr);
+    }
+    });
+    EXPECT_EQ(first, 4.0);
+    if (bias_on)
+      EXPECT_LT(last, 1.3) << "the bias did not balance the load in 200 steps";
+    else
+      EXPECT_EQ(last, 4.0) << "without the bias the load cannot change";
+  }
+}
