@@ -16,9 +16,14 @@ namespace megaton::testing {
 // (field name, value printed exactly: doubles with 17 significant digits).
 inline std::vector<std::pair<std::string, std::string>> config_fields(const models::TransformerConfig& c) {
   const auto& [name, num_layers, hidden_size, num_attention_heads, num_query_groups, kv_channels, ffn_hidden_size,
-               vocab_size, make_vocab_size_divisible_by, max_position_embeddings, attention_type, mlp_type, normalization, activation, position_embedding, rope_layout,
+               vocab_size, make_vocab_size_divisible_by, max_position_embeddings, attention_type, mlp_type, moe, first_k_dense_replace, normalization, activation, position_embedding, rope_layout,
                rotary_base, rope_scaling, add_bias_linear, tie_embeddings, norm_epsilon, init_method_std] = c;
   const auto& [factor, low_freq_factor, high_freq_factor, original_max_position] = rope_scaling;
+  const auto& [num_moe_experts, moe_router_topk, moe_ffn_hidden_size, moe_shared_expert_intermediate_size,
+               moe_router_score_function, moe_router_pre_softmax, moe_router_num_groups, moe_router_group_topk,
+               moe_router_norm_topk_prob, moe_router_topk_scaling_factor, moe_router_load_balancing_type,
+               moe_aux_loss_coeff, moe_z_loss_coeff, moe_router_enable_expert_bias, moe_router_bias_update_rate,
+               moe_expert_capacity_factor, moe_token_drop_policy] = moe;
   auto str = [](auto v) {
     std::ostringstream out;
     out.precision(17);
@@ -37,6 +42,24 @@ inline std::vector<std::pair<std::string, std::string>> config_fields(const mode
           {"max_position_embeddings", str(max_position_embeddings)},
           {"attention_type", attention_type},
           {"mlp_type", mlp_type},
+          {"moe.num_moe_experts", str(num_moe_experts)},
+          {"moe.moe_router_topk", str(moe_router_topk)},
+          {"moe.moe_ffn_hidden_size", str(moe_ffn_hidden_size)},
+          {"moe.moe_shared_expert_intermediate_size", str(moe_shared_expert_intermediate_size)},
+          {"moe.moe_router_score_function", moe_router_score_function},
+          {"moe.moe_router_pre_softmax", str(moe_router_pre_softmax)},
+          {"moe.moe_router_num_groups", str(moe_router_num_groups)},
+          {"moe.moe_router_group_topk", str(moe_router_group_topk)},
+          {"moe.moe_router_norm_topk_prob", str(moe_router_norm_topk_prob)},
+          {"moe.moe_router_topk_scaling_factor", str(moe_router_topk_scaling_factor)},
+          {"moe.moe_router_load_balancing_type", moe_router_load_balancing_type},
+          {"moe.moe_aux_loss_coeff", str(moe_aux_loss_coeff)},
+          {"moe.moe_z_loss_coeff", str(moe_z_loss_coeff)},
+          {"moe.moe_router_enable_expert_bias", str(moe_router_enable_expert_bias)},
+          {"moe.moe_router_bias_update_rate", str(moe_router_bias_update_rate)},
+          {"moe.moe_expert_capacity_factor", str(moe_expert_capacity_factor)},
+          {"moe.moe_token_drop_policy", moe_token_drop_policy},
+          {"first_k_dense_replace", str(first_k_dense_replace)},
           {"normalization", models::normalization_name(normalization)},
           {"activation", models::activation_name(activation)},
           {"position_embedding", models::position_embedding_name(position_embedding)},

@@ -114,9 +114,11 @@ TransformerConfig config_from_hf(const json& j, const std::string& source) {
 }
 
 json config_to_hf(const TransformerConfig& c) {
-  if (c.attention_type != "self_attention" || c.mlp_type != "dense")
+  if (c.attention_type != "self_attention" || (c.mlp_type != "dense" && c.mlp_type != "moe"))
     fail("model '", c.name, "' has attention_type '", c.attention_type, "' and mlp_type '", c.mlp_type,
          "'; the HF formats (GPT-2, Llama) need self_attention and dense");
+  if (c.mlp_type == "moe" && c.position_embedding != PositionEmbedding::Rope)
+    fail("model '", c.name, "' has MoE layers but learned positions; no HF format fits it");
   const bool gpt2 = c.position_embedding == PositionEmbedding::LearnedAbsolute;
   if (gpt2) {
     if (c.normalization != Normalization::LayerNorm || c.activation != Activation::GeLU || !c.add_bias_linear ||
@@ -156,6 +158,24 @@ json config_to_hf(const TransformerConfig& c) {
             {"mlp_bias", false},
             {"torch_dtype", "float32"},
             {"rope_scaling", nullptr}};
+  if (c.mlp_type == "moe") {
+    // A Llama with DeepSeek-V3's MoE layers and config keys. No HF class reads this combination
+    // (DeepseekV3ForCausalLM also needs MLA), so the model_type names Megaton's own, which
+    // `load_hf_config` refuses; the tensor names are DeepSeek-V3's.
+    const nn::MoeConfig& m = c.moe;
+    j["model_type"] = "megaton_llama_moe";
+    j["architectures"] = json::array();
+    j["n_routed_experts"] = m.num_moe_experts;
+    j["num_experts_per_tok"] = m.moe_router_topk;
+    j["moe_intermediate_size"] = m.moe_ffn_hidden_size;
+    j["shared_expert_intermediate_size"] = m.moe_shared_expert_intermediate_size;
+    j["scoring_func"] = m.moe_router_score_function;
+    j["n_group"] = m.moe_router_num_groups;
+    j["topk_group"] = m.moe_router_group_topk;
+    j["norm_topk_prob"] = m.moe_router_norm_topk_prob;
+    j["routed_scaling_factor"] = m.moe_router_topk_scaling_factor;
+    j["first_k_dense_replace"] = c.first_k_dense_replace;
+  }
   if (c.rope_scaling.factor > 0)
     j["rope_scaling"] = {{"rope_type", "llama3"},
                          {"factor", c.rope_scaling.factor},
@@ -180,6 +200,27 @@ struct Binding {
   int64_t rope_head_dim = 0;
   std::optional<nn::AttentionShape> qkv = std::nullopt;
 };
+
+// An MoE layer under DeepSeek-V3's names: the router "gate" (+ e_score_correction_bias, the
+// selection-only bias), each routed expert's gate / up / down projections as rows of the stacked
+// grouped weights, and the shared expert.
+void moe_bindings(std::vector<Binding>& out, const std::string& p, nn::MoeLayer& moe, int64_t C) {
+  const int64_t F = moe.config().moe_ffn_hidden_size;
+  out.push_back({p + "mlp.gate.weight", &moe.router.weight});
+  if (moe.expert_bias.value.defined()) out.push_back({p + "mlp.gate.e_score_correction_bias", &moe.expert_bias});
+  for (int64_t e = 0; e < moe.config().num_moe_experts; ++e) {
+    const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
+    out.push_back({x + "gate_proj.weight", &moe.fc1, 2 * F * e, F});
+    out.push_back({x + "up_proj.weight", &moe.fc1, 2 * F * e + F, F});
+    out.push_back({x + "down_proj.weight", &moe.fc2, C * e, C});
+  }
+  if (moe.shared) {
+    const int64_t S = moe.config().moe_shared_expert_intermediate_size;
+    out.push_back({p + "mlp.shared_experts.gate_proj.weight", &moe.shared->fc1.weight, 0, S});
+    out.push_back({p + "mlp.shared_experts.up_proj.weight", &moe.shared->fc1.weight, S, S});
+    out.push_back({p + "mlp.shared_experts.down_proj.weight", &moe.shared->fc2.weight});
+  }
+}
 
 std::vector<Binding> bindings(TransformerModel& m) {
   const TransformerConfig& c = m.config();
@@ -225,6 +266,10 @@ std::vector<Binding> bindings(TransformerModel& m) {
       out.push_back({p + "self_attn.v_proj.weight", &l.self_attention().qkv.weight, q + kv, kv, false, 0, attn});
       out.push_back({p + "self_attn.o_proj.weight", &l.self_attention().proj.weight});
       out.push_back({p + "post_attention_layernorm.weight", &l.pre_mlp_norm.weight});
+      if (c.is_moe_layer(static_cast<int64_t>(i))) {
+        moe_bindings(out, p, dynamic_cast<nn::MoeLayer&>(*l.mlp), c.hidden_size);
+        continue;
+      }
       out.push_back({p + "mlp.gate_proj.weight", &l.dense_mlp().fc1.weight, 0, F});
       out.push_back({p + "mlp.up_proj.weight", &l.dense_mlp().fc1.weight, F, F});
       out.push_back({p + "mlp.down_proj.weight", &l.dense_mlp().fc2.weight});

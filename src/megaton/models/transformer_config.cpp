@@ -47,6 +47,12 @@ void TransformerConfig::validate() const {
   };
   known_kind("attention_type", attention_type, nn::attention_kinds());
   known_kind("mlp_type", mlp_type, nn::mlp_kinds());
+  if (mlp_type == "moe") {
+    moe.validate();
+    if (first_k_dense_replace < 0 || first_k_dense_replace > num_layers)
+      fail("model config: first_k_dense_replace must be in [0, num_layers = ", num_layers, "], got ",
+           first_k_dense_replace);
+  }
   if (position_embedding == PositionEmbedding::Rope && head_dim() % 2 != 0)
     fail("model config: rotary embeddings need an even head dim, got ", head_dim());
 }
@@ -56,14 +62,34 @@ int64_t TransformerConfig::padded_vocab_size(int64_t tp) const {
   return (vocab_size + multiple - 1) / multiple * multiple;
 }
 
+namespace {
+// Matmul parameters of one layer's MLP: the dense one, or an MoE's router, experts (all, or the k a
+// token runs through) and shared expert.
+int64_t mlp_matmul_params(const TransformerConfig& c, int64_t layer, bool active_only) {
+  const int64_t C = c.hidden_size;
+  if (!c.is_moe_layer(layer)) {
+    const int64_t fc1_out = c.activation == Activation::SwiGLU ? 2 * c.ffn_hidden_size : c.ffn_hidden_size;
+    return C * fc1_out + c.ffn_hidden_size * C;
+  }
+  const nn::MoeConfig& m = c.moe;
+  const int64_t experts = active_only ? m.moe_router_topk : m.num_moe_experts;
+  return C * m.num_moe_experts + experts * 3 * C * m.moe_ffn_hidden_size +
+         3 * C * m.moe_shared_expert_intermediate_size;
+}
+}  // namespace
+
 int64_t TransformerConfig::num_parameters() const {
   const int64_t C = hidden_size, D = head_dim(), Hq = num_attention_heads, F = ffn_hidden_size;
   const int64_t b = add_bias_linear ? 1 : 0;
   const int64_t norm = normalization == Normalization::LayerNorm ? 2 * C : C;
   const int64_t fc1_out = activation == Activation::SwiGLU ? 2 * F : F;
-  int64_t layer = norm + C * qkv_size() + b * qkv_size() + Hq * D * C + b * C + norm + C * fc1_out + b * fc1_out +
-                  F * C + b * C;
-  int64_t n = vocab_size * C + num_layers * layer + norm;
+  const int64_t attn = norm + C * qkv_size() + b * qkv_size() + Hq * D * C + b * C + norm;
+  int64_t n = vocab_size * C + norm;
+  for (int64_t i = 0; i < num_layers; ++i) {
+    n += attn + mlp_matmul_params(*this, i, false);
+    if (!is_moe_layer(i)) n += b * fc1_out + b * C;
+    else if (moe.moe_router_enable_expert_bias) n += moe.num_moe_experts;
+  }
   if (position_embedding == PositionEmbedding::LearnedAbsolute) n += max_position_embeddings * C;
   if (!tie_embeddings) n += vocab_size * C;
   return n;
@@ -71,10 +97,10 @@ int64_t TransformerConfig::num_parameters() const {
 
 double TransformerConfig::flops_per_token(int64_t seq_len) const {
   const double C = static_cast<double>(hidden_size), D = static_cast<double>(head_dim());
-  const double F = static_cast<double>(ffn_hidden_size);
-  const double fc1_out = activation == Activation::SwiGLU ? 2 * F : F;
-  const double matmul_params =
-      num_layers * (C * qkv_size() + num_attention_heads * D * C + C * fc1_out + F * C) + vocab_size * C;
+  double matmul_params = static_cast<double>(vocab_size) * C;
+  for (int64_t i = 0; i < num_layers; ++i)
+    matmul_params += C * static_cast<double>(qkv_size()) + static_cast<double>(num_attention_heads) * D * C +
+                     static_cast<double>(mlp_matmul_params(*this, i, true));
   const double attention = 12.0 * num_layers * num_attention_heads * D * seq_len / 2.0;
   return 6.0 * matmul_params + attention;
 }

@@ -7,6 +7,7 @@
 
 #include "megaton/kernels/rope.h"
 #include "megaton/nn/layer_kinds.h"
+#include "megaton/nn/moe/moe_config.h"
 
 namespace megaton::models {
 
@@ -31,6 +32,10 @@ struct TransformerConfig {
   // The block's sublayer kinds (nn/block_spec.h: Megatron's ModuleSpec idea).
   std::string attention_type = "self_attention";
   std::string mlp_type = "dense";
+  // With mlp_type "moe": the experts (nn/moe/moe_config.h), and how many first layers keep a dense
+  // MLP (DeepSeek-V3's first_k_dense_replace).
+  nn::MoeConfig moe;
+  int64_t first_k_dense_replace = 0;
   Normalization normalization = Normalization::LayerNorm;
   Activation activation = Activation::GeLU;
   PositionEmbedding position_embedding = PositionEmbedding::LearnedAbsolute;
@@ -48,8 +53,11 @@ struct TransformerConfig {
   int64_t padded_vocab_size(int64_t tp) const;
   // Throws megaton::Error naming the inconsistent fields (heads vs hidden, groups vs heads, ...).
   void validate() const;
+  // Every parameter (all experts of an MoE layer).
   int64_t num_parameters() const;
-  // Training FLOPs per token: 6 x (matmul parameters) + attention (12 x layers x seq x
+  // True when layer i has the MoE MLP.
+  bool is_moe_layer(int64_t i) const { return mlp_type == "moe" && i >= first_k_dense_replace; }
+  // Training FLOPs per token: 6 x (matmul parameters; an MoE layer's router, k routed and the shared experts) + attention (12 x layers x seq x
   // heads x head_dim, halved for the causal mask), the convention of Megatron / PaLM's MFU.
   double flops_per_token(int64_t seq_len) const;
 };

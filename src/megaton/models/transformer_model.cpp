@@ -19,6 +19,7 @@ nn::BlockSpec block_spec(const TransformerConfig& c, const nn::TensorParallel& t
   s.attn = {c.hidden_size, c.num_attention_heads, c.num_query_groups, c.head_dim()};
   s.ffn_hidden = c.ffn_hidden_size;
   s.activation = c.activation;
+  s.moe = c.moe;
   s.bias = c.add_bias_linear;
   s.tp = tp;
   return s;
@@ -48,10 +49,12 @@ TransformerModel::TransformerModel(const TransformerConfig& config, int64_t num_
     kernels::rope_tables(kernels::ExecContext::on(rope_.cos), rope_.cos, rope_.sin,
                          kernels::rope_inv_freq(D, config.rotary_base, config.rope_scaling));
   }
-  const nn::BlockSpec spec = block_spec(config, tp);
-  for (int64_t i = 0; i < config.num_layers; ++i)
+  nn::BlockSpec spec = block_spec(config, tp);
+  for (int64_t i = 0; i < config.num_layers; ++i) {
+    spec.mlp = config.mlp_type == "moe" && !config.is_moe_layer(i) ? "dense" : config.mlp_type;
     layers_.push_back(std::make_unique<nn::TransformerBlock>("decoder.layers." + std::to_string(i), spec,
                                                              rope ? &rope_ : nullptr));
+  }
   embedding_.parameters(params_);
   for (auto& l : layers_) l->parameters(params_);
   final_norm_.parameters(params_);
@@ -83,7 +86,7 @@ void TransformerModel::init_weights(uint64_t seed) {
     Philox rng(seed, stable_hash(p->name.data(), p->name.size()));
     if (ends_with(p->name, "layernorm.weight")) {
       std::fill(v, v + n, 1.0f);
-    } else if (ends_with(p->name, ".bias")) {
+    } else if (ends_with(p->name, ".bias") || ends_with(p->name, ".expert_bias")) {
       std::fill(v, v + n, 0.0f);
     } else {
       const bool scaled = ends_with(p->name, "linear_proj.weight") || ends_with(p->name, "linear_fc2.weight");
@@ -91,6 +94,31 @@ void TransformerModel::init_weights(uint64_t seed) {
     }
     if (!whole) nn::slice_global(*p, global, p->value);
   }
+}
+
+std::vector<nn::MoeLayer*> TransformerModel::moe_layers() {
+  std::vector<nn::MoeLayer*> out;
+  for (auto& l : layers_)
+    if (auto* m = dynamic_cast<nn::MoeLayer*>(l->mlp.get())) out.push_back(m);
+  return out;
+}
+
+void TransformerModel::set_moe_aux_loss_grad_scale(double scale) {
+  for (nn::MoeLayer* m : moe_layers()) m->set_aux_loss_grad_scale(scale);
+}
+
+void TransformerModel::begin_moe_step() {
+  for (nn::MoeLayer* m : moe_layers()) m->begin_step();
+}
+
+std::vector<nn::MoeStats> TransformerModel::moe_step_stats() {
+  std::vector<nn::MoeStats> out;
+  for (nn::MoeLayer* m : moe_layers()) out.push_back(m->step_stats());
+  return out;
+}
+
+void TransformerModel::update_moe_expert_bias(const std::vector<parallel::Communicator*>& groups) {
+  for (nn::MoeLayer* m : moe_layers()) m->update_expert_bias(groups);
 }
 
 void TransformerModel::set_compute_dtype(DType dtype) {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "megaton/models/model_chunk.h"
+#include "megaton/nn/moe/moe_layer.h"
 #include "megaton/models/transformer_config.h"
 
 namespace megaton::models {
@@ -78,6 +79,17 @@ class TransformerModel {
   // sequence's last new token, [B, vocab].
   std::vector<nn::KVCache> new_kv_caches(int64_t B, int64_t max_len) const;
   Tensor forward_cached(std::vector<nn::KVCache>& caches, const Tensor& tokens);
+
+  // The MoE layers (mlp_type "moe"), in layer order; empty for a dense model.
+  std::vector<nn::MoeLayer*> moe_layers();
+  // Per training step (Megatron's MoE hooks): the balancing losses' gradient scale, the same as
+  // the main loss's; and after the optimizer step the auxiliary-loss-free bias update, with the
+  // expert loads summed over `groups` (MoeLayer::update_expert_bias).
+  void set_moe_aux_loss_grad_scale(double scale);
+  // begin_step on every MoE layer; then each one's step_stats, in layer order.
+  void begin_moe_step();
+  std::vector<nn::MoeStats> moe_step_stats();
+  void update_moe_expert_bias(const std::vector<parallel::Communicator*>& groups);
 
   nn::Embedding& embedding() { return embedding_; }
   std::vector<std::unique_ptr<nn::TransformerBlock>>& layers() { return layers_; }

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "megaton/nn/mlp.h"
+#include "megaton/nn/moe/moe_layer.h"
 
 namespace megaton::nn {
 
@@ -58,6 +59,13 @@ KindTable<MlpFactory>& mlp_table() {
                                        [](const std::string& name, const BlockSpec& s) -> std::unique_ptr<MlpLayer> {
                                          return std::make_unique<Mlp>(name, s.attn.hidden, s.ffn_hidden, s.activation,
                                                                       s.bias, s.tp);
+                                       }},
+                                      {"moe",  // router -> permute -> grouped SwiGLU experts -> unpermute (+ shared)
+                                       [](const std::string& name, const BlockSpec& s) -> std::unique_ptr<MlpLayer> {
+                                         if (s.tp.size() > 1)
+                                           fail("layer ", name, ": the moe MLP kind does not support tensor "
+                                                "parallelism yet (tensor_model_parallel_size ", s.tp.size(), ")");
+                                         return std::make_unique<MoeLayer>(name, s.attn.hidden, s.moe);
                                        }}}};
   return table;
 }

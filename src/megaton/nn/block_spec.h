@@ -10,6 +10,7 @@
 
 #include "megaton/nn/attention.h"
 #include "megaton/nn/layer_kinds.h"
+#include "megaton/nn/moe/moe_config.h"
 #include "megaton/nn/sublayer.h"
 
 namespace megaton::nn {
@@ -22,6 +23,7 @@ struct BlockSpec {
   AttentionShape attn{};
   int64_t ffn_hidden = 0;
   Activation activation = Activation::GeLU;  // of the dense MLP
+  MoeConfig moe;                             // of the "moe" MLP kind
   bool bias = true;                          // biases on the linears
   TensorParallel tp;                         // the group the sublayers are split over (none by default)
 };

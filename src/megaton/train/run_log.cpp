@@ -64,6 +64,17 @@ void RunLog::step(int64_t step, const TrainingStep::Result& r, double lr, int64_
       peak[std::string(mem_category_name(static_cast<MemCategory>(c)))] = static_cast<double>(mem.peak[c]) / 1e6;
     rec["peak_memory_mb"] = peak;
   }
+  if (!r.moe.empty()) {
+    // Per MoE layer (in layer order): how unevenly the router loaded the experts, what capacity
+    // dropped, and the balancing losses (not part of "loss").
+    nlohmann::json layers = nlohmann::json::array();
+    for (const nn::MoeStats& m : r.moe)
+      layers.push_back({{"max_over_mean_load", m.mean_load > 0 ? m.max_load / m.mean_load : 0.0},
+                        {"dropped_tokens", m.dropped},
+                        {"balance_loss", m.balance_loss},
+                        {"z_loss", m.z_loss}});
+    rec["moe"] = layers;
+  }
   metrics_->write(rec);
   if (primary_ && (step % cfg_.log_interval == 0 || step == cfg_.train_iters)) {
     const double rate = median(rates_);

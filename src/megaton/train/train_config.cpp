@@ -55,6 +55,16 @@ Field model_field(std::string name, T models::TransformerConfig::*member) {
   return f;
 }
 
+// MoE keys (model.num_moe_experts, ...): members of the model's MoeConfig.
+template <typename T>
+Field moe_field(std::string name, T nn::MoeConfig::*member) {
+  Field f = field<T>(std::move(name), nullptr);
+  f.model = true;
+  f.set = [member](TrainConfig& c, const Value& v) { c.model.moe.*member = std::get<T>(v); };
+  f.get = [member](const TrainConfig& c) { return Value(c.model.moe.*member); };
+  return f;
+}
+
 // Model keys stored as enums, spelled as strings.
 template <typename E>
 Field model_enum(std::string name, E models::TransformerConfig::*member, E (*parse)(const std::string&),
@@ -86,6 +96,24 @@ const std::vector<Field>& fields() {
       model_field("model.max_position_embeddings", &MC::max_position_embeddings),
       model_field("model.attention_type", &MC::attention_type),
       model_field("model.mlp_type", &MC::mlp_type),
+      model_field("model.first_k_dense_replace", &MC::first_k_dense_replace),
+      moe_field("model.num_moe_experts", &nn::MoeConfig::num_moe_experts),
+      moe_field("model.moe_router_topk", &nn::MoeConfig::moe_router_topk),
+      moe_field("model.moe_ffn_hidden_size", &nn::MoeConfig::moe_ffn_hidden_size),
+      moe_field("model.moe_shared_expert_intermediate_size", &nn::MoeConfig::moe_shared_expert_intermediate_size),
+      moe_field("model.moe_router_score_function", &nn::MoeConfig::moe_router_score_function),
+      moe_field("model.moe_router_pre_softmax", &nn::MoeConfig::moe_router_pre_softmax),
+      moe_field("model.moe_router_num_groups", &nn::MoeConfig::moe_router_num_groups),
+      moe_field("model.moe_router_group_topk", &nn::MoeConfig::moe_router_group_topk),
+      moe_field("model.moe_router_norm_topk_prob", &nn::MoeConfig::moe_router_norm_topk_prob),
+      moe_field("model.moe_router_topk_scaling_factor", &nn::MoeConfig::moe_router_topk_scaling_factor),
+      moe_field("model.moe_router_load_balancing_type", &nn::MoeConfig::moe_router_load_balancing_type),
+      moe_field("model.moe_aux_loss_coeff", &nn::MoeConfig::moe_aux_loss_coeff),
+      moe_field("model.moe_z_loss_coeff", &nn::MoeConfig::moe_z_loss_coeff),
+      moe_field("model.moe_router_enable_expert_bias", &nn::MoeConfig::moe_router_enable_expert_bias),
+      moe_field("model.moe_router_bias_update_rate", &nn::MoeConfig::moe_router_bias_update_rate),
+      moe_field("model.moe_expert_capacity_factor", &nn::MoeConfig::moe_expert_capacity_factor),
+      moe_field("model.moe_token_drop_policy", &nn::MoeConfig::moe_token_drop_policy),
       model_enum("model.normalization", &MC::normalization, &models::normalization_from_name,
                  &models::normalization_name),
       model_enum("model.activation", &MC::activation, &models::activation_from_name, &models::activation_name),

@@ -17,6 +17,7 @@ TrainingStage::TrainingStage(models::TransformerModel& model, std::function<void
       group_(place.group) {
   MEGATON_CHECK(microbatches > 0, "a training step needs at least one micro-batch, got ", microbatches);
   MEGATON_CHECK(data_parallel_size > 0, "data-parallel size ", data_parallel_size);
+  model_.set_moe_aux_loss_grad_scale(grad_scale_);
   const int model_chunks = static_cast<int>(model_.chunks().size());
   if (!place.schedule) {
     MEGATON_CHECK(!group_ || group_->size() == 1, "a pipeline group of ", group_->size(), " stages needs a schedule");

@@ -127,6 +127,7 @@ TrainingStep::Result TrainingStep::forward_backward(int64_t step, int64_t first_
   model_.refresh_compute_weights();  // the main weights changed since: optimizer step, resume, rewind
   begin_fp8_step();
   buffer_->begin_step(schedule_.microbatches, pp_.size() == 1);
+  model_.begin_moe_step();
   if (!loader_ || loader_position_ != first_sample) {
     loader_.reset();  // stop the old workers before the new loader starts its own
     loader_ = std::make_unique<data::DataLoader>(
@@ -168,11 +169,13 @@ TrainingStep::Result TrainingStep::forward_backward(int64_t step, int64_t first_
   };
   if (!distributed_ && dp_.size() > 1) agree(dp_);
   if (pp_.size() > 1) agree(pp_);
-  return {loss, grad_norm, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), comm_wait};
+  return {loss, grad_norm, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), comm_wait,
+          model_.moe_step_stats()};
 }
 
 void TrainingStep::update(double lr, double grad_norm) {
   if (std::isfinite(grad_norm)) optimizer_->step(lr, optim::clip_coefficient(grad_norm, cfg_.clip_grad));
+  model_.update_moe_expert_bias({&dp_, &pp_});
 }
 
 }  // namespace megaton::train

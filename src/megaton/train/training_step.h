@@ -56,6 +56,7 @@ class TrainingStep {
   struct Result {
     double loss, grad_norm, seconds;
     double comm_wait_seconds = 0;  // blocked on tensor-parallel collectives and gradient reductions
+    std::vector<nn::MoeStats> moe;  // per MoE layer, this process's routing over the step's micro-batches
   };
   // Called after backward with the step number, the flat gradients and the step's loss, before the
   // grad norm is taken: where fault injection corrupts a step.

@@ -1,0 +1,74 @@
+// Mixture-of-experts ops on tensors (Megatron-Core's router, token dispatcher and grouped MLP):
+// routing (top-k experts per token and their weights), the load-balancing and z losses, the
+// dispatch plan (which permuted row each kept slot goes to, with optional capacity dropping),
+// permute / unpermute of token rows with their backward, and the grouped linear that runs every
+// expert's GEMM over its contiguous block of permuted rows in one call. CPU only (f32 / f64); the
+// logits, probs and losses are f32 in training whatever the compute dtype, as Megatron's router.
+// Shapes: logits [N, E]; indices (i32), probs, pos (i32) [N, K]; permuted rows [M, C].
+#pragma once
+#include <vector>
+
+#include "megaton/kernels/cpu/moe.h"
+#include "megaton/kernels/exec_context.h"
+
+namespace megaton::kernels {
+
+using cpu::RouterOptions;
+
+// Throws naming what is wrong unless the options describe a valid router (k <= experts, groups
+// dividing the experts, topk_groups <= groups, k <= experts in the eligible groups, finite scaling).
+void check_router_options(const RouterOptions& o);
+
+// indices[n] = the top-k experts of token n ranked by score (+ bias, which only steers selection;
+// bias may be undefined), probs[n] their weights: softmax over all experts (pre_softmax) or over
+// the k selected logits, or sigmoid; optionally normalised to sum 1 (norm_topk_prob), times scaling.
+void moe_route(const ExecContext& ctx, const Tensor& indices, const Tensor& probs, const Tensor& logits,
+               const Tensor& bias, const RouterOptions& o);
+// dlogits (written) from dprobs through the selected experts' weights.
+void moe_route_backward(const ExecContext& ctx, const Tensor& dlogits, const Tensor& dprobs, const Tensor& logits,
+                        const Tensor& indices, const RouterOptions& o);
+
+// The scores the load-balancing losses read: softmax(logits) or sigmoid(logits) / sum.
+void moe_balance_scores(const ExecContext& ctx, const Tensor& scores, const Tensor& logits, bool sigmoid);
+// dlogits += gradient through moe_balance_scores.
+void moe_balance_scores_backward(const ExecContext& ctx, const Tensor& dlogits, const Tensor& dscores,
+                                 const Tensor& logits, bool sigmoid);
+// Switch / GShard aux loss (group_rows = N) or DeepSeek-V3's sequence-wise one (group_rows = the
+// sequence length); see cpu/moe.h. Writes grad_scale x its gradient w.r.t. scores into dscores.
+double moe_balance_loss(const ExecContext& ctx, const Tensor& dscores, const Tensor& scores, const Tensor& indices,
+                        int64_t group_rows, double coeff, double grad_scale);
+// coeff x mean logsumexp(logits)^2; adds grad_scale x its gradient to dlogits when that is defined.
+double moe_z_loss(const ExecContext& ctx, const Tensor& dlogits, const Tensor& logits, double coeff,
+                  double grad_scale);
+
+// Where each slot's token goes: the permuted rows are grouped by expert, in token order within an
+// expert. capacity < 0: dropless. Otherwise an expert keeps at most `capacity` slots, the ones with
+// the largest probs (drop_by_position: the earliest tokens); the others get pos -1.
+struct DispatchPlan {
+  std::vector<int64_t> rows_per_expert;  // kept slots per expert (the grouped GEMM's row blocks)
+  std::vector<int64_t> selected_per_expert;  // slots that chose each expert, kept or not
+  int64_t dropped = 0;                   // slots dropped by capacity
+  int64_t rows = 0;                      // M: kept slots
+};
+DispatchPlan moe_dispatch_plan(const ExecContext& ctx, const Tensor& pos, const Tensor& indices, const Tensor& probs,
+                               int64_t experts, int64_t capacity, bool drop_by_position);
+
+// out[pos[n, k]] = x[n]; backward: dx[n] = sum_k dout[pos[n, k]] (written).
+void moe_permute(const ExecContext& ctx, const Tensor& out, const Tensor& x, const Tensor& pos);
+void moe_permute_backward(const ExecContext& ctx, const Tensor& dx, const Tensor& dout, const Tensor& pos);
+// y[n] = sum_k probs[n, k] rows[pos[n, k]]; backward writes drows and dprobs.
+void moe_unpermute(const ExecContext& ctx, const Tensor& y, const Tensor& rows, const Tensor& pos, const Tensor& probs);
+void moe_unpermute_backward(const ExecContext& ctx, const Tensor& drows, const Tensor& dprobs, const Tensor& dy,
+                            const Tensor& rows, const Tensor& pos, const Tensor& probs);
+
+// Grouped linear: expert e's weight is rows [e*out, (e+1)*out) of w [E*out, in]; it multiplies the
+// e-th block of rows_per_expert[e] rows of x [M, in] into out [M, out]. Backward as kernels/linear.h
+// (dx written, dw accumulated), block by block.
+void grouped_linear_forward(const ExecContext& ctx, const Tensor& out, const Tensor& x, const Tensor& w,
+                            const std::vector<int64_t>& rows_per_expert);
+void grouped_linear_backward_input(const ExecContext& ctx, const Tensor& dx, const Tensor& dout, const Tensor& w,
+                                   const std::vector<int64_t>& rows_per_expert);
+void grouped_linear_backward_weight(const ExecContext& ctx, const Tensor& dw, const Tensor& dout, const Tensor& x,
+                                    const std::vector<int64_t>& rows_per_expert);
+
+}  // namespace megaton::kernels
