@@ -70,3 +70,25 @@ TEST(Fp8Runs, DelayedScalingAgreesAcrossParallelLayouts) {
     }
   }
 }
+
+// The delayed-scaling scales and amax histories are checkpointed (fp8_state.safetensors): a run
+// stopped at step 4 and resumed trains bit for bit like the uninterrupted one (planted: the state
+// not loaded on resume, so the histories restart; the losses after step 4 then differ).
+TEST(Fp8Runs, DelayedScalingResumesBitwise) {
+  TinyRunDir run("llama-tiny");
+  const std::string fp8 =
+      "--set precision.fp8=hybrid --set precision.fp8_recipe=delayed --set precision.fp8_amax_history_len=4 "
+      "--set precision.fp8_amax_compute_algo=max --set training.train_iters=8 --set logging.save_interval=0 ";
+  const Metrics straight = run.train_ok("straight", fp8);
+  EXPECT_EQ(run.train_ok("resumed", fp8 + "--set training.exit_interval=4").losses.size(), 4u);
+  const Metrics resumed = run.train_ok("resumed", fp8 + "--resume auto");
+  ASSERT_EQ(resumed.losses, straight.losses);
+  megaton::testing::expect_bitwise_equal(megaton::testing::final_weights(run.run_dir("resumed")),
+                                         megaton::testing::final_weights(run.run_dir("straight")));
+  // Resuming with another history length is refused naming the file and the key.
+  EXPECT_EQ(run.train_ok("other_len", fp8 + "--set training.exit_interval=4").losses.size(), 4u);
+  const CommandResult r = run.train("other_len", fp8 + "--set precision.fp8_amax_history_len=2 --resume auto");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("fp8_state.safetensors"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("fp8_amax_history_len"), std::string::npos) << r.output;
+}

@@ -79,4 +79,11 @@ std::vector<DelayedScaling*> LinearQuantizer::delayed_states() {
   return states;
 }
 
+std::vector<std::pair<std::string, const DelayedScaling*>> LinearQuantizer::named_delayed_states() const {
+  std::vector<std::pair<std::string, const DelayedScaling*>> states;
+  for (const Role* r : {&input_, &weight_, &grad_})
+    if (r->delayed) states.emplace_back(r->name, &*r->delayed);
+  return states;
+}
+
 }  // namespace megaton::fp8

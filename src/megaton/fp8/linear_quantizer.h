@@ -12,6 +12,7 @@
 #pragma once
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "megaton/fp8/recipe.h"
@@ -38,6 +39,9 @@ class LinearQuantizer {
   // The delayed-scaling states (input, weight, grad_output), empty for the other recipes: the
   // trainer reduces their newest amax over the parallel groups and checkpoints them.
   std::vector<DelayedScaling*> delayed_states();
+  // The same, read-only, each with its checkpoint name ("<linear>.input_fp8", ".weight_fp8",
+  // ".grad_output_fp8"), in delayed_states()'s order.
+  std::vector<std::pair<std::string, const DelayedScaling*>> named_delayed_states() const;
 
  private:
   struct Role {

@@ -153,6 +153,12 @@ std::vector<fp8::LinearQuantizer*> TransformerModel::fp8_quantizers() {
   return out;
 }
 
+std::vector<const fp8::LinearQuantizer*> TransformerModel::fp8_quantizers() const {
+  // The same walk over the layers, read-only (it changes nothing).
+  const auto quantizers = const_cast<TransformerModel*>(this)->fp8_quantizers();
+  return {quantizers.begin(), quantizers.end()};
+}
+
 LossResult TransformerModel::forward(ModelCtx& ctx, const Tensor& tokens, const Tensor& targets, bool compute_grad,
                                      float loss_scale, bool defer_head_weight_grad) {
   const int64_t B = tokens.size(0), T = tokens.size(1);

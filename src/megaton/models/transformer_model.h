@@ -55,6 +55,7 @@ class TransformerModel {
   // The layers' FP8 quantizers (empty without FP8): a training step rolls their delayed-scaling
   // histories once per step, after reducing the newest amaxes over the parallel groups.
   std::vector<fp8::LinearQuantizer*> fp8_quantizers();
+  std::vector<const fp8::LinearQuantizer*> fp8_quantizers() const;
 
   // tokens, targets: [B, T] i32 (targets may hold kernels::kIgnoreIndex). With
   // compute_grad, the loss head also produces the gradient of loss_scale * mean loss at the

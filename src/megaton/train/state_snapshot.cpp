@@ -56,7 +56,7 @@ const nn::Parameter& moment_param(const models::TransformerModel& model, const s
 }  // namespace
 
 StateSnapshot::StateSnapshot(const models::TransformerModel& model, const optim::Optimizer& optimizer)
-    : model_(model.config()), tp_(model.tensor_parallel()) {
+    : model_(model.config()), tp_(model.tensor_parallel()), fp8_(model) {
   for (nn::Parameter* p : model_.parameters()) p->grad = Tensor();  // only the values are kept
   for (const auto& [name, shape] : optimizer.state_specs()) {
     const nn::Parameter& p = moment_param(model, name);
@@ -79,6 +79,7 @@ void StateSnapshot::capture(const models::TransformerModel& model, const optim::
     if (!nn::holds_global(*moment_params_[i]))
       copy_bytes(nn::gather_global(*moment_params_[i], local_moments_[i].second, tp_), moments_[i].second);
   optimizer_steps_ = optimizer.steps();
+  fp8_.capture(model);
   progress_ = progress;
   state_ = state_to_json(progress, cfg, optimizer_steps_);
 }
@@ -91,6 +92,7 @@ void StateSnapshot::restore(models::TransformerModel& model, optim::Optimizer& o
     if (!nn::holds_global(*moment_params_[i]))
       nn::slice_global(*moment_params_[i], moments_[i].second, local_moments_[i].second);
   optimizer.load_state({local_moments_.begin(), local_moments_.end()}, optimizer_steps_);
+  fp8_.restore(model);
 }
 
 void StateSnapshot::write_model(const std::string& dir) { models::save_hf_model(model_, dir); }
@@ -99,6 +101,7 @@ void StateSnapshot::write_optimizer_and_state(const std::string& dir) const {
   ckpt::save_safetensors(
       (fs::path(dir) / kOptimizerFile).string(), moments_,
       {{"format", "megaton-adamw"}, {"version", kOptimizerVersion}, {"steps", std::to_string(optimizer_steps_)}});
+  fp8_.write(dir);
   AtomicFile out((fs::path(dir) / kStateFile).string());
   const std::string text = state_.dump(2) + "\n";
   out.write(text.data(), text.size());
@@ -151,6 +154,7 @@ TrainProgress load_checkpoint(const std::string& dir, models::TransformerModel& 
   } catch (const Error& e) {
     fail(optimizer_file, ": ", e.what());
   }
+  load_fp8_state(dir, model);
   return progress;
 }
 

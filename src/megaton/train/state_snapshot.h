@@ -15,6 +15,7 @@
 
 #include "megaton/models/transformer_model.h"
 #include "megaton/optim/optimizer.h"
+#include "megaton/train/fp8_state.h"
 #include "megaton/train/train_state.h"
 
 namespace megaton::train {
@@ -32,7 +33,8 @@ class StateSnapshot {
   // The checkpoint files, from the buffers. The model part is an HF folder (config.json +
   // model.safetensors), loadable by `megaton eval/generate` and transformers as it is.
   void write_model(const std::string& dir);
-  void write_optimizer_and_state(const std::string& dir) const;  // optimizer.safetensors + state.json
+  // optimizer.safetensors + state.json (+ fp8_state.safetensors under FP8 delayed scaling)
+  void write_optimizer_and_state(const std::string& dir) const;
 
  private:
   models::TransformerModel model_;  // holds the weights, whole (its gradient buffers are released)
@@ -45,6 +47,7 @@ class StateSnapshot {
   int64_t optimizer_steps_ = 0;
   TrainProgress progress_;
   nlohmann::json state_;  // state.json as of the capture
+  Fp8StateSnapshot fp8_;  // the delayed-scaling scales and amax histories (none without them)
 };
 
 // Loads checkpoint DIR (already verified against its manifest) into model and optimizer and
