@@ -102,4 +102,19 @@ TEST(Fp8ModelMemory, InputsKeptForBackwardAreOneBytePerElement) {
   EXPECT_LE(b, a - cfg.num_layers * saved_per_layer) << a << " vs " << b;
 }
 
+// Megatron's first_last_layers_bf16: enable_fp8 over a layer range leaves the layers outside it
+// (and the embedding and head everywhere) in the compute dtype (planted: the range ignored, caught).
+TEST(Fp8Model, OnlyTheLayersInTheRangeRunInFp8) {
+  auto cfg = megaton::testing::tiny_config("llama-tiny");
+  cfg.num_layers = 4;
+  models::TransformerModel m(cfg);
+  m.enable_fp8(fp8::Fp8Config{}, 1, 3);
+  ASSERT_EQ(m.fp8_quantizers().size(), 2u * 4u);  // layers 1 and 2, four linears each
+  for (int64_t i = 0; i < cfg.num_layers; ++i) {
+    std::vector<nn::Linear*> linears;
+    m.layers()[static_cast<size_t>(i)]->linears(linears);
+    for (nn::Linear* l : linears) EXPECT_EQ(l->fp8() != nullptr, i == 1 || i == 2) << "layer " << i;
+  }
+}
+
 }  // namespace

@@ -37,7 +37,12 @@ TEST(Fp8Runs, BadSettingsAreRefusedNamingTheKey) {
            {"precision.fp8=hybrid --set precision.fp8_recipe=current", "precision.fp8_recipe"},
            {"precision.fp8=hybrid --set precision.fp8_margin=-1", "precision.fp8_margin"},
            {"precision.fp8=hybrid --set precision.fp8_amax_history_len=0", "precision.fp8_amax_history_len"},
-           {"precision.fp8=hybrid --set precision.fp8_amax_compute_algo=mean", "precision.fp8_amax_compute_algo"}}) {
+           {"precision.fp8=hybrid --set precision.fp8_amax_compute_algo=mean", "precision.fp8_amax_compute_algo"},
+           {"precision.fp8=hybrid --set precision.first_last_layers_bf16=true --set precision.num_layers_at_start_in_bf16=3",
+            "precision.num_layers_at_start_in_bf16"},
+           {"precision.fp8=hybrid --set precision.first_last_layers_bf16=true --set precision.num_layers_at_end_in_bf16=-1",
+            "precision.num_layers_at_end_in_bf16"},
+           {"precision.fp8=hybrid --set precision.first_last_layers_bf16=true", "precision.first_last_layers_bf16"}}) {
     const CommandResult r = dir.train("bad", "--set " + set);
     EXPECT_NE(r.exit_code, 0) << set;
     EXPECT_NE(r.output.find(key), std::string::npos) << set << ": " << r.output;

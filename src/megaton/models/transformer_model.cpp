@@ -142,8 +142,12 @@ std::vector<nn::Linear*> TransformerModel::layer_linears() {
   return linears;
 }
 
-void TransformerModel::enable_fp8(const fp8::Fp8Config& config) {
-  for (nn::Linear* l : layer_linears()) l->enable_fp8(config);
+void TransformerModel::enable_fp8(const fp8::Fp8Config& config, int64_t first_layer, int64_t end_layer) {
+  for (int64_t i = std::max<int64_t>(first_layer, 0); i < std::min(end_layer, static_cast<int64_t>(layers_.size())); ++i) {
+    std::vector<nn::Linear*> linears;
+    layers_[static_cast<size_t>(i)]->linears(linears);
+    for (nn::Linear* l : linears) l->enable_fp8(config);
+  }
 }
 
 std::vector<fp8::LinearQuantizer*> TransformerModel::fp8_quantizers() {

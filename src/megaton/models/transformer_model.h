@@ -49,9 +49,9 @@ class TransformerModel {
   // Re-rounds the compute copies from the main weights. Call after the weights change (init, a
   // load, an optimizer step) and before the next forward; nothing to do in f32.
   void refresh_compute_weights() { nn::refresh_compute_copies(params_); }
-  // FP8 GEMMs (fp8/recipe.h) in every transformer layer's linears; the embedding and the output
-  // head stay in the compute dtype.
-  void enable_fp8(const fp8::Fp8Config& config);
+  // FP8 GEMMs (fp8/recipe.h) in the linears of transformer layers [first_layer, end_layer) (global
+  // layer numbers; default all); the embedding and the output head stay in the compute dtype.
+  void enable_fp8(const fp8::Fp8Config& config, int64_t first_layer = 0, int64_t end_layer = INT64_MAX);
   // The layers' FP8 quantizers (empty without FP8): a training step rolls their delayed-scaling
   // histories once per step, after reducing the newest amaxes over the parallel groups.
   std::vector<fp8::LinearQuantizer*> fp8_quantizers();

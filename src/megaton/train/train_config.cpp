@@ -157,6 +157,9 @@ const std::vector<Field>& fields() {
       field("precision.fp8_margin", &TC::fp8_margin),
       field("precision.fp8_amax_history_len", &TC::fp8_amax_history_len),
       field("precision.fp8_amax_compute_algo", &TC::fp8_amax_compute_algo),
+      field("precision.first_last_layers_bf16", &TC::first_last_layers_bf16),
+      field("precision.num_layers_at_start_in_bf16", &TC::num_layers_at_start_in_bf16),
+      field("precision.num_layers_at_end_in_bf16", &TC::num_layers_at_end_in_bf16),
       field("optimizer.lr", &TC::lr),
       field("optimizer.min_lr", &TC::min_lr),
       field("optimizer.lr_warmup_iters", &TC::lr_warmup_iters),
@@ -418,6 +421,19 @@ std::optional<fp8::Fp8Config> fp8_config(const TrainConfig& c) {
   return f;
 }
 
+std::pair<int64_t, int64_t> fp8_layer_range(const TrainConfig& c, int64_t num_layers) {
+  if (!c.first_last_layers_bf16) return {0, num_layers};
+  const int64_t start = c.num_layers_at_start_in_bf16, end = c.num_layers_at_end_in_bf16;
+  for (const auto& [key, n] : {std::pair{"precision.num_layers_at_start_in_bf16", start},
+                               std::pair{"precision.num_layers_at_end_in_bf16", end}})
+    check(n >= 0 && n <= num_layers, key, "must be in [0, " + std::to_string(num_layers) + "] (model.num_layers), got " +
+                                              std::to_string(n));
+  check(start + end < num_layers, "precision.first_last_layers_bf16",
+        std::to_string(start) + " + " + std::to_string(end) + " layers kept in the compute dtype leave none of the " +
+            std::to_string(num_layers) + " in FP8 (turn precision.fp8 off instead)");
+  return {start, num_layers - end};
+}
+
 std::vector<std::string> train_config_keys() {
   std::vector<std::string> names;
   for (const Field& f : fields()) names.push_back(f.name);
@@ -468,7 +484,9 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   if (c.lr_decay_iters == 0) c.lr_decay_iters = c.train_iters;
   c.model.validate();
   validate(c);
-  fp8_config(c);  // an unknown recipe or format fails here, before any file is opened
+  // An unknown recipe or format, or bad bf16 layer counts, fail here, before any file is opened
+  // (a loaded model's layers are counted when it is loaded).
+  if (fp8_config(c) && c.load.empty()) fp8_layer_range(c, c.model.num_layers);
   return c;
 }
 

@@ -73,6 +73,11 @@ struct TrainConfig {
   int64_t fp8_margin = 0;
   int64_t fp8_amax_history_len = 1;
   std::string fp8_amax_compute_algo = "most_recent";
+  // Megatron's --first-last-layers-bf16: the first / last layers' linears stay in the compute
+  // dtype (the layers nearest the embedding and the loss are the most sensitive to FP8 rounding).
+  bool first_last_layers_bf16 = false;
+  int64_t num_layers_at_start_in_bf16 = 1;
+  int64_t num_layers_at_end_in_bf16 = 1;
   int64_t exit_interval = 0;  // stop (after saving a checkpoint) once step % exit_interval == 0; 0: never
 
   // [optimizer]
@@ -133,6 +138,10 @@ std::string to_toml(const TrainConfig& c);
 void resolve_parallel_layout(TrainConfig& c, int64_t world_size);
 // The FP8 recipe of [precision] (nullopt when fp8 is off); errors name the key.
 std::optional<fp8::Fp8Config> fp8_config(const TrainConfig& c);
+// The transformer layers [first, end) whose linears run in FP8 in a model of num_layers: all, or
+// all but the first / last num_layers_at_{start,end}_in_bf16 under first_last_layers_bf16; errors
+// name the keys (at least one layer must stay in FP8).
+std::pair<int64_t, int64_t> fp8_layer_range(const TrainConfig& c, int64_t num_layers);
 // Model chunks each pipeline rank holds under c.pipeline_schedule: 2 for the V schedules (zbv,
 // dualpipev), virtual_pipeline_model_parallel_size for interleaved, else 1.
 int64_t pipeline_chunks_per_rank(const TrainConfig& c);

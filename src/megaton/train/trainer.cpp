@@ -87,7 +87,10 @@ Trainer::Trainer(TrainConfig config, RunOptions options)
     model_->init_weights(static_cast<uint64_t>(cfg_.seed));
   }
   if (cfg_.bf16) model_->set_compute_dtype(DType::BF16);
-  if (const auto fp8 = fp8_config(cfg_)) model_->enable_fp8(*fp8);
+  if (const auto fp8 = fp8_config(cfg_)) {
+    const auto [first, end] = fp8_layer_range(cfg_, model_->config().num_layers);
+    model_->enable_fp8(*fp8, first, end);
+  }
   step_ = std::make_unique<TrainingStep>(*model_, cfg_, data_.train, groups_->dp(), groups_->pp());
   step_->on_gradients([this](int64_t step, const Tensor& grads, double& loss) { faults_.corrupt_gradients(step, grads, loss); });
   optimizer_ = &step_->optimizer();
