@@ -2,6 +2,7 @@
 #include <chrono>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "commands.h"
 #include "option_range.h"
@@ -10,6 +11,7 @@
 #include "megaton/core/cpu_info.h"
 #include "megaton/core/rng.h"
 #include "megaton/core/threads.h"
+#include "megaton/fp8/recipe.h"
 #include "megaton/kernels/cpu/gemm.h"
 #include "megaton/kernels/sgemm_ceiling.h"
 #include "megaton/models/transformer_model.h"
@@ -25,11 +27,29 @@ struct BenchResult {
   MemStats memory;  // peak bytes per category over the timed steps
 };
 
+// What --precision names: the compute dtype and, for the FP8 ones, the recipe of the layers'
+// linears (on bf16 compute, as Megatron's --fp8 runs on --bf16; the formats are TE's defaults per
+// recipe: hybrid for the per-tensor scalings, E4M3 for DeepSeek-V3's blocks and MXFP8).
+struct Precision {
+  DType compute;
+  std::optional<fp8::Fp8Config> fp8;
+};
+
+Precision precision_from_name(const std::string& name) {
+  if (name == "fp32") return {DType::F32, std::nullopt};
+  if (name == "bf16") return {DType::BF16, std::nullopt};
+  fp8::Fp8Config f;
+  f.recipe = fp8::recipe_from_name(name == "mxfp8" ? "mxfp8" : name.substr(name.find('-') + 1));
+  f.hybrid = f.recipe == fp8::Recipe::Delayed || f.recipe == fp8::Recipe::Tensorwise;
+  return {DType::BF16, f};
+}
+
 // Full training steps (forward, backward, clip, AdamW) on random tokens; median step time.
-BenchResult run_bench(const std::string& preset, int64_t B, int64_t T, int steps, DType precision) {
+BenchResult run_bench(const std::string& preset, int64_t B, int64_t T, int steps, const Precision& precision) {
   models::TransformerModel model(models::preset(preset));
   model.init_weights(1);
-  model.set_compute_dtype(precision);
+  model.set_compute_dtype(precision.compute);
+  if (precision.fp8) model.enable_fp8(*precision.fp8);
   optim::AdamW opt(model.parameters(), {});
   Tensor inputs = Tensor::empty({B, T}, DType::I32, MemCategory::Activations, "inputs");
   Tensor targets = Tensor::empty({B, T}, DType::I32, MemCategory::Activations, "targets");
@@ -45,6 +65,7 @@ BenchResult run_bench(const std::string& preset, int64_t B, int64_t T, int steps
     auto t0 = std::chrono::steady_clock::now();
     nn::zero_grads(model.parameters());
     model.refresh_compute_weights();  // as a training step does after the optimizer's update
+    for (fp8::LinearQuantizer* q : model.fp8_quantizers()) q->next_step();  // delayed scales roll per step
     models::ModelCtx ctx;
     model.forward(ctx, inputs, targets, true);
     model.backward(ctx);
@@ -86,9 +107,12 @@ void add_bench_command(CLI::App& app) {
                   "bf16, else OpenBLAS on f32 copies), openblas or onednn")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "openblas", "onednn"}));
-  cmd->add_option("--precision", precision, "Training steps in fp32, or bf16 mixed precision (Megatron's --bf16)")
+  cmd->add_option("--precision", precision,
+                  "Training steps in fp32, bf16 mixed precision (Megatron's --bf16), or bf16 with the layers' linears in "
+                  "FP8 under a recipe (fp8-delayed and fp8-tensorwise: E4M3 forward, E5M2 gradients; fp8-blockwise: "
+                  "DeepSeek-V3's 1x128 / 128x128 E4M3; mxfp8: 1x32 blocks with E8M0 scales)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"fp32", "bf16"}));
+      ->check(CLI::IsMember({"fp32", "bf16", "fp8-delayed", "fp8-tensorwise", "fp8-blockwise", "mxfp8"}));
   cmd->add_flag("--cpu-info", cpu_only, "Only print the CPU line (model, features, threads) every benchmark starts with");
   cmd->callback([] {
     set_num_threads(threads);
@@ -106,7 +130,7 @@ void add_bench_command(CLI::App& app) {
       print_gemm_shapes(models::preset(preset), batch * seq_len, steps, json, device, dtype);
       return;
     }
-    BenchResult r = run_bench(preset, batch, seq_len, steps, precision == "bf16" ? DType::BF16 : DType::F32);
+    BenchResult r = run_bench(preset, batch, seq_len, steps, precision_from_name(precision));
     nlohmann::json peak_mb;
     for (size_t c = 0; c < kNumMemCategories; ++c)
       peak_mb[std::string(mem_category_name(static_cast<MemCategory>(c)))] = static_cast<double>(r.memory.peak[c]) / 1e6;
