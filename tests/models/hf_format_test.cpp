@@ -4,6 +4,7 @@
 
 #include <cstring>
 #include <fstream>
+#include <tuple>
 
 #include "../support/byte_dataset.h"
 #include "../support/config_fields.h"
@@ -22,12 +23,13 @@ namespace {
 // What a config.json carries of a config: neither the preset name nor the init std (training
 // only); Llama's head dim explicitly (head_dim) and its RoPE in HF's rotate_half layout only (an
 // interleaved model's q/k rows are permuted on export); GPT-2's head dim implied by n_embd / n_head
-// and no rotary settings at all.
+// and no rotary settings at all; Mixtral's one intermediate_size, the experts' (no dense MLP).
 models::TransformerConfig as_exported(models::TransformerConfig c) {
   const models::TransformerConfig defaults;
   c.name = "custom";
   c.init_method_std = defaults.init_method_std;
   c.rope_layout = kernels::RopeLayout::Half;
+  if (models::is_mixtral_shaped(c)) c.ffn_hidden_size = c.moe.moe_ffn_hidden_size;
   if (c.position_embedding == models::PositionEmbedding::Rope) {
     c.kv_channels = c.head_dim();
   } else {
@@ -66,7 +68,50 @@ TEST_P(HfRoundTrip, ExportThenImportIsBitExact) {
             megaton::testing::read_bytes(dir.file("again/model.safetensors")));
 }
 
-INSTANTIATE_TEST_SUITE_P(Presets, HfRoundTrip, ::testing::Values("gpt-tiny", "llama-tiny"));
+INSTANTIATE_TEST_SUITE_P(Presets, HfRoundTrip, ::testing::Values("gpt-tiny", "llama-tiny", "mixtral-tiny"),
+                         [](const auto& info) { return info.param.substr(0, info.param.find('-')); });
+
+// Mixtral folders: HF's keys and names (block_sparse_moe.gate, experts.E.w1 / w2 / w3); the
+// balancing loss only when HF would train with it (output_router_logits); sliding-window attention
+// and router jitter refused; an MoE Mixtral cannot express (a shared expert) keeps DeepSeek-V3's names.
+TEST(HfFormat, MixtralConfigAndTensorNames) {
+  TempDir dir;
+  models::TransformerModel m(megaton::testing::tiny_config("mixtral-tiny"));
+  models::save_hf_model(m, dir.file("model"));
+  const auto cfg = nlohmann::json::parse(megaton::testing::read_bytes(dir.file("model/config.json")));
+  EXPECT_EQ(cfg.at("model_type"), "mixtral");
+  EXPECT_EQ(cfg.at("architectures"), nlohmann::json::array({"MixtralForCausalLM"}));
+  EXPECT_EQ(cfg.at("num_local_experts"), 8);
+  EXPECT_EQ(cfg.at("num_experts_per_tok"), 2);
+  EXPECT_EQ(cfg.at("router_aux_loss_coef"), 0.02);
+  EXPECT_EQ(cfg.at("output_router_logits"), true);
+  const auto tensors = ckpt::load_safetensors(dir.file("model/model.safetensors"));
+  for (const char* name : {"model.layers.1.block_sparse_moe.gate.weight", "model.layers.1.block_sparse_moe.experts.7.w1.weight",
+                           "model.layers.1.block_sparse_moe.experts.7.w2.weight", "model.layers.0.block_sparse_moe.experts.0.w3.weight"})
+    EXPECT_TRUE(tensors.count(name)) << name;
+  EXPECT_EQ(tensors.at("model.layers.1.block_sparse_moe.experts.7.w2.weight").shape(), (Shape{48, 256}));
+
+  auto off = cfg;
+  off["output_router_logits"] = false;
+  EXPECT_EQ(models::config_from_hf(off, "x").moe.moe_aux_loss_coeff, 0.0);
+  for (const auto& [key, value, message] : std::vector<std::tuple<std::string, nlohmann::json, std::string>>{
+           {"sliding_window", 16, "sliding-window attention is not supported"},
+           {"router_jitter_noise", 0.1, "router_jitter_noise"},
+           {"num_local_experts", nullptr, "missing key 'num_local_experts'"}}) {
+    auto bad = cfg;
+    bad[key] = value;
+    try {
+      models::config_from_hf(bad, "cfg.json");
+      ADD_FAILURE() << key << " accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+    }
+  }
+  auto shared = megaton::testing::tiny_config("mixtral-tiny");
+  shared.moe.moe_shared_expert_intermediate_size = 32;
+  EXPECT_FALSE(models::is_mixtral_shaped(shared));
+  EXPECT_EQ(models::config_to_hf(shared).at("model_type"), "megaton_llama_moe");
+}
 
 // linear_qkv's rows follow Megatron's per-query-group layout: per kv group its q heads, then its k
 // head, then its v head. The expected order is built here by concatenation, not by the index
@@ -220,6 +265,7 @@ TEST(Presets, ParameterCountsMatchThePublishedModels) {
   EXPECT_EQ(models::preset("gpt2-350m").num_parameters(), 354823168);
   EXPECT_EQ(models::preset("llama3-8b").num_parameters(), 8030261248);
   EXPECT_EQ(models::preset("llama3-1b").num_parameters(), 1235814400);
+  EXPECT_EQ(models::preset("mixtral-8x7b").num_parameters(), 46702792704);  // HF's Mixtral-8x7B-v0.1
   auto bad = models::preset("gpt-tiny");
   bad.num_attention_heads = 5;
   bad.num_query_groups = 5;

@@ -25,8 +25,8 @@ import numpy as np
 import torch
 
 from data_reference import megatron_train_samples, read_dataset
-from torch_reference import (LlamaConfig, RowSamples, TokenSamples, TrainSettings, build_model, lm_loss, load_hf,
-                             random_init, read_safetensors, rel_err, save_hf, train_reference)
+from torch_reference import (LlamaConfig, RowSamples, TokenSamples, TrainSettings, aux_loss, build_model, lm_loss,
+                             load_hf, random_init, read_safetensors, rel_err, save_hf, train_reference)
 
 # Tolerances from the test specification; LR_TOL is relative to the peak lr (both sides compute in double).
 LOSS_TOL, GRAD_TOL = 1e-5, 1e-4
@@ -341,7 +341,7 @@ def _check_eval(cli, chk, case, model_dir, corpus, work):
     model = load_hf(model_dir)
     inputs, labels = TokenSamples(corpus.tokens, case.seq_len).batch(range(case.eval_samples))
     loss = lm_loss(model(inputs), labels)
-    loss.backward()
+    (loss + aux_loss(model)).backward()  # megaton's gradient includes the balancing losses'; its loss does not
     ref_grads = {n: p.grad.numpy() for n, p in model.named_parameters()}
     grads_file = work / f"{case.name}_grads.safetensors"
     result = cli.eval(model_dir, corpus.prefix, case.seq_len, case.eval_samples, grads_file)

@@ -2,8 +2,8 @@
 
 Contents:
   * safetensors read/write with numpy (no `safetensors` package needed)
-  * HF GPT-2 (GPT2LMHeadModel) and HF Llama (LlamaForCausalLM) re-implemented from their
-    definitions; parameter names are the HF checkpoint names, so `named_parameters()` is the
+  * HF GPT-2 (GPT2LMHeadModel), HF Llama (LlamaForCausalLM) and HF Mixtral (MixtralForCausalLM, with
+    Megatron-Core's per-layer Switch balancing loss) re-implemented from their definitions; parameter names are the HF checkpoint names, so `named_parameters()` is the
     checkpoint layout (a tied head has no parameter of its own: it reuses the embedding). A Llama
     may also use Megatron's interleaved RoPE (Meta's original layout), which HF files cannot say:
     its q/k rows are permuted to and from HF order on load and save
@@ -143,17 +143,34 @@ class LlamaConfig:
         return {"model_type": "llama", "architectures": ["LlamaForCausalLM"], **hf}
 
 
+@dataclass
+class MixtralConfig(LlamaConfig):
+    """A Llama whose every MLP is num_local_experts SwiGLU experts of intermediate_size, top-k routed."""
+    num_local_experts: int = 8
+    num_experts_per_tok: int = 2
+    router_aux_loss_coef: float = 0.0
+    output_router_logits: bool = False  # HF adds the balancing loss to the training loss only then
+
+    @property
+    def aux_coeff(self) -> float:
+        return self.router_aux_loss_coef if self.output_router_logits else 0.0
+
+    def to_hf(self) -> dict:
+        hf = {k: v for k, v in asdict(self).items() if k != "rope_layout"}
+        return {"model_type": "mixtral", "architectures": ["MixtralForCausalLM"], "sliding_window": None, **hf}
+
+
 def config_from_hf(hf: dict):
-    """Builds a GPT2Config / LlamaConfig from a config.json dict, ignoring unrelated HF keys."""
+    """Builds a GPT2Config / LlamaConfig / MixtralConfig from a config.json dict, ignoring unrelated HF keys."""
     kind = hf.get("model_type")
-    cls = {"gpt2": GPT2Config, "llama": LlamaConfig}.get(kind)
+    cls = {"gpt2": GPT2Config, "llama": LlamaConfig, "mixtral": MixtralConfig}.get(kind)
     if cls is None:
         raise ValueError(f"unsupported model_type {kind!r}")
     known = cls.__dataclass_fields__
     cfg = cls(**{k: v for k, v in hf.items() if k in known})
     if kind == "gpt2" and cfg.activation_function not in ("gelu_new", "gelu_pytorch_tanh"):
         raise ValueError(f"unsupported GPT-2 activation {cfg.activation_function!r}")
-    if kind == "llama" and cfg.rope_scaling is not None:
+    if kind in ("llama", "mixtral") and cfg.rope_scaling is not None:
         rope_type = cfg.rope_scaling.get("rope_type", cfg.rope_scaling.get("type"))
         if rope_type != "llama3":
             raise ValueError(f"unsupported rope_scaling {cfg.rope_scaling!r}")
@@ -395,13 +412,69 @@ class LlamaLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
+class MixtralExpert(nn.Module):
+    def __init__(self, cfg: MixtralConfig):
+        super().__init__()
+        self.w1 = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)  # gate
+        self.w2 = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)  # down
+        self.w3 = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)  # up
+
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class MixtralSparseMoe(nn.Module):
+    """HF's MixtralSparseMoeBlock: softmax over all experts' logits, the top-k, renormalised to sum 1,
+    each token's output the weighted sum of its k experts. `balance_loss` after forward: Megatron-
+    Core's switch_load_balancing_loss_func over the tokens of this call,
+    coeff * E / (N^2 k) * sum_e (sum_t p_te) * count_e, which Megaton trains with (HF's own version
+    pools every layer's router logits before the product instead)."""
+
+    def __init__(self, cfg: MixtralConfig):
+        super().__init__()
+        self.top_k, self.coeff = cfg.num_experts_per_tok, cfg.aux_coeff
+        self.gate = nn.Linear(cfg.hidden_size, cfg.num_local_experts, bias=False)
+        self.experts = nn.ModuleList(MixtralExpert(cfg) for _ in range(cfg.num_local_experts))
+        self.balance_loss = torch.zeros(())
+
+    def forward(self, x):
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])
+        n, e = x.shape[0], len(self.experts)
+        probs = torch.softmax(self.gate(x), dim=-1)
+        weights, chosen = probs.topk(self.top_k, dim=-1)
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+        y = torch.zeros_like(x)
+        for expert_id, expert in enumerate(self.experts):
+            token, slot = (chosen == expert_id).nonzero(as_tuple=True)
+            if token.numel():
+                y = y.index_add(0, token, weights[token, slot, None] * expert(x[token]))
+        counts = torch.zeros(e).scatter_add_(0, chosen.reshape(-1), torch.ones(chosen.numel()))
+        self.balance_loss = self.coeff * e / (n * n * self.top_k) * torch.sum(probs.sum(dim=0) * counts)
+        return y.reshape(shape)
+
+
+class MixtralLayer(LlamaLayer):
+    def __init__(self, cfg: MixtralConfig):
+        super().__init__(cfg)
+        del self.mlp
+        self.block_sparse_moe = MixtralSparseMoe(cfg)
+
+    def forward(self, x, rope):
+        x = x + self.self_attn(self.input_layernorm(x), rope)
+        return x + self.block_sparse_moe(self.post_attention_layernorm(x))
+
+
 class Llama(nn.Module):
+    """Llama, or Mixtral with MixtralLayer (see aux_loss)."""
+
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
         self.config = cfg
+        layer = MixtralLayer if isinstance(cfg, MixtralConfig) else LlamaLayer
         self.model = nn.ModuleDict(dict(
             embed_tokens=nn.Embedding(cfg.vocab_size, cfg.hidden_size),
-            layers=nn.ModuleList(LlamaLayer(cfg) for _ in range(cfg.num_hidden_layers)),
+            layers=nn.ModuleList(layer(cfg) for _ in range(cfg.num_hidden_layers)),
             norm=RMSNorm(cfg.hidden_size, cfg.rms_norm_eps),
         ))
         if not cfg.tie_word_embeddings:
@@ -672,12 +745,18 @@ def train_reference(model: nn.Module, samples, s: TrainSettings, bf16: bool = Fa
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             logits = model(inputs)
         loss = lm_loss(logits.float(), labels)
-        loss.backward()
+        (loss + aux_loss(model)).backward()
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), s.clip)
         opt.lr = scheduled_lr(s, k + 1)
         opt.step()
         history.append({"step": k + 1, "loss": loss.item(), "grad_norm": norm.item(), "lr": opt.lr})
     return history
+
+
+def aux_loss(model: nn.Module) -> torch.Tensor:
+    """The MoE layers' balancing losses of the model's latest forward (zero without MoE): added to the
+    LM loss for backward, reported apart from it."""
+    return sum((m.balance_loss for m in model.modules() if isinstance(m, MixtralSparseMoe)), torch.zeros(()))
 
 
 def rel_err(a, b) -> float:

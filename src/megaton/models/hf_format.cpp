@@ -58,7 +58,35 @@ T require(const json& j, const std::string& key, const std::string& source) {
   fail(source, ": missing key '", key, "'");
 }
 
+// MixtralForCausalLM's MoE keys: every layer's MLP is num_local_experts SwiGLU experts of
+// intermediate_size, top-num_experts_per_tok by a softmax over the selected logits (HF's softmax ->
+// top-k -> renormalise is that), the Switch balancing loss weighted by router_aux_loss_coef when HF
+// would train with it (output_router_logits).
+void read_mixtral_moe(TransformerConfig& c, const json& j, const std::string& source) {
+  c.mlp_type = "moe";
+  c.moe.num_moe_experts = require<int64_t>(j, "num_local_experts", source);
+  c.moe.moe_router_topk = require<int64_t>(j, "num_experts_per_tok", source);
+  c.moe.moe_ffn_hidden_size = c.ffn_hidden_size;
+  c.moe.moe_router_pre_softmax = false;
+  c.moe.moe_router_load_balancing_type = "aux_loss";
+  c.moe.moe_aux_loss_coeff =
+      get_or<bool>(j, "output_router_logits", false, source) ? get_or<double>(j, "router_aux_loss_coef", 0.001, source) : 0.0;
+  if (const auto window = get_or<int64_t>(j, "sliding_window", 0, source); window > 0 && window < c.max_position_embeddings)
+    fail(source, ": sliding_window ", window, " < max_position_embeddings ", c.max_position_embeddings,
+         ": sliding-window attention is not supported");
+  if (get_or<double>(j, "router_jitter_noise", 0.0, source) != 0.0)
+    fail(source, ": router_jitter_noise is not supported (it must be 0)");
+}
+
 }  // namespace
+
+bool is_mixtral_shaped(const TransformerConfig& c) {
+  const nn::MoeConfig& m = c.moe;
+  return c.mlp_type == "moe" && c.first_k_dense_replace == 0 && m.moe_shared_expert_intermediate_size == 0 &&
+         !m.sigmoid() && !m.moe_router_pre_softmax && m.moe_router_num_groups == 1 && !m.moe_router_enable_expert_bias &&
+         m.moe_router_topk_scaling_factor == 1.0 && m.moe_z_loss_coeff == 0.0 && m.moe_expert_capacity_factor == 0.0 &&
+         (m.moe_router_load_balancing_type == "aux_loss" || m.moe_aux_loss_coeff == 0.0);
+}
 
 TransformerConfig config_from_hf(const json& j, const std::string& source) {
   if (!j.is_object()) fail(source, ": expected a JSON object, got ", shown(j), " (", j.type_name(), ")");
@@ -77,7 +105,7 @@ TransformerConfig config_from_hf(const json& j, const std::string& source) {
     const auto act = get_or<std::string>(j, "activation_function", "gelu_new", source);
     if (act != "gelu_new" && act != "gelu_pytorch_tanh")
       fail(source, ": activation_function '", act, "' is not supported (Megaton's GPT-2 uses tanh GeLU, gelu_new)");
-  } else if (type == "llama") {
+  } else if (type == "llama" || type == "mixtral") {
     c.vocab_size = require<int64_t>(j, "vocab_size", source);
     c.hidden_size = require<int64_t>(j, "hidden_size", source);
     c.ffn_hidden_size = require<int64_t>(j, "intermediate_size", source);
@@ -106,8 +134,9 @@ TransformerConfig config_from_hf(const json& j, const std::string& source) {
       c.rope_scaling.high_freq_factor = get_or<double>(*it, "high_freq_factor", 4.0, where);
       c.rope_scaling.original_max_position = get_or<double>(*it, "original_max_position_embeddings", 8192.0, where);
     }
+    if (type == "mixtral") read_mixtral_moe(c, j, source);
   } else {
-    fail(source, ": model_type '", type, "' is not supported (expected gpt2 or llama)");
+    fail(source, ": model_type '", type, "' is not supported (expected gpt2, llama or mixtral)");
   }
   c.validate();
   return c;
@@ -158,7 +187,19 @@ json config_to_hf(const TransformerConfig& c) {
             {"mlp_bias", false},
             {"torch_dtype", "float32"},
             {"rope_scaling", nullptr}};
-  if (c.mlp_type == "moe") {
+  if (is_mixtral_shaped(c)) {
+    const nn::MoeConfig& m = c.moe;
+    j["model_type"] = "mixtral";
+    j["architectures"] = {"MixtralForCausalLM"};
+    j["intermediate_size"] = m.moe_ffn_hidden_size;
+    j["num_local_experts"] = m.num_moe_experts;
+    j["num_experts_per_tok"] = m.moe_router_topk;
+    j["output_router_logits"] = m.moe_aux_loss_coeff > 0;
+    j["router_aux_loss_coef"] = m.moe_aux_loss_coeff;
+    j["sliding_window"] = nullptr;
+    j.erase("attention_bias");
+    j.erase("mlp_bias");
+  } else if (c.mlp_type == "moe") {
     // A Llama with DeepSeek-V3's MoE layers and config keys. No HF class reads this combination
     // (DeepseekV3ForCausalLM also needs MLA), so the model_type names Megaton's own, which
     // `load_hf_config` refuses; the tensor names are DeepSeek-V3's.
@@ -203,9 +244,20 @@ struct Binding {
 
 // An MoE layer under DeepSeek-V3's names: the router "gate" (+ e_score_correction_bias, the
 // selection-only bias), each routed expert's gate / up / down projections as rows of the stacked
-// grouped weights, and the shared expert.
-void moe_bindings(std::vector<Binding>& out, const std::string& p, nn::MoeLayer& moe, int64_t C) {
+// grouped weights, and the shared expert. Mixtral's: block_sparse_moe.gate and experts.E.w1 (gate),
+// w3 (up), w2 (down).
+void moe_bindings(std::vector<Binding>& out, const std::string& p, nn::MoeLayer& moe, int64_t C, bool mixtral) {
   const int64_t F = moe.config().moe_ffn_hidden_size;
+  if (mixtral) {
+    out.push_back({p + "block_sparse_moe.gate.weight", &moe.router.weight});
+    for (int64_t e = 0; e < moe.config().num_moe_experts; ++e) {
+      const std::string x = p + "block_sparse_moe.experts." + std::to_string(e) + ".";
+      out.push_back({x + "w1.weight", &moe.fc1, 2 * F * e, F});
+      out.push_back({x + "w3.weight", &moe.fc1, 2 * F * e + F, F});
+      out.push_back({x + "w2.weight", &moe.fc2, C * e, C});
+    }
+    return;
+  }
   out.push_back({p + "mlp.gate.weight", &moe.router.weight});
   if (moe.expert_bias.value.defined()) out.push_back({p + "mlp.gate.e_score_correction_bias", &moe.expert_bias});
   for (int64_t e = 0; e < moe.config().num_moe_experts; ++e) {
@@ -267,7 +319,7 @@ std::vector<Binding> bindings(TransformerModel& m) {
       out.push_back({p + "self_attn.o_proj.weight", &l.self_attention().proj.weight});
       out.push_back({p + "post_attention_layernorm.weight", &l.pre_mlp_norm.weight});
       if (c.is_moe_layer(static_cast<int64_t>(i))) {
-        moe_bindings(out, p, dynamic_cast<nn::MoeLayer&>(*l.mlp), c.hidden_size);
+        moe_bindings(out, p, dynamic_cast<nn::MoeLayer&>(*l.mlp), c.hidden_size, is_mixtral_shaped(c));
         continue;
       }
       out.push_back({p + "mlp.gate_proj.weight", &l.dense_mlp().fc1.weight, 0, F});

@@ -1,6 +1,8 @@
 // Hugging Face model folders: config.json + model.safetensors with HF tensor names and layouts.
 // GPT-2 (GPT2LMHeadModel: Conv1D weights stored [in, out], "transformer."-prefixed or bare
-// names) and Llama (LlamaForCausalLM: separate q/k/v and gate/up projections, rotate_half RoPE).
+// names), Llama (LlamaForCausalLM: separate q/k/v and gate/up projections, rotate_half RoPE) and
+// Mixtral (MixtralForCausalLM: a Llama whose MLPs are block_sparse_moe experts). Other MoE models
+// are written under DeepSeek-V3's tensor names with Megaton's own model_type.
 #pragma once
 #include <map>
 #include <memory>
@@ -16,6 +18,9 @@ namespace megaton::models {
 // `source` names the file in error messages.
 TransformerConfig config_from_hf(const nlohmann::json& j, const std::string& source);
 nlohmann::json config_to_hf(const TransformerConfig& c);
+// A config MixtralForCausalLM expresses exactly: MoE in every layer, softmax top-k over the selected
+// logits, no shared expert, groups, expert bias, scaling, z-loss or capacity.
+bool is_mixtral_shaped(const TransformerConfig& c);
 
 // Parameter values (or their gradients) under HF names, in HF layouts.
 std::vector<std::pair<std::string, Tensor>> to_hf_tensors(TransformerModel& model, bool gradients = false);

@@ -164,13 +164,31 @@ TransformerConfig preset(const std::string& name) {
     return c;
   }
   if (name == "llama3-8b") return llama_shape("llama3-8b", 32, 4096, 32, 8, 14336);
+  if (name == "mixtral-tiny" || name == "mixtral-8x7b") {
+    // Mixtral: a Llama whose every MLP is 8 SwiGLU experts, top-2 by a softmax over the selected
+    // logits (HF's softmax -> top-k -> renormalise), with the Switch balancing loss.
+    const bool tiny = name == "mixtral-tiny";
+    TransformerConfig c = tiny ? llama_shape("mixtral-tiny", 4, 192, 6, 2, 256) : llama_shape("mixtral-8x7b", 32, 4096, 32, 8, 14336);
+    c.vocab_size = tiny ? 257 : 32000;
+    c.max_position_embeddings = tiny ? 256 : 32768;
+    c.rotary_base = 1e6;
+    c.rope_scaling = {};
+    c.mlp_type = "moe";
+    c.moe.num_moe_experts = 8;
+    c.moe.moe_router_topk = 2;
+    c.moe.moe_ffn_hidden_size = c.ffn_hidden_size;
+    c.moe.moe_router_pre_softmax = false;
+    c.moe.moe_router_load_balancing_type = "aux_loss";
+    c.moe.moe_aux_loss_coeff = 0.02;  // Mixtral's router_aux_loss_coef
+    return c;
+  }
   std::string known;
   for (const auto& n : preset_names()) known += (known.empty() ? "" : ", ") + n;
   fail("unknown model preset '", name, "' (known: ", known, ")");
 }
 
 std::vector<std::string> preset_names() {
-  return {"gpt-tiny", "gpt2-124m", "gpt2-350m", "llama-tiny", "llama3-1b", "llama3-8b"};
+  return {"gpt-tiny", "gpt2-124m", "gpt2-350m", "llama-tiny", "llama3-1b", "llama3-8b", "mixtral-tiny", "mixtral-8x7b"};
 }
 
 namespace {
