@@ -388,13 +388,13 @@ TEST(KernelDispatch, ErrorsNameTheOpAndTheTensor) {
   Tensor w64 = Tensor::zeros({5, 3}, DType::F64, MemCategory::Other, "w64");
   Tensor y_bad = Tensor::zeros({4, 6}, DType::F32, MemCategory::Other, "y_bad");
   Tensor x_bad = Tensor::zeros({4, 2}, DType::F32, MemCategory::Other, "x_bad");
-  Tensor x16 = Tensor::zeros({4, 3}, DType::F16, MemCategory::Other, "x16");
+  Tensor x8 = Tensor::zeros({4, 3}, DType::F8E4M3, MemCategory::Other, "x8");
   EXPECT_NO_THROW(kernels::linear_forward(cpu, y, x, w, Tensor()));
   EXPECT_ERROR_CONTAINS(kernels::linear_forward(cpu, y, x, w64, Tensor()), "'y' holds f32, expected f64");
   EXPECT_ERROR_CONTAINS(kernels::linear_forward(cpu, y_bad, x, w, Tensor()), "'y_bad' has shape [4, 6]");
   EXPECT_ERROR_CONTAINS(kernels::linear_forward(cpu, y, x_bad, w, Tensor()), "input 'x_bad'");
   EXPECT_ERROR_CONTAINS(kernels::linear_forward(cpu, y, Tensor(), w, Tensor()), "undefined");
-  EXPECT_ERROR_CONTAINS(kernels::gelu_forward(cpu, x16, x16), "gelu_forward on cpu does not support dtype f16");
+  EXPECT_ERROR_CONTAINS(kernels::gelu_forward(cpu, x8, x8), "gelu_forward on cpu does not support dtype f8e4m3");
   const kernels::ExecContext gpu{Device::cuda(0), nullptr};
   EXPECT_ERROR_CONTAINS(kernels::gelu_forward(gpu, x, x), "tensor 'x' is on cpu, the call runs on cuda:0");
   Tensor w_norm = Tensor::zeros({3}, DType::F32, MemCategory::Other, "w_norm");

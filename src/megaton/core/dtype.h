@@ -4,6 +4,7 @@
 #include <cstring>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 namespace megaton {
 
@@ -17,6 +18,10 @@ DType dtype_from_name(std::string_view name);  // throws Error naming the unknow
 // A bf16 element as stored (the upper 16 bits of an IEEE float). A distinct type, not uint16_t, so
 // that Tensor::data<BFloat16>() and kernel templates tell bf16 storage from u16.
 struct BFloat16 {
+  uint16_t bits;
+};
+// An IEEE half (fp16) element as stored; distinct for the same reason.
+struct Float16 {
   uint16_t bits;
 };
 
@@ -33,6 +38,7 @@ constexpr DType dtype_of();
 template <> constexpr DType dtype_of<float>() { return DType::F32; }
 template <> constexpr DType dtype_of<double>() { return DType::F64; }
 template <> constexpr DType dtype_of<BFloat16>() { return DType::BF16; }
+template <> constexpr DType dtype_of<Float16>() { return DType::F16; }
 template <> constexpr DType dtype_of<int32_t>() { return DType::I32; }
 template <> constexpr DType dtype_of<int64_t>() { return DType::I64; }
 template <> constexpr DType dtype_of<uint8_t>() { return DType::U8; }
@@ -43,6 +49,11 @@ template <> constexpr DType dtype_of<uint32_t>() { return DType::U32; }
 template <> constexpr DType dtype_of<uint64_t>() { return DType::U64; }
 template <> constexpr DType dtype_of<Float8E4M3>() { return DType::F8E4M3; }
 template <> constexpr DType dtype_of<Float8E5M2>() { return DType::F8E5M2; }
+
+// The 16-bit float storage types (bf16, fp16): the CPU kernels compute them in fp32 and keep their
+// weight gradients in fp32.
+template <typename T>
+inline constexpr bool is_half_v = std::is_same_v<T, BFloat16> || std::is_same_v<T, Float16>;
 
 // bfloat16: upper 16 bits of an IEEE float, rounded to nearest even (NaN stays NaN).
 inline uint16_t float_to_bf16(float f) {

@@ -57,6 +57,7 @@ void dispatch_cpu_float(DType dtype, std::string_view op, F&& f) {
 template <typename F>
 void dispatch_cpu_io(DType dtype, std::string_view op, F&& f) {
   if (dtype == DType::BF16) return f(BFloat16{});
+  if (dtype == DType::F16) return f(Float16{});
   dispatch_cpu_float(dtype, op, f);
 }
 
@@ -65,11 +66,12 @@ void dispatch_cpu_io(DType dtype, std::string_view op, F&& f) {
 // (an fp32 master copy or a bf16 copy of the weights; an fp32 main grad or a bf16 gradient).
 template <typename T, typename F>
 void dispatch_cpu_param(std::string_view op, const Tensor& p, F&& f) {
-  if constexpr (std::is_same_v<T, BFloat16>) {
+  if constexpr (is_half_v<T>) {
     if (p.dtype() == DType::F32) return f(float{});
-    if (p.dtype() == DType::BF16) return f(BFloat16{});
-    fail("kernel ", op, ": tensor '", p.name(), "' holds ", dtype_name(p.dtype()),
-         ", expected f32 or bf16 next to bf16 activations");
+    if (p.dtype() == dtype_of<T>()) return f(T{});
+    const auto half = dtype_name(dtype_of<T>());
+    fail("kernel ", op, ": tensor '", p.name(), "' holds ", dtype_name(p.dtype()), ", expected f32 or ", half, " next to ",
+         half, " activations");
   } else {
     expect_dtype(dtype_of<T>(), op, {&p});
     f(T{});

@@ -80,9 +80,9 @@ void linear_backward_weight(const ExecContext& ctx, const Tensor& dw, const Tens
   }
   expect_dtype(x.dtype(), op, {&dout});
   dispatch_cpu_io(x.dtype(), op, [&]<typename T>(T) {
-    // The gradients of bf16 inputs accumulate into an fp32 main grad on the cpu (a bf16 dw would
-    // round every micro-batch's sum to 8 bits of mantissa).
-    using G = std::conditional_t<std::is_same_v<T, BFloat16>, float, T>;
+    // The gradients of bf16 / fp16 inputs accumulate into an fp32 main grad on the cpu (a bf16 dw
+    // would round every micro-batch's sum to 8 bits of mantissa).
+    using G = std::conditional_t<is_half_v<T>, float, T>;
     expect_dtype(dtype_of<G>(), op, {&dw});
     if (dbias.defined()) expect_dtype(dtype_of<G>(), op, {&dbias});
     cpu::linear_backward_weight(dw.data<G>(), data_or_null<G>(dbias), dout.data<T>(), x.data<T>(), s.rows, s.in,
@@ -99,7 +99,7 @@ void bias_backward(const ExecContext& ctx, const Tensor& dbias, const Tensor& do
                 shape_str(dout.shape()));
   const int64_t C = dbias.size(0), N = C == 0 ? 0 : dout.numel() / C;
   dispatch_cpu_io(dout.dtype(), op, [&]<typename T>(T) {
-    using G = std::conditional_t<std::is_same_v<T, BFloat16>, float, T>;
+    using G = std::conditional_t<is_half_v<T>, float, T>;
     expect_dtype(dtype_of<G>(), op, {&dbias});
     cpu::bias_backward(dbias.data<G>(), dout.data<T>(), N, C);
   });

@@ -122,8 +122,8 @@ void TransformerModel::update_moe_expert_bias(const std::vector<parallel::Commun
 }
 
 void TransformerModel::set_compute_dtype(DType dtype) {
-  if (dtype != DType::F32 && dtype != DType::BF16)
-    fail("compute dtype ", dtype_name(dtype), " is not supported (f32 or bf16)");
+  if (dtype != DType::F32 && dtype != DType::BF16 && dtype != DType::F16)
+    fail("compute dtype ", dtype_name(dtype), " is not supported (f32, bf16 or f16)");
   compute_dtype_ = dtype;
   for (ModelChunk& c : chunks_) c.set_compute_dtype(dtype);
   nn::ParameterList gemm_weights = {&head_.weight()};

@@ -113,6 +113,7 @@ void residual_forward(T* out, const T* a, const T* b, int64_t n) {
 MEGATON_INSTANTIATE(float)
 MEGATON_INSTANTIATE(double)
 MEGATON_INSTANTIATE(BFloat16)
+MEGATON_INSTANTIATE(Float16)
 #undef MEGATON_INSTANTIATE
 
 }  // namespace megaton::kernels::cpu

@@ -1,6 +1,6 @@
 // The CPU GEMM under every linear layer: one row-major product, run by OpenBLAS or oneDNN. f64 and
-// f32 operands multiply in their own precision; bf16 operands accumulate in fp32 and write an f32 or
-// a bf16 result.
+// f32 operands multiply in their own precision; bf16 and fp16 operands accumulate in fp32 and write
+// an f32 result or one of their own type.
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -19,10 +19,10 @@ struct GemmOperand {
 // over C, or added to an f32 / f64 C with `accumulate` (bias and accumulate are never used together).
 struct Gemm {
   int64_t M, N, K;
-  DType in;  // A and B: f32, f64 or bf16
+  DType in;  // A and B: f32, f64, bf16 or f16
   GemmOperand a, b;
   void* c;
-  DType c_dtype;  // f32 or f64 as `in`; f32 or bf16 for bf16 `in`
+  DType c_dtype;  // f32 or f64 as `in`; f32 or `in` for bf16 / f16 `in`
   bool accumulate = false;
   const void* bias = nullptr;
   DType bias_dtype = DType::F32;  // f32 or `in`
@@ -39,7 +39,8 @@ const char* gemm_library_name(GemmLibrary lib);
 // oneDNN when the CPU multiplies bf16 natively (avx512_bf16 or amx_bf16) and oneDNN has the matmul;
 // otherwise OpenBLAS on operands converted to f32 (still fp32 accumulation). On an AVX2-only CPU
 // oneDNN 2.6 has no bf16 matmul at all; on AVX-512 CPUs without bf16 instructions it emulates bf16,
-// which has not been measured against the f32 fallback, so the fallback is kept there.
+// which has not been measured against the f32 fallback, so the fallback is kept there. f16: always
+// the f32 fallback (oneDNN's f16 matmul needs AVX512-FP16 / AMX-FP16, not on the machines seen).
 GemmLibrary gemm_library(DType in);
 // Forces one library for f32 and bf16 GEMMs (tests, `megaton bench --cpu-gemm`); nullopt restores
 // the rule above. Not synchronised with GEMMs in flight: set it between them.

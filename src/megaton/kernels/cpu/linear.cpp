@@ -73,5 +73,13 @@ template void linear_backward_weight<BFloat16, float>(float*, float*, const BFlo
 template void bias_backward<float, float>(float*, const float*, int64_t, int64_t);
 template void bias_backward<double, double>(double*, const double*, int64_t, int64_t);
 template void bias_backward<BFloat16, float>(float*, const BFloat16*, int64_t, int64_t);
+template void linear_forward<Float16, Float16>(Float16*, const Float16*, const Float16*, const Float16*, int64_t,
+                                               int64_t, int64_t);
+template void linear_forward<Float16, float>(Float16*, const Float16*, const Float16*, const float*, int64_t, int64_t,
+                                             int64_t);
+template void linear_backward_input<Float16>(Float16*, const Float16*, const Float16*, int64_t, int64_t, int64_t);
+template void linear_backward_weight<Float16, float>(float*, float*, const Float16*, const Float16*, int64_t, int64_t,
+                                                     int64_t);
+template void bias_backward<Float16, float>(float*, const Float16*, int64_t, int64_t);
 
 }  // namespace megaton::kernels::cpu

@@ -202,6 +202,8 @@ MEGATON_INSTANTIATE(float, float)
 MEGATON_INSTANTIATE(double, double)
 MEGATON_INSTANTIATE(BFloat16, float)
 MEGATON_INSTANTIATE(BFloat16, BFloat16)
+MEGATON_INSTANTIATE(Float16, float)
+MEGATON_INSTANTIATE(Float16, Float16)
 #undef MEGATON_INSTANTIATE
 
 }  // namespace megaton::kernels::cpu

@@ -1,6 +1,7 @@
-// BF16 mixed precision at the model level: the same weights run in f32 and in bf16 give the loss
-// and every gradient to bf16 accuracy, the gradients stay fp32 main grads, the compute copies
-// follow the main weights only when refreshed, and the activations take half the memory.
+// BF16 and FP16 mixed precision at the model level: the same weights run in f32 and in bf16 / fp16
+// give the loss and every gradient to the 16-bit format's accuracy, the gradients stay fp32 main
+// grads, the compute copies follow the main weights only when refreshed, and the activations take
+// half the memory.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -40,24 +41,38 @@ using megaton::testing::relative_error;
 
 }  // namespace
 
-TEST(Bf16Model, LossAndEveryGradientMatchF32ToBf16Accuracy) {
+// bf16: loss within 1e-2, gradients 3e-2; fp16 (3 more mantissa bits): 2e-3 and 5e-3.
+struct HalfCase {
+  DType dtype;
+  double loss_tol, grad_tol;
+};
+class HalfModel : public ::testing::TestWithParam<HalfCase> {};
+
+TEST_P(HalfModel, LossAndEveryGradientMatchF32ToTheFormatsAccuracy) {
+  const HalfCase c = GetParam();
   for (const std::string preset : {"gpt-tiny", "llama-tiny"}) {
     SCOPED_TRACE(preset);
-    const Result f32 = run(preset, DType::F32), bf16 = run(preset, DType::BF16);
-    ASSERT_TRUE(std::isfinite(bf16.loss));
-    EXPECT_NEAR(bf16.loss, f32.loss, 1e-2 * f32.loss);
-    EXPECT_NE(bf16.loss, f32.loss);  // bf16 really ran
+    const Result f32 = run(preset, DType::F32), half = run(preset, c.dtype);
+    ASSERT_TRUE(std::isfinite(half.loss));
+    EXPECT_NEAR(half.loss, f32.loss, c.loss_tol * f32.loss);
+    EXPECT_NE(half.loss, f32.loss);  // the 16-bit path really ran
     models::TransformerModel names(megaton::testing::tiny_config(preset));
     for (size_t i = 0; i < f32.grads.size(); ++i)
-      EXPECT_LT(relative_error(bf16.grads[i], f32.grads[i]), 3e-2) << names.parameters()[i]->name;
+      EXPECT_LT(relative_error(half.grads[i], f32.grads[i]), c.grad_tol) << names.parameters()[i]->name;
     // The activations (kept between forward and backward) take about half the bytes.
-    EXPECT_LT(bf16.activation_peak, 0.7 * static_cast<double>(f32.activation_peak))
-        << bf16.activation_peak << " vs " << f32.activation_peak;
-    // The head's deferred W keeps bf16 dlogits and gives the same gradients.
-    const Result deferred = run(preset, DType::BF16, true);
-    for (size_t i = 0; i < f32.grads.size(); ++i) EXPECT_EQ(deferred.grads[i], bf16.grads[i]) << i;
+    EXPECT_LT(half.activation_peak, 0.7 * static_cast<double>(f32.activation_peak))
+        << half.activation_peak << " vs " << f32.activation_peak;
+    // The head's deferred W keeps 16-bit dlogits and gives the same gradients.
+    const Result deferred = run(preset, c.dtype, true);
+    for (size_t i = 0; i < f32.grads.size(); ++i) EXPECT_EQ(deferred.grads[i], half.grads[i]) << i;
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Formats, HalfModel,
+                         ::testing::Values(HalfCase{DType::BF16, 1e-2, 3e-2}, HalfCase{DType::F16, 2e-3, 5e-3}),
+                         [](const ::testing::TestParamInfo<HalfCase>& info) {
+                           return std::string(dtype_name(info.param.dtype));
+                         });
 
 TEST(Bf16Model, ComputeCopiesFollowTheMainWeightsWhenRefreshed) {
   models::TransformerModel m(megaton::testing::tiny_config("llama-tiny"));
