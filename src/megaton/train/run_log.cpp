@@ -55,6 +55,8 @@ void RunLog::step(int64_t step, const TrainingStep::Result& r, double lr, int64_
                         {"consumed_samples", consumed_samples},
                         {"time", unix_time()}};
   if (cfg_.data_parallel_size > 1 || cfg_.tensor_model_parallel_size > 1) rec["comm_wait_s"] = r.comm_wait_seconds;
+  if (r.loss_scale > 0) rec["loss_scale"] = r.loss_scale;
+  if (r.skipped) rec["skipped"] = "fp16 gradient overflow: no update, loss scale lowered";
   if (rates_.size() == 1) {
     // After this process's first step every category has reached its steady-state peak: the
     // per-rank memory by category (Megatron's memory report), in MB.

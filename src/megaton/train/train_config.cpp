@@ -152,6 +152,12 @@ const std::vector<Field>& fields() {
       field("parallel.overlap_param_gather", &TC::overlap_param_gather),
       field("parallel.bucket_size", &TC::bucket_size),
       field("precision.bf16", &TC::bf16),
+      field("precision.fp16", &TC::fp16),
+      field("precision.loss_scale", &TC::loss_scale),
+      field("precision.initial_loss_scale", &TC::initial_loss_scale),
+      field("precision.min_loss_scale", &TC::min_loss_scale),
+      field("precision.loss_scale_window", &TC::loss_scale_window),
+      field("precision.hysteresis", &TC::hysteresis),
       field("precision.fp8", &TC::fp8),
       field("precision.fp8_recipe", &TC::fp8_recipe),
       field("precision.fp8_margin", &TC::fp8_margin),
@@ -421,6 +427,26 @@ std::optional<fp8::Fp8Config> fp8_config(const TrainConfig& c) {
   return f;
 }
 
+std::optional<optim::LossScalerConfig> loss_scaler_config(const TrainConfig& c) {
+  if (!c.fp16) return std::nullopt;
+  check(!c.bf16, "precision.fp16", "and precision.bf16 are both set; choose one 16-bit format");
+  check(c.fp8.empty(), "precision.fp16", "with precision.fp8 is not supported yet (FP8 runs on bf16 compute)");
+  check(c.hysteresis >= 1 && c.hysteresis <= 1000000, "precision.hysteresis",
+        "must be in [1, 1000000], got " + std::to_string(c.hysteresis));
+  optim::LossScalerConfig s;
+  if (c.loss_scale != 0.0) s.fixed_scale = c.loss_scale;
+  s.initial_scale = c.initial_loss_scale;
+  s.min_scale = c.min_loss_scale;
+  s.window = c.loss_scale_window;
+  s.hysteresis = static_cast<int>(c.hysteresis);
+  try {
+    s.validate();
+  } catch (const Error& e) {
+    fail("config key ", e.what());
+  }
+  return s;
+}
+
 std::pair<int64_t, int64_t> fp8_layer_range(const TrainConfig& c, int64_t num_layers) {
   if (!c.first_last_layers_bf16) return {0, num_layers};
   const int64_t start = c.num_layers_at_start_in_bf16, end = c.num_layers_at_end_in_bf16;
@@ -487,6 +513,7 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   // An unknown recipe or format, or bad bf16 layer counts, fail here, before any file is opened
   // (a loaded model's layers are counted when it is loaded).
   if (fp8_config(c) && c.load.empty()) fp8_layer_range(c, c.model.num_layers);
+  loss_scaler_config(c);
   return c;
 }
 

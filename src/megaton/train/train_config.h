@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "megaton/fp8/recipe.h"
+#include "megaton/optim/loss_scaler.h"
 #include "megaton/models/transformer_config.h"
 
 namespace megaton::train {
@@ -65,6 +66,16 @@ struct TrainConfig {
   // [precision]: Megatron's --bf16: bf16 activations and GEMMs (fp32 accumulation), fp32 main
   // weights, gradients and optimizer state, norms and softmax statistics in fp32.
   bool bf16 = false;
+  // Megatron's --fp16: fp16 activations and GEMMs (fp32 accumulation and main weights), with loss
+  // scaling (optim/loss_scaler.h): loss_scale 0 = dynamic from initial_loss_scale (halved after
+  // `hysteresis` overflowing steps, which are skipped; doubled after loss_scale_window clean ones,
+  // never below min_loss_scale), else that fixed scale.
+  bool fp16 = false;
+  double loss_scale = 0.0;
+  double initial_loss_scale = 4294967296.0;
+  double min_loss_scale = 1.0;
+  int64_t loss_scale_window = 1000;
+  int64_t hysteresis = 2;
   // FP8 GEMMs in the transformer layers' linears (Megatron's --fp8-format / --fp8-recipe / ...,
   // fp8/recipe.h): fp8 = "" (off), "e4m3" or "hybrid"; the embedding and output head stay in the
   // compute dtype, as TransformerEngine and DeepSeek-V3 keep them.
@@ -138,6 +149,8 @@ std::string to_toml(const TrainConfig& c);
 void resolve_parallel_layout(TrainConfig& c, int64_t world_size);
 // The FP8 recipe of [precision] (nullopt when fp8 is off); errors name the key.
 std::optional<fp8::Fp8Config> fp8_config(const TrainConfig& c);
+// The loss scaling of [precision] fp16 (nullopt without fp16); errors name the key.
+std::optional<optim::LossScalerConfig> loss_scaler_config(const TrainConfig& c);
 // The transformer layers [first, end) whose linears run in FP8 in a model of num_layers: all, or
 // all but the first / last num_layers_at_{start,end}_in_bf16 under first_last_layers_bf16; errors
 // name the keys (at least one layer must stay in FP8).

@@ -87,6 +87,7 @@ Trainer::Trainer(TrainConfig config, RunOptions options)
     model_->init_weights(static_cast<uint64_t>(cfg_.seed));
   }
   if (cfg_.bf16) model_->set_compute_dtype(DType::BF16);
+  if (cfg_.fp16) model_->set_compute_dtype(DType::F16);
   if (const auto fp8 = fp8_config(cfg_)) {
     const auto [first, end] = fp8_layer_range(cfg_, model_->config().num_layers);
     model_->enable_fp8(*fp8, first, end);
@@ -240,6 +241,14 @@ TrainSummary Trainer::run() {
     checkpoints_.keep_rewind_point(*model_, *optimizer_, progress_);
     const int64_t first_sample = progress_.next_batch(cfg_.global_batch_size);
     const TrainingStep::Result r = step_->forward_backward(step, first_sample);
+    if (r.skipped) {
+      // FP16 overflow: the dynamic loss scaler lowered its scale; the step's batch is consumed
+      // without an update, as Megatron does, and not judged an anomaly.
+      progress_.step = step;
+      progress_.consumed_samples = first_sample + cfg_.global_batch_size;
+      log_->step(step, r, 0.0, progress_.consumed_samples);
+      continue;
+    }
     // Every rank rewinds (or stops), or none: a fault may have touched one rank's loss or gradients alone.
     const std::string why = agree_on_anomaly(world_, cfg_.rewind ? detector_.check(progress_.recent, r.loss, r.grad_norm)
                                                                  : AnomalyDetector::non_finite(r.loss, r.grad_norm));

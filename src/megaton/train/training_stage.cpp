@@ -8,11 +8,11 @@ namespace megaton::train {
 
 TrainingStage::TrainingStage(models::TransformerModel& model, std::function<void(data::Batch&)> next_batch,
                              int64_t microbatches, bool defer_head_weight_grad, int64_t data_parallel_size,
-                             PipelinePlace place)
+                             PipelinePlace place, float loss_scale)
     : model_(model),
       next_batch_(std::move(next_batch)),
       microbatches_(microbatches),
-      grad_scale_(1.0f / static_cast<float>(microbatches * data_parallel_size)),
+      grad_scale_(loss_scale / static_cast<float>(microbatches * data_parallel_size)),
       defer_head_weight_grad_(defer_head_weight_grad),
       group_(place.group) {
   MEGATON_CHECK(microbatches > 0, "a training step needs at least one micro-batch, got ", microbatches);

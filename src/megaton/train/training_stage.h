@@ -34,6 +34,7 @@ struct PipelinePlace {
   const pipeline::Schedule* schedule = nullptr;
   parallel::Communicator* group = nullptr;
 };
+// loss_scale (FP16's loss scaling) multiplies every gradient the stage's backward produces.
 
 class TrainingStage : public pipeline::StageRunner {
  public:
@@ -45,7 +46,8 @@ class TrainingStage : public pipeline::StageRunner {
   // dlogits for W instead of adding its weight gradient during the loss (N x vocab memory).
   // The model holds every model chunk of the schedule (schedule.model_chunks() of them).
   TrainingStage(models::TransformerModel& model, std::function<void(data::Batch&)> next_batch, int64_t microbatches,
-                bool defer_head_weight_grad = false, int64_t data_parallel_size = 1, PipelinePlace place = {});
+                bool defer_head_weight_grad = false, int64_t data_parallel_size = 1, PipelinePlace place = {},
+                float loss_scale = 1.0f);
 
   void forward(int64_t microbatch, int chunk) override;
   void backward_input(int64_t microbatch, int chunk) override;

@@ -55,6 +55,7 @@ TrainingStep::TrainingStep(models::TransformerModel& model, const TrainConfig& c
   const std::vector<nn::ElementRange> all = {{0, buffer_->grads().numel()}};
   const std::vector<nn::ElementRange>& mine = distributed_ ? distributed_->owned() : all;
   norm_ranges_ = tp.active() ? nn::intersect(counted, mine) : mine;
+  if (const auto scaling = loss_scaler_config(cfg)) scaler_.emplace(*scaling);
 }
 
 void TrainingStep::reduce_bucket(size_t bucket) {
@@ -140,7 +141,8 @@ TrainingStep::Result TrainingStep::forward_backward(int64_t step, int64_t first_
         if (!loader_->next(batch)) fail("training data exhausted at sample ", loader_position_);
         loader_position_ += mbs * dp_.size();  // one micro-batch on every data-parallel rank
       },
-      schedule_.microbatches, false, dp_.size(), {&schedule_, &pp_});
+      schedule_.microbatches, false, dp_.size(), {&schedule_, &pp_},
+      scaler_ ? static_cast<float>(scaler_->scale()) : 1.0f);
   reductions_.clear();
   try {
     pipeline::execute(schedule_.ops.at(static_cast<size_t>(pp_.rank())), stage);
@@ -157,6 +159,8 @@ TrainingStep::Result TrainingStep::forward_backward(int64_t step, int64_t first_
   double loss = stage.mean_loss();
   if (pp_.size() > 1) loss = pp_.all_reduce_scalar(loss);  // the last stage's; the others add 0
   if (dp_.size() > 1) loss = dp_.all_reduce_scalar(loss) / static_cast<double>(dp_.size());
+  const double loss_scale = scaler_ ? scaler_->scale() : 0.0;
+  if (scaler_) unscale_gradients(loss_scale);
   if (hook_) hook_(step, buffer_->grads(), loss);
   double grad_norm = this->grad_norm();  // the tensor-parallel group's: non-finite on every member if on one
   // Without the distributed optimizer the reduced gradients are the same on every data-parallel
@@ -169,8 +173,21 @@ TrainingStep::Result TrainingStep::forward_backward(int64_t step, int64_t first_
   };
   if (!distributed_ && dp_.size() > 1) agree(dp_);
   if (pp_.size() > 1) agree(pp_);
-  return {loss, grad_norm, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), comm_wait,
-          model_.moe_step_stats()};
+  // The norm is the same on every rank now, so every rank's scaler takes the same decision.
+  const bool skipped = scaler_ && scaler_->update(std::isfinite(grad_norm));
+  return {loss,       grad_norm, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+          comm_wait,  model_.moe_step_stats(), loss_scale, skipped};
+}
+
+void TrainingStep::unscale_gradients(double loss_scale) {
+  // The scale is a power of two under dynamic scaling (halved and doubled from one), so dividing
+  // the fp32 main grads by it is exact.
+  const Tensor& g = buffer_->grads();
+  float* p = g.data<float>();
+  const auto inv = static_cast<float>(1.0 / loss_scale);
+  const int64_t n = g.numel();
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) p[i] *= inv;
 }
 
 void TrainingStep::update(double lr, double grad_norm) {

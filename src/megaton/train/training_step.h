@@ -39,6 +39,7 @@
 #pragma once
 #include <functional>
 #include <memory>
+#include <optional>
 
 #include "megaton/data/data_loader.h"
 #include "megaton/models/transformer_model.h"
@@ -57,6 +58,10 @@ class TrainingStep {
     double loss, grad_norm, seconds;
     double comm_wait_seconds = 0;  // blocked on tensor-parallel collectives and gradient reductions
     std::vector<nn::MoeStats> moe;  // per MoE layer, this process's routing over the step's micro-batches
+    // FP16: the loss scale the step's backward ran with (0 without loss scaling), and whether its
+    // gradients overflowed so that the dynamic scaler skips it (update() then changes nothing).
+    double loss_scale = 0;
+    bool skipped = false;
   };
   // Called after backward with the step number, the flat gradients and the step's loss, before the
   // grad norm is taken: where fault injection corrupts a step.
@@ -81,7 +86,7 @@ class TrainingStep {
   // loader, recreated when first_sample is not where it stands.
   Result forward_backward(int64_t step, int64_t first_sample);
   // Clips to cfg.clip_grad and updates with lr; a non-finite norm skips the update (on every rank:
-  // the norm is the same everywhere).
+  // the norm is the same everywhere). Not called for a step the loss scaler skipped.
   void update(double lr, double grad_norm);
 
  private:
@@ -100,6 +105,7 @@ class TrainingStep {
   std::unique_ptr<data::DataLoader> loader_;
   int64_t loader_position_ = -1;
   GradientHook hook_;
+  std::optional<optim::LossScaler> scaler_;  // [precision] fp16
 
   void reduce_bucket(size_t bucket);  // all-reduce, or the distributed optimizer's reduce-scatter
   void wait_reductions();  // waits for the reductions in flight and forgets them
@@ -111,6 +117,8 @@ class TrainingStep {
   double finish_reductions();
   // The global L2 norm of the reduced gradients: the same on every rank.
   double grad_norm() const;
+  // FP16: the gradients divided by the loss scale their backward ran with.
+  void unscale_gradients(double loss_scale);
 };
 
 }  // namespace megaton::train
