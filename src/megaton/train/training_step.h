@@ -95,6 +95,8 @@ class TrainingStep {
   parallel::DistributedOptimizer* distributed_ = nullptr;  // optimizer_, when it is the distributed one
   std::vector<parallel::WorkHandle> reductions_;  // this step's bucket reductions in flight
   nn::ParameterList shared_grads_;               // parameters with gradients summed over tensor parallelism
+  nn::Parameter* embedding_group_ = nullptr;     // this stage's copy of a tied embedding held by two stages
+  std::unique_ptr<parallel::Communicator> embedding_comm_;  // the two stages holding those copies
   std::vector<nn::ElementRange> norm_ranges_;    // the gradient elements this rank adds to the norm
   pipeline::Schedule schedule_;  // this step's op lists (no pipelining at pp 1: F, B, W per micro-batch)
   std::unique_ptr<data::DataLoader> loader_;
