@@ -502,7 +502,10 @@ std::vector<int64_t> pipeline_stage_layers(const TrainConfig& c) {
   check(others > 0 || rest == 0, key,
         given + " leave " + std::to_string(rest) + " of model.num_layers " + std::to_string(L) +
             " layers but no other pipeline rank (pipeline_model_parallel_size " + std::to_string(pp) + ")");
-  check(others == 0 || (rest > 0 && rest % others == 0), key,
+  check(others == 0 || rest > 0, key,
+        given + " leave no layers of model.num_layers " + std::to_string(L) + " for the other " +
+            std::to_string(others) + " pipeline ranks (each needs at least one)");
+  check(others == 0 || rest % others == 0, key,
         given + " leave " + std::to_string(rest) + " of model.num_layers " + std::to_string(L) +
             " layers, which do not split evenly into the other " + std::to_string(others) + " pipeline ranks");
   std::vector<int64_t> layers(static_cast<size_t>(pp), others ? rest / others : 0);
