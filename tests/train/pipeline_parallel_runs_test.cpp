@@ -5,7 +5,7 @@
 // shapes, so the untied Llama trains bit for bit at pp2 under every schedule; GPT's tied embedding
 // sums its two copies' gradients (the first and the last stage's) in another order. pp2 with 1F1B,
 // ZB-H1, ZB-H2, ZB-V, DualPipeV and interleaved (vpp2); pp4 with 1F1B and ZB-H1; uneven first /
-// last stages; pp2 x dp2 and pp2 x tp2 on four ranks. A pp2 checkpoint resumes at pp2 bitwise like
+// last stages; pp2 x dp2 (plain and distributed optimizer) and pp2 x tp2 on four ranks. A pp2 checkpoint resumes at pp2 bitwise like
 // the uninterrupted run and in one process like the single-process run, and the reverse; each
 // stage holds about half the parameters; bad layouts are refused naming the sizes.
 #include <gtest/gtest.h>
@@ -65,6 +65,10 @@ TEST_P(PipelineParallelRuns, EverySchedulesTrainsLikeOneProcess) {
                       "pipeline parallel 3 stages, schedule 'zb-h1', 3 model chunks"});
   variants.push_back({"pp2_dp2", 4, "--set pp=2", "pipeline parallel 2 stages, schedule '1f1b', 2 model chunks | data "
                                                    "parallel 2 ranks"});
+  // The distributed optimizer shards each stage's own buffer over dp (the tied copies summed first).
+  variants.push_back({"pp2_dp2_distopt", 4, "--set pp=2 --set parallel.use_distributed_optimizer=true",
+                      "pipeline parallel 2 stages, schedule '1f1b', 2 model chunks | data parallel 2 ranks, "
+                      "distributed optimizer"});
   variants.push_back({"pp2_tp2", 4, "--set pp=2 --set tp=2 --set parallel.sequence_parallel=true",
                       "tensor parallel 2 ranks + sequence parallel (parameters per rank) | pipeline parallel 2"});
   for (const Variant& v : variants) {
@@ -107,6 +111,27 @@ TEST(PipelineParallel, CheckpointsResumeBitwiseAndAcrossLayouts) {
       run.train_mpi_ok(2, "at_pp2", kShort + "--set pp=2 --set parallel.decoder_last_pipeline_num_layers=3 --resume auto",
                        "pipeline parallel 2");
   expect_like(run, at_pp2, "at_pp2", single, "single");
+}
+
+// A rewind under pipeline parallelism restores the whole-model snapshot into each stage: after an
+// injected NaN at step 6 the run goes back to step 4 (from memory, then from the step-4 checkpoint
+// on disk) and replays step 5 with exactly its loss before (read_metrics checks every repeated
+// step), then trains on.
+TEST(PipelineParallel, RewindRestoresEveryStage) {
+  TinyRunDir run("gpt-tiny");
+  const std::string args = kShort + "--set pp=2 --set rewind.enabled=true --set rewind.window=20 --inject nan@step=6 ";
+  for (const auto& [name, from] : std::vector<std::pair<std::string, std::string>>{
+           {"memory", "--set rewind.snapshot_interval=2"},
+           {"disk", "--set rewind.snapshot_interval=0 --set logging.save_interval=2"}}) {
+    const Metrics m = run.train_mpi_ok(2, name, args + from, "pipeline parallel 2");
+    ASSERT_EQ(m.events_of("rewind").size(), 1u) << name;
+    const auto r = m.events_of("rewind")[0];
+    EXPECT_EQ(r["restored_step"], 4) << name;
+    EXPECT_NE(r["restored_from"].get<std::string>().find(name == "memory" ? "memory" : "step_000004"),
+              std::string::npos)
+        << r.dump();
+    EXPECT_EQ(m.losses.size(), 8u) << name;
+  }
 }
 
 // Each stage holds its own layers only: with 4 layers at pp2 the first rank keeps half of them. The

@@ -1,7 +1,6 @@
 #include "megaton/models/stage_layout.h"
 
 #include <algorithm>
-#include <numeric>
 
 #include "megaton/core/checked.h"
 #include "megaton/core/error.h"
@@ -25,11 +24,6 @@ int64_t StageLayout::num_layers() const {
   int64_t n = 0;
   for (int64_t c : chunk_layers) n = checked_add("layers of the model chunks", n, c);
   return n;
-}
-
-int64_t StageLayout::first_layer(size_t chunk) const {
-  MEGATON_CHECK(chunk < chunk_layers.size(), "model chunk ", chunk, " of ", chunk_layers.size());
-  return std::accumulate(chunk_layers.begin(), chunk_layers.begin() + static_cast<std::ptrdiff_t>(chunk), int64_t{0});
 }
 
 size_t StageLayout::chunk_of(int64_t position) const {

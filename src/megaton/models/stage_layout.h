@@ -26,7 +26,6 @@ struct StageLayout {
   bool split() const;
   size_t num_chunks() const { return chunk_layers.size(); }
   bool holds(size_t chunk) const { return chunk_rank.at(chunk) == rank(); }
-  int64_t first_layer(size_t chunk) const;
   // The chunk holding position `position` (see above).
   size_t chunk_of(int64_t position) const;
   // The pipeline rank holding position `position`.
