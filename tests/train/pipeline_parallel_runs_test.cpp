@@ -185,6 +185,14 @@ TEST(PipelineParallel, BadLayoutsNameTheSizes) {
   EXPECT_NE(r.output.find("interleaved 1F1B needs the micro-batches (3) to be a multiple of the pipeline stages (2)"),
             std::string::npos)
       << r.output;
+  // Uneven stages that do not add up name the keys and the sizes.
+  r = run.train("uneven", kShort + "--set pp=3 --set parallel.decoder_first_pipeline_num_layers=1");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("config key 'parallel.decoder_first_pipeline_num_layers': decoder_first_pipeline_num_layers 1 "
+                          "leave 3 of model.num_layers 4 layers, which do not split evenly into the other 2 pipeline "
+                          "ranks"),
+            std::string::npos)
+      << r.output;
   r = run.train("dualpipe", kShort + "--set pp=2 --set parallel.pipeline_schedule='\"dualpipe\"'");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("'dualpipe' (two parameter copies per rank) is not supported yet"), std::string::npos)

@@ -21,6 +21,9 @@ Tensor gather_stage_tensor(const TransformerModel& from, int64_t position, const
 }
 
 void copy_weights(const TransformerModel& from, TransformerModel& to) {
+  // Every rank must walk the same parameters for the pipeline broadcasts to pair up.
+  MEGATON_CHECK(!from.stage_layout().split() || !to.stage_layout().split(),
+                "copying weights between two models cut into pipeline stages; gather one of them whole first");
   std::map<std::string, const nn::Parameter*> src;
   for (const nn::Parameter* p : from.parameters()) src.emplace(p->name, p);
   const nn::ParameterList& dst = to.parameters();

@@ -16,9 +16,9 @@ namespace megaton::models {
 // the pipeline group; the other stages pass p null, local undefined). global_shape: p's.
 Tensor gather_stage_tensor(const TransformerModel& from, int64_t position, const nn::Parameter* p, const Tensor& local,
                            const Shape& global_shape, const std::string& name);
-// to's weights = from's, matched by name (models of the same config in any two layouts, one of
-// them whole or both alike; collective over from's groups when from is split). Throws naming a
-// parameter of to that from does not hold when from holds the whole model.
+// to's weights = from's, matched by name (models of the same config; either may be split over
+// tensor parallelism, at most one cut into pipeline stages; collective over from's groups when
+// from is split). Throws naming a parameter of to that a whole-model from does not hold.
 void copy_weights(const TransformerModel& from, TransformerModel& to);
 // The whole model (no tensor or pipeline parallelism) holding m's weights, in m's compute dtype:
 // collective over m's groups.
