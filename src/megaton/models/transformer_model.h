@@ -120,7 +120,6 @@ class TransformerModel {
   nn::Parameter& output_weight() { return head().weight(); }
   // Model chunks of the whole model; this stage holds some of them (every one without pipelining).
   size_t num_chunks() const { return layout_.num_chunks(); }
-  bool holds_chunk(size_t c) const { return layout_.holds(c); }
   ModelChunk& chunk(size_t c);
 
  private:
