@@ -14,7 +14,7 @@
 #include "../support/mpi_test_main.h"
 #include "../support/tiny_model.h"
 #include "megaton/core/rng.h"
-#include "megaton/models/tensor_parallel_weights.h"
+#include "megaton/models/parallel_weights.h"
 #include "megaton/nn/linear.h"
 #include "megaton/nn/output_head.h"
 #include "megaton/nn/tensor_shards.h"

@@ -113,9 +113,9 @@ TEST(Executor, ModelChunksCheckTheirSplitAndOrder) {
   EXPECT_ERROR_CONTAINS(models::TransformerModel(megaton::testing::tiny_config("gpt-tiny"), 3),
                         "cannot split 2 layers evenly into 3 model chunks");
   models::TransformerModel m(megaton::testing::tiny_config("gpt-tiny"), 2);
-  ASSERT_EQ(m.chunks().size(), 2u);
-  EXPECT_TRUE(m.chunks()[0].is_first() && !m.chunks()[0].is_last());
-  EXPECT_TRUE(!m.chunks()[1].is_first() && m.chunks()[1].is_last());
+  ASSERT_EQ(m.num_chunks(), 2u);
+  EXPECT_TRUE(m.chunk(0).is_first() && !m.chunk(0).is_last());
+  EXPECT_TRUE(!m.chunk(1).is_first() && m.chunk(1).is_last());
   m.init_weights(1);
   const data::Batch b = make_batch(0);
   Tensor in = Tensor::empty({kMicroBatch, kSeq}, DType::I32), tg = Tensor::empty({kMicroBatch, kSeq}, DType::I32);
@@ -123,9 +123,9 @@ TEST(Executor, ModelChunksCheckTheirSplitAndOrder) {
   std::copy(b.targets.begin(), b.targets.end(), tg.data<int32_t>());
   models::ModelCtx ctx;
   m.forward(ctx, in, tg, true);
-  EXPECT_ERROR_CONTAINS(m.chunks()[1].backward_weight(ctx.chunks[1]), "before its backward_input");
-  EXPECT_ERROR_CONTAINS(m.chunks()[0].backward_input(ctx.chunks[0], Tensor()), "needs the next chunk's input gradient");
-  EXPECT_ERROR_CONTAINS(m.chunks()[0].loss(ctx.chunks[0], in, tg, false, 1, false), "last model chunk only");
+  EXPECT_ERROR_CONTAINS(m.chunk(1).backward_weight(ctx.chunks[1]), "before its backward_input");
+  EXPECT_ERROR_CONTAINS(m.chunk(0).backward_input(ctx.chunks[0], Tensor()), "needs the next chunk's input gradient");
+  EXPECT_ERROR_CONTAINS(m.chunk(0).loss(ctx.chunks[0], in, tg, false, 1, false), "last model chunk only");
 }
 
 TEST(Executor, FusesABackwardInputWithItsOwnWeightGradientOnly) {

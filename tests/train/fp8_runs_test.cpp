@@ -90,6 +90,16 @@ TEST(Fp8Runs, DelayedScalingResumesBitwise) {
   ASSERT_EQ(resumed.losses, straight.losses);
   megaton::testing::expect_bitwise_equal(megaton::testing::final_weights(run.run_dir("resumed")),
                                          megaton::testing::final_weights(run.run_dir("straight")));
+  // At pp2 each stage holds its layers' states; the checkpoint holds every stage's (summed over the
+  // pipeline group on capture) and each stage resumes its own, bit for bit (planted: no sum, so
+  // rank 0 writes only its stage's and rank 1's resume finds its states missing, caught).
+  const std::string pp2 = fp8 + "--set pp=2 ";
+  const Metrics straight_pp2 = run.train_mpi_ok(2, "straight_pp2", pp2, "pipeline parallel 2");
+  EXPECT_EQ(run.train_mpi_ok(2, "resumed_pp2", pp2 + "--set training.exit_interval=4", "pipeline parallel 2").losses.size(), 4u);
+  const Metrics resumed_pp2 = run.train_mpi_ok(2, "resumed_pp2", pp2 + "--resume auto", "pipeline parallel 2");
+  ASSERT_EQ(resumed_pp2.losses, straight_pp2.losses);
+  megaton::testing::expect_bitwise_equal(megaton::testing::final_weights(run.run_dir("resumed_pp2")),
+                                         megaton::testing::final_weights(run.run_dir("straight_pp2")));
   // Resuming with another history length is refused naming the file and the key.
   EXPECT_EQ(run.train_ok("other_len", fp8 + "--set training.exit_interval=4").losses.size(), 4u);
   const CommandResult r = run.train("other_len", fp8 + "--set precision.fp8_amax_history_len=2 --resume auto");

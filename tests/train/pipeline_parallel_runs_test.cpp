@@ -3,10 +3,11 @@
 // like one process: per-step losses and grad norms within 1e-5 relative, final weights within 1e-5
 // (1e-4 with tp2, as for tensor parallelism alone). Each stage runs the same kernels on the same
 // shapes, so the untied Llama trains bit for bit at pp2 under every schedule; GPT's tied embedding
-// sums its two gradient parts in another order. pp2 with 1F1B, ZB-H1, ZB-H2, ZB-V, DualPipeV and
-// interleaved (vpp2); pp4 with 1F1B and ZB-H1; pp2 x dp2 and pp2 x tp2 on four ranks. A pp2
-// checkpoint resumes at pp2 bitwise like the uninterrupted run and in one process like the
-// single-process run; bad layouts are refused naming the sizes.
+// sums its two copies' gradients (the first and the last stage's) in another order. pp2 with 1F1B,
+// ZB-H1, ZB-H2, ZB-V, DualPipeV and interleaved (vpp2); pp4 with 1F1B and ZB-H1; uneven first /
+// last stages; pp2 x dp2 (plain and distributed optimizer) and pp2 x tp2 on four ranks. A pp2 checkpoint resumes at pp2 bitwise like
+// the uninterrupted run and in one process like the single-process run, and the reverse; each
+// stage holds about half the parameters; bad layouts are refused naming the sizes.
 #include <gtest/gtest.h>
 
 #include "tiny_run.h"
@@ -55,16 +56,27 @@ TEST_P(PipelineParallelRuns, EverySchedulesTrainsLikeOneProcess) {
   variants.push_back({"pp4_1f1b", 4, "--set pp=4", "pipeline parallel 4 stages, schedule '1f1b', 4 model chunks"});
   variants.push_back({"pp4_zbh1", 4, "--set pp=4 --set parallel.pipeline_schedule='\"zb-h1\"'",
                       "pipeline parallel 4 stages, schedule 'zb-h1'"});
+  // Megatron's uneven first / last stages: [1, 3] layers, and [1, 1, 2] over three ranks.
+  variants.push_back({"pp2_first1", 2, "--set pp=2 --set parallel.decoder_first_pipeline_num_layers=1",
+                      "pipeline parallel 2 stages, schedule '1f1b', 2 model chunks"});
+  variants.push_back({"pp3_last2", 3,
+                      "--set pp=3 --set parallel.pipeline_schedule='\"zb-h1\"' "
+                      "--set parallel.decoder_last_pipeline_num_layers=2",
+                      "pipeline parallel 3 stages, schedule 'zb-h1', 3 model chunks"});
   variants.push_back({"pp2_dp2", 4, "--set pp=2", "pipeline parallel 2 stages, schedule '1f1b', 2 model chunks | data "
                                                    "parallel 2 ranks"});
+  // The distributed optimizer shards each stage's own buffer over dp (the tied copies summed first).
+  variants.push_back({"pp2_dp2_distopt", 4, "--set pp=2 --set parallel.use_distributed_optimizer=true",
+                      "pipeline parallel 2 stages, schedule '1f1b', 2 model chunks | data parallel 2 ranks, "
+                      "distributed optimizer"});
   variants.push_back({"pp2_tp2", 4, "--set pp=2 --set tp=2 --set parallel.sequence_parallel=true",
                       "tensor parallel 2 ranks + sequence parallel (parameters per rank) | pipeline parallel 2"});
   for (const Variant& v : variants) {
     const Metrics got = run.train_mpi_ok(v.np, v.name, kShort + v.args, v.banner);
     const bool tp = v.args.find("tp=2") != std::string::npos;
     expect_like(run, got, v.name, single, "single", tp ? 1e-4 : 1e-5);
-    // Without tied embeddings or other parallelism every gradient element is summed in the same
-    // order as in one process (each stage's plus zeros): bit for bit.
+    // Without tied embeddings or other parallelism every gradient element is accumulated in the
+    // same order as in one process (each on its own stage): bit for bit.
     if (GetParam() == "llama-tiny" && v.np == 2) {
       EXPECT_EQ(got.losses, single.losses) << v.name;
       megaton::testing::expect_bitwise_equal(megaton::testing::final_weights(run.run_dir(v.name)),
@@ -76,9 +88,10 @@ TEST_P(PipelineParallelRuns, EverySchedulesTrainsLikeOneProcess) {
 INSTANTIATE_TEST_SUITE_P(Models, PipelineParallelRuns, ::testing::Values("gpt-tiny", "llama-tiny"),
                          [](const auto& info) { return info.param == "gpt-tiny" ? "gpt" : "llama"; });
 
-// Every pipeline rank keeps the whole model's weights and optimizer state (training_step.h), so a
-// pp2 checkpoint is a one-process checkpoint: it resumes at pp2 bit for bit like the uninterrupted
-// pp2 run, and in one process like the single-process run.
+// A checkpoint holds the whole model gathered from the stages (state_snapshot.h), so a pp2
+// checkpoint is a one-process checkpoint: it resumes at pp2 bit for bit like the uninterrupted pp2
+// run, and in one process like the single-process run; a one-process checkpoint resumes at pp2
+// (uneven stages, each rank taking its layers' weights and Adam moments) like the single run.
 TEST(PipelineParallel, CheckpointsResumeBitwiseAndAcrossLayouts) {
   TinyRunDir run("gpt-tiny");
   const std::string pp2 = "--set pp=2 --set parallel.pipeline_schedule='\"zbv\"' ";
@@ -93,6 +106,57 @@ TEST(PipelineParallel, CheckpointsResumeBitwiseAndAcrossLayouts) {
   const Metrics at_pp1 = run.train_ok("at_pp1", kShort + "--resume auto");
   const Metrics single = run.train_ok("single", kShort);
   expect_like(run, at_pp1, "at_pp1", single, "single");
+  EXPECT_EQ(run.train_ok("at_pp2", kShort + stop).losses.size(), 4u);
+  const Metrics at_pp2 =
+      run.train_mpi_ok(2, "at_pp2", kShort + "--set pp=2 --set parallel.decoder_last_pipeline_num_layers=3 --resume auto",
+                       "pipeline parallel 2");
+  expect_like(run, at_pp2, "at_pp2", single, "single");
+}
+
+// A rewind under pipeline parallelism restores the whole-model snapshot into each stage: after an
+// injected NaN at step 6 the run goes back to step 4 (from memory, then from the step-4 checkpoint
+// on disk) and replays step 5 with exactly its loss before (read_metrics checks every repeated
+// step), then trains on.
+TEST(PipelineParallel, RewindRestoresEveryStage) {
+  TinyRunDir run("gpt-tiny");
+  const std::string args = kShort + "--set pp=2 --set rewind.enabled=true --set rewind.window=20 --inject nan@step=6 ";
+  for (const auto& [name, from] : std::vector<std::pair<std::string, std::string>>{
+           {"memory", "--set rewind.snapshot_interval=2"},
+           {"disk", "--set rewind.snapshot_interval=0 --set logging.save_interval=2"}}) {
+    const Metrics m = run.train_mpi_ok(2, name, args + from, "pipeline parallel 2");
+    ASSERT_EQ(m.events_of("rewind").size(), 1u) << name;
+    const auto r = m.events_of("rewind")[0];
+    EXPECT_EQ(r["restored_step"], 4) << name;
+    EXPECT_NE(r["restored_from"].get<std::string>().find(name == "memory" ? "memory" : "step_000004"),
+              std::string::npos)
+        << r.dump();
+    EXPECT_EQ(m.losses.size(), 8u) << name;
+  }
+}
+
+// Each stage holds its own layers only: with 4 layers at pp2 the first rank keeps half of them. The
+// allocator's per-category peaks after the first step (metrics.jsonl, rank 0) for parameters,
+// gradients and optimizer state stay below 0.7x of one process's. Llama is untied: rank 0 holds the
+// embedding and 2 layers, rank 1 the same-sized head, the final norm and 2 layers, so rank 0's
+// share is 0.50 (measured); 0.7 leaves room for a model whose embedding outweighs its head (GPT's
+// learned positions) while a rank holding every layer (the layout before stages: 1.0, or ~0.75 for
+// all layers without the head) fails.
+TEST(PipelineParallel, StagesHoldAboutHalfTheParametersGradsAndOptimizerState) {
+  TinyRunDir run("llama-tiny");
+  run.train_ok("single", kShort);
+  run.train_mpi_ok(2, "pp2", kShort + "--set pp=2", "pipeline parallel 2");
+  const auto peaks = [&](const std::string& name) {
+    const Metrics m = megaton::testing::read_metrics(run.run_dir(name));
+    return m.steps.at(0).at("peak_memory_mb");  // after the first step
+  };
+  const auto single = peaks("single"), pp2 = peaks("pp2");
+  for (const char* category : {"params", "grads", "optimizer"}) {
+    const double ratio = pp2.at(category).get<double>() / single.at(category).get<double>();
+    EXPECT_LT(ratio, 0.7) << category << ": " << pp2.at(category) << " MB at pp2 vs " << single.at(category) << " MB";
+    std::printf("%s: %.4f MB at pp2 (rank 0) vs %.4f MB in one process: %.3f\n", category,
+                pp2.at(category).get<double>(), single.at(category).get<double>(), ratio);
+    EXPECT_GT(ratio, 0.4) << category;  // rank 0 still holds its half and the embedding
+  }
 }
 
 TEST(PipelineParallel, BadLayoutsNameTheSizes) {
@@ -119,6 +183,14 @@ TEST(PipelineParallel, BadLayoutsNameTheSizes) {
                     120);
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("interleaved 1F1B needs the micro-batches (3) to be a multiple of the pipeline stages (2)"),
+            std::string::npos)
+      << r.output;
+  // Uneven stages that do not add up name the keys and the sizes.
+  r = run.train("uneven", kShort + "--set pp=3 --set parallel.decoder_first_pipeline_num_layers=1");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("config key 'parallel.decoder_first_pipeline_num_layers': decoder_first_pipeline_num_layers 1 "
+                          "leave 3 of model.num_layers 4 layers, which do not split evenly into the other 2 pipeline "
+                          "ranks"),
             std::string::npos)
       << r.output;
   r = run.train("dualpipe", kShort + "--set pp=2 --set parallel.pipeline_schedule='\"dualpipe\"'");

@@ -100,6 +100,50 @@ TEST(TrainConfig, ParallelSizesTakeShortAliasesAndResolveAgainstTheWorld) {
                 .find("6 layers do not split evenly into 4 pipeline model chunks (pipeline_model_parallel_size 2 x 2 "
                       "chunks per rank for 'zbv')"),
             std::string::npos);
+  // Uneven first / last stages (Megatron's keys): the other ranks split the rest evenly.
+  const auto stages = [](std::vector<std::string> sets) {
+    return train::pipeline_stage_layers(train::load_train_config("", sets));
+  };
+  EXPECT_EQ(stages({"pp=2", "model.num_layers=4", "parallel.decoder_first_pipeline_num_layers=1"}),
+            (std::vector<int64_t>{1, 3}));
+  EXPECT_EQ(stages({"pp=3", "model.num_layers=4", "parallel.decoder_last_pipeline_num_layers=2"}),
+            (std::vector<int64_t>{1, 1, 2}));
+  EXPECT_EQ(stages({"pp=4", "model.num_layers=8", "parallel.decoder_first_pipeline_num_layers=1",
+                    "parallel.decoder_last_pipeline_num_layers=3"}),
+            (std::vector<int64_t>{1, 2, 2, 3}));
+  EXPECT_EQ(stages({"pp=2", "model.num_layers=4"}), (std::vector<int64_t>{2, 2}));
+  EXPECT_EQ(stages({"model.num_layers=4"}), (std::vector<int64_t>{4}));
+  EXPECT_NE(message({"pp=2", "model.num_layers=4", "parallel.decoder_first_pipeline_num_layers=5"})
+                .find("config key 'parallel.decoder_first_pipeline_num_layers': must be in [0, model.num_layers 4] "
+                      "(0: not set), got 5"),
+            std::string::npos);
+  EXPECT_NE(message({"pp=2", "model.num_layers=4", "parallel.decoder_last_pipeline_num_layers=-1"})
+                .find("config key 'parallel.decoder_last_pipeline_num_layers': must be in [0, model.num_layers 4]"),
+            std::string::npos);
+  EXPECT_NE(message({"model.num_layers=4", "parallel.decoder_last_pipeline_num_layers=2"})
+                .find("'parallel.decoder_last_pipeline_num_layers': 2 needs parallel.pipeline_model_parallel_size > 1"),
+            std::string::npos);
+  EXPECT_NE(message({"pp=2", "model.num_layers=4", "parallel.decoder_first_pipeline_num_layers=3",
+                     "parallel.decoder_last_pipeline_num_layers=2"})
+                .find("decoder_first_pipeline_num_layers 3 + decoder_last_pipeline_num_layers 2 exceed "
+                      "model.num_layers 4"),
+            std::string::npos);
+  EXPECT_NE(message({"pp=2", "model.num_layers=4", "parallel.decoder_first_pipeline_num_layers=1",
+                     "parallel.decoder_last_pipeline_num_layers=2"})
+                .find("leave 1 of model.num_layers 4 layers but no other pipeline rank (pipeline_model_parallel_size 2)"),
+            std::string::npos);
+  EXPECT_NE(message({"pp=3", "model.num_layers=4", "parallel.decoder_first_pipeline_num_layers=1"})
+                .find("'parallel.decoder_first_pipeline_num_layers': decoder_first_pipeline_num_layers 1 leave 3 of "
+                      "model.num_layers 4 layers, which do not split evenly into the other 2 pipeline ranks"),
+            std::string::npos);
+  EXPECT_NE(message({"pp=2", "model.num_layers=4", "parallel.decoder_first_pipeline_num_layers=4"})
+                .find("decoder_first_pipeline_num_layers 4 leave no layers of model.num_layers 4 for the other 1 pipeline "
+                      "ranks (each needs at least one)"),
+            std::string::npos);
+  EXPECT_NE(message({"pp=2", "model.num_layers=6", "parallel.pipeline_schedule=\"zbv\"",
+                     "parallel.decoder_first_pipeline_num_layers=1"})
+                .find("pipeline rank 0's 1 layers do not split evenly into 2 chunks per rank for 'zbv'"),
+            std::string::npos);
   EXPECT_NE(message({"tp=2", "parallel.sequence_parallel=true", "training.seq_length=33"})
                 .find("needs training.seq_length 33 divisible by tensor_model_parallel_size 2"),
             std::string::npos);

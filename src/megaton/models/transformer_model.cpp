@@ -32,14 +32,11 @@ const TransformerConfig& validated(const TransformerConfig& c) {
 }  // namespace
 
 TransformerModel::TransformerModel(const TransformerConfig& config, int64_t num_chunks, const nn::TensorParallel& tp)
-    : config_(validated(config)),
-      tp_(tp),
-      embedding_(config.vocab_size, config.padded_vocab_size(tp.size()), config.hidden_size,
-                 config.max_position_embeddings, config.position_embedding == PositionEmbedding::LearnedAbsolute, tp),
-      final_norm_("decoder.final_layernorm", config.hidden_size, config.normalization, config.norm_epsilon,
-                  tp.splits_sequence()),
-      head_(config.hidden_size, config.vocab_size, config.padded_vocab_size(tp.size()),
-            config.tie_embeddings ? &embedding_.word : nullptr, tp) {
+    : TransformerModel(config, StageLayout::whole(config.num_layers, num_chunks), tp) {}
+
+TransformerModel::TransformerModel(const TransformerConfig& config, StageLayout layout, const nn::TensorParallel& tp)
+    : config_(validated(config)), tp_(tp), layout_(std::move(layout)) {
+  layout_.validate(config.num_layers);
   const bool rope = config.position_embedding == PositionEmbedding::Rope;
   if (rope) {
     const int64_t P = config.max_position_embeddings, D = config.head_dim();
@@ -49,25 +46,88 @@ TransformerModel::TransformerModel(const TransformerConfig& config, int64_t num_
     kernels::rope_tables(kernels::ExecContext::on(rope_.cos), rope_.cos, rope_.sin,
                          kernels::rope_inv_freq(D, config.rotary_base, config.rope_scaling));
   }
+  const int64_t L = config.num_layers;
+  const size_t last = layout_.num_chunks() - 1;
+  const auto add = [&](auto& module, int64_t position) {
+    const size_t before = params_.size();
+    module.parameters(params_);
+    positions_.resize(params_.size(), position);
+    return before;
+  };
+  if (layout_.holds(0)) {
+    embedding_ = std::make_unique<nn::Embedding>(config.vocab_size, config.padded_vocab_size(tp.size()),
+                                                 config.hidden_size, config.max_position_embeddings,
+                                                 config.position_embedding == PositionEmbedding::LearnedAbsolute, tp);
+    add(*embedding_, -1);
+  }
   nn::BlockSpec spec = block_spec(config, tp);
-  for (int64_t i = 0; i < config.num_layers; ++i) {
+  for (int64_t i = 0; i < L; ++i) {
+    if (!layout_.holds(layout_.chunk_of(i))) continue;
     spec.mlp = config.mlp_type == "moe" && !config.is_moe_layer(i) ? "dense" : config.mlp_type;
     layers_.push_back(std::make_unique<nn::TransformerBlock>("decoder.layers." + std::to_string(i), spec,
                                                              rope ? &rope_ : nullptr));
+    layer_numbers_.push_back(i);
+    add(*layers_.back(), i);
   }
-  embedding_.parameters(params_);
-  for (auto& l : layers_) l->parameters(params_);
-  final_norm_.parameters(params_);
-  head_.parameters(params_);
-  if (num_chunks < 1 || config.num_layers % num_chunks != 0)
-    fail("cannot split ", config.num_layers, " layers evenly into ", num_chunks, " model chunks");
-  const auto per_chunk = static_cast<size_t>(config.num_layers / num_chunks);
-  for (int64_t c = 0; c < num_chunks; ++c) {
-    const bool first = c == 0, last = c == num_chunks - 1;
-    chunks_.emplace_back(first ? &embedding_ : nullptr,
-                         ModelChunk::Layers(layers_).subspan(static_cast<size_t>(c) * per_chunk, per_chunk),
-                         last ? &final_norm_ : nullptr, last ? &head_ : nullptr);
+  if (layout_.holds(last)) {
+    final_norm_ = std::make_unique<nn::Norm>("decoder.final_layernorm", config.hidden_size, config.normalization,
+                                             config.norm_epsilon, tp.splits_sequence());
+    // Tied without the embedding here: the head's weight is a copy of it (summed gradients keep
+    // the copies equal).
+    const bool copy = config.tie_embeddings && !embedding_;
+    head_ = std::make_unique<nn::OutputHead>(config.hidden_size, config.vocab_size,
+                                             config.padded_vocab_size(tp.size()),
+                                             config.tie_embeddings && embedding_ ? &embedding_->word : nullptr, tp, copy);
+    add(*final_norm_, L);
+    const size_t head_at = add(*head_, L);
+    if (copy) positions_.at(head_at) = -1;
   }
+  size_t local_layer = 0;
+  for (size_t c = 0; c < layout_.num_chunks(); ++c) {
+    if (!layout_.holds(c)) {
+      chunk_index_.push_back(-1);
+      continue;
+    }
+    const auto n = static_cast<size_t>(layout_.chunk_layers[c]);
+    chunk_index_.push_back(static_cast<int>(chunks_.size()));
+    chunks_.emplace_back(c == 0 ? embedding_.get() : nullptr, ModelChunk::Layers(layers_).subspan(local_layer, n),
+                         c == last ? final_norm_.get() : nullptr, c == last ? head_.get() : nullptr);
+    local_layer += n;
+  }
+}
+
+nn::Embedding& TransformerModel::embedding() {
+  MEGATON_CHECK(embedding_, "pipeline rank ", layout_.rank(), " does not hold the embedding (model chunk 0)");
+  return *embedding_;
+}
+
+nn::Norm& TransformerModel::final_norm() {
+  MEGATON_CHECK(final_norm_, "pipeline rank ", layout_.rank(), " does not hold the final norm (the last model chunk)");
+  return *final_norm_;
+}
+
+nn::OutputHead& TransformerModel::head() {
+  MEGATON_CHECK(head_, "pipeline rank ", layout_.rank(), " does not hold the output head (the last model chunk)");
+  return *head_;
+}
+
+ModelChunk& TransformerModel::chunk(size_t c) {
+  MEGATON_CHECK(c < chunk_index_.size() && chunk_index_[c] >= 0, "pipeline rank ", layout_.rank(),
+                " does not hold model chunk ", c, " of ", chunk_index_.size());
+  return chunks_.at(static_cast<size_t>(chunk_index_[c]));
+}
+
+void TransformerModel::check_whole(const char* what) const {
+  if (layout_.split())
+    fail(what, " needs the whole model, but pipeline rank ", layout_.rank(), " holds only its stage's model chunks");
+}
+
+nn::Parameter* TransformerModel::embedding_group_weight() {
+  const int first = layout_.holder(-1), last = layout_.holder(config_.num_layers);
+  if (!config_.tie_embeddings || first == last) return nullptr;
+  if (layout_.rank() == first) return &embedding_->word;
+  if (layout_.rank() == last) return &head_->weight();
+  return nullptr;
 }
 
 void TransformerModel::init_weights(uint64_t seed) {
@@ -126,7 +186,8 @@ void TransformerModel::set_compute_dtype(DType dtype) {
     fail("compute dtype ", dtype_name(dtype), " is not supported (f32, bf16 or f16)");
   compute_dtype_ = dtype;
   for (ModelChunk& c : chunks_) c.set_compute_dtype(dtype);
-  nn::ParameterList gemm_weights = {&head_.weight()};
+  nn::ParameterList gemm_weights;
+  if (head_) gemm_weights.push_back(&head_->weight());
   for (auto& l : layers_) l->gemm_weights(gemm_weights);
   for (nn::Parameter* p : gemm_weights) {
     if (dtype == DType::F32)
@@ -143,9 +204,11 @@ std::vector<nn::Linear*> TransformerModel::layer_linears() {
 }
 
 void TransformerModel::enable_fp8(const fp8::Fp8Config& config, int64_t first_layer, int64_t end_layer) {
-  for (int64_t i = std::max<int64_t>(first_layer, 0); i < std::min(end_layer, static_cast<int64_t>(layers_.size())); ++i) {
+  fp8_setting_ = Fp8Setting{config, first_layer, end_layer};
+  for (size_t k = 0; k < layers_.size(); ++k) {
+    if (layer_numbers_[k] < first_layer || layer_numbers_[k] >= end_layer) continue;
     std::vector<nn::Linear*> linears;
-    layers_[static_cast<size_t>(i)]->linears(linears);
+    layers_[k]->linears(linears);
     for (nn::Linear* l : linears) l->enable_fp8(config);
   }
 }
@@ -165,6 +228,7 @@ std::vector<const fp8::LinearQuantizer*> TransformerModel::fp8_quantizers() cons
 
 LossResult TransformerModel::forward(ModelCtx& ctx, const Tensor& tokens, const Tensor& targets, bool compute_grad,
                                      float loss_scale, bool defer_head_weight_grad) {
+  check_whole("TransformerModel::forward");
   const int64_t B = tokens.size(0), T = tokens.size(1);
   targets.expect_shape(tokens.shape());
   ctx.chunks.clear();  // contexts are move-only: start from fresh ones
@@ -176,16 +240,17 @@ LossResult TransformerModel::forward(ModelCtx& ctx, const Tensor& tokens, const 
 
 LossResult TransformerModel::loss(ModelCtx& ctx, const Tensor& output, const Tensor& targets, bool compute_grad,
                                   float loss_scale, bool defer_head_weight_grad) {
-  MEGATON_CHECK(ctx.chunks.size() == chunks_.size(), "loss without a forward of every chunk on this context");
+  MEGATON_CHECK(ctx.chunks.size() == num_chunks(), "loss without a forward of every chunk on this context");
   const int64_t count = compute_grad ? nn::count_targets(targets) : 0;
   const float scale = count ? loss_scale / static_cast<float>(count) : 0.0f;
   const nn::LossSum s =
-      chunks_.back().loss(ctx.chunks.back(), output, targets, compute_grad, scale, defer_head_weight_grad);
+      chunk(num_chunks() - 1).loss(ctx.chunks.back(), output, targets, compute_grad, scale, defer_head_weight_grad);
   if (!compute_grad) ctx = {};
   return {s.count ? s.sum / static_cast<double>(s.count) : 0.0, s.count};
 }
 
 void TransformerModel::backward(ModelCtx& ctx) {
+  check_whole("TransformerModel::backward");
   MEGATON_CHECK(ctx.chunks.size() == chunks_.size(), "backward without a training forward on this context");
   Tensor d;  // the last chunk takes its gradient from the loss op
   for (size_t c = chunks_.size(); c-- > 0;) d = chunks_[c].backward(ctx.chunks[c], d);
@@ -193,18 +258,21 @@ void TransformerModel::backward(ModelCtx& ctx) {
 }
 
 void TransformerModel::backward_input(ModelCtx& ctx) {
+  check_whole("TransformerModel::backward_input");
   MEGATON_CHECK(ctx.chunks.size() == chunks_.size(), "backward_input without a training forward on this context");
   Tensor d;
   for (size_t c = chunks_.size(); c-- > 0;) d = chunks_[c].backward_input(ctx.chunks[c], d);
 }
 
 void TransformerModel::backward_weight(ModelCtx& ctx) {
+  check_whole("TransformerModel::backward_weight");
   MEGATON_CHECK(ctx.chunks.size() == chunks_.size(), "backward_weight before backward_input on this context");
   for (size_t c = chunks_.size(); c-- > 0;) chunks_[c].backward_weight(ctx.chunks[c]);
   ctx = {};
 }
 
 std::vector<nn::KVCache> TransformerModel::new_kv_caches(int64_t B, int64_t max_len) const {
+  check_whole("incremental decoding");
   std::vector<nn::KVCache> caches;
   for (const auto& l : layers_) caches.push_back(l->attention->new_cache(B, max_len));
   return caches;
@@ -213,14 +281,15 @@ std::vector<nn::KVCache> TransformerModel::new_kv_caches(int64_t B, int64_t max_
 Tensor TransformerModel::forward_cached(std::vector<nn::KVCache>& caches, const Tensor& tokens) {
   if (tp_.active()) fail("incremental decoding runs on an unsharded model, this one is split over ", tp_.size(), " ranks");
   const int64_t B = tokens.size(0), T = tokens.size(1), C = config_.hidden_size;
-  Tensor h = embedding_.forward(tokens, caches.at(0).len, compute_dtype_);
+  check_whole("incremental decoding");
+  Tensor h = embedding_->forward(tokens, caches.at(0).len, compute_dtype_);
   for (size_t i = 0; i < layers_.size(); ++i) h = layers_[i]->forward_cached(caches[i], h, B, T);
   // Only the last position of each sequence needs logits.
   Tensor last = nn::new_activation({B, C}, "last_hidden");
   const Tensor hf = nn::as_dtype(h, DType::F32);  // the gather (and so the head) in f32
   kernels::copy_rows(kernels::ExecContext::on(hf), {last.view({B, 1, C}), 0, 0}, {hf.view({B, T, C}), T - 1, 0}, 1, C);
   nn::NormCtx scratch;
-  return head_.logits(final_norm_.forward(scratch, last));
+  return head_->logits(final_norm_->forward(scratch, last));
 }
 
 }  // namespace megaton::models

@@ -3,18 +3,27 @@
 // runs its chunks' F, B and W), and forward() / backward() here run every chunk in order.
 // forward() and backward() are separate so a schedule can interleave micro-batches; every
 // micro-batch keeps its activations in its own ModelCtx.
+//
+// Under pipeline parallelism (a StageLayout whose chunks live on several ranks) the model holds
+// only its rank's chunks: their layers, the embedding with chunk 0, the final norm and head with
+// the last. Its parameters, and so the gradient buffer and optimizer built over them, are this
+// stage's alone. With tied embeddings a last stage without chunk 0 holds a copy of the word
+// embedding as the head's weight, under the embedding's name; the training step sums the two
+// copies' gradients (Megatron's embedding group) so they stay identical.
 #pragma once
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "megaton/models/model_chunk.h"
-#include "megaton/nn/moe/moe_layer.h"
+#include "megaton/models/stage_layout.h"
 #include "megaton/models/transformer_config.h"
+#include "megaton/nn/moe/moe_layer.h"
 
 namespace megaton::models {
 
 struct ModelCtx {
-  std::vector<ChunkCtx> chunks;  // one per model chunk
+  std::vector<ChunkCtx> chunks;  // one per model chunk (of the whole model: those of other stages stay empty)
 };
 
 struct LossResult {
@@ -29,12 +38,24 @@ class TransformerModel {
   // shard of the model belongs to (none by default: the whole model); heads, ffn_hidden_size and
   // the padded vocabulary are split over it, errors naming the sizes that do not divide.
   explicit TransformerModel(const TransformerConfig& config, int64_t num_chunks = 1, const nn::TensorParallel& tp = {});
+  // This rank's stage of the model under `layout` (validated against the config: errors name the
+  // sizes); init and results do not depend on the layout.
+  TransformerModel(const TransformerConfig& config, StageLayout layout, const nn::TensorParallel& tp = {});
   TransformerModel(const TransformerModel&) = delete;
   TransformerModel& operator=(const TransformerModel&) = delete;
 
   const TransformerConfig& config() const { return config_; }
   const nn::TensorParallel& tensor_parallel() const { return tp_; }
+  const StageLayout& stage_layout() const { return layout_; }
+  // This rank's parameters (the whole model's without pipeline parallelism).
   const nn::ParameterList& parameters() const { return params_; }
+  // Where parameters()[i] sits in layer order (StageLayout: -1 embedding, a layer, L final norm
+  // and head); the last stage's copy of a tied embedding sits at -1 with the embedding.
+  int64_t position(size_t i) const { return positions_.at(i); }
+  // The tied word embedding whose gradient this stage sums with another's (Megatron's
+  // shared_embedding_or_output_weight): the embedding on the stage holding chunk 0, the head's copy
+  // on the one holding the last, when those are different ranks; else null.
+  nn::Parameter* embedding_group_weight();
   // Normal(0, init_method_std) for matrices and embeddings, the output projections of each block
   // scaled by 1/sqrt(2 num_layers) (GPT-2 / Megatron), norms 1, biases 0. Each tensor draws from
   // its own Philox stream keyed by its name over its global (unpadded) shape, so init is independent
@@ -52,6 +73,13 @@ class TransformerModel {
   // FP8 GEMMs (fp8/recipe.h) in the linears of transformer layers [first_layer, end_layer) (global
   // layer numbers; default all); the embedding and the output head stay in the compute dtype.
   void enable_fp8(const fp8::Fp8Config& config, int64_t first_layer = 0, int64_t end_layer = INT64_MAX);
+  // What enable_fp8 was given (nullopt without FP8): a whole-model copy repeats it to hold every
+  // stage's FP8 state.
+  struct Fp8Setting {
+    fp8::Fp8Config config;
+    int64_t first_layer, end_layer;
+  };
+  const std::optional<Fp8Setting>& fp8_setting() const { return fp8_setting_; }
   // The layers' FP8 quantizers (empty without FP8): a training step rolls their delayed-scaling
   // histories once per step, after reducing the newest amaxes over the parallel groups.
   std::vector<fp8::LinearQuantizer*> fp8_quantizers();
@@ -92,26 +120,36 @@ class TransformerModel {
   std::vector<nn::MoeStats> moe_step_stats();
   void update_moe_expert_bias(const std::vector<parallel::Communicator*>& groups);
 
-  nn::Embedding& embedding() { return embedding_; }
+  // The modules this stage holds (each accessor throws on a stage without it).
+  nn::Embedding& embedding();
+  // This stage's layers, in layer order (every layer of a whole model).
   std::vector<std::unique_ptr<nn::TransformerBlock>>& layers() { return layers_; }
-  nn::Norm& final_norm() { return final_norm_; }
-  nn::OutputHead& head() { return head_; }
-  nn::Parameter& output_weight() { return head_.weight(); }
-  std::vector<ModelChunk>& chunks() { return chunks_; }
+  nn::Norm& final_norm();
+  nn::OutputHead& head();
+  nn::Parameter& output_weight() { return head().weight(); }
+  // Model chunks of the whole model; this stage holds some of them (every one without pipelining).
+  size_t num_chunks() const { return layout_.num_chunks(); }
+  ModelChunk& chunk(size_t c);
 
  private:
   // Every transformer layer's Linear modules, in layer order.
   std::vector<nn::Linear*> layer_linears();
+  void check_whole(const char* what) const;  // throws when some chunk lives on another stage
 
   TransformerConfig config_;
   nn::TensorParallel tp_;
+  StageLayout layout_;
   nn::RopeTables rope_;
-  nn::Embedding embedding_;
+  std::unique_ptr<nn::Embedding> embedding_;  // with model chunk 0
   std::vector<std::unique_ptr<nn::TransformerBlock>> layers_;
-  nn::Norm final_norm_;
-  nn::OutputHead head_;
+  std::unique_ptr<nn::Norm> final_norm_;  // with the last model chunk, like the head
+  std::unique_ptr<nn::OutputHead> head_;
   nn::ParameterList params_;
-  std::vector<ModelChunk> chunks_;
+  std::vector<int64_t> positions_;
+  std::vector<int64_t> layer_numbers_;  // the global layer number of each of layers_
+  std::optional<Fp8Setting> fp8_setting_;    // per params_ entry
+  std::vector<ModelChunk> chunks_;    // the held ones, in model-chunk order
+  std::vector<int> chunk_index_;      // model chunk -> index into chunks_, -1 when not held
   DType compute_dtype_ = DType::F32;
 };
 

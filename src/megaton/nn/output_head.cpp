@@ -19,7 +19,8 @@ namespace {
 constexpr int64_t kChunkRows = 256;
 }  // namespace
 
-OutputHead::OutputHead(int64_t hidden, int64_t vocab, int64_t padded_vocab, Parameter* tied, const TensorParallel& tp)
+OutputHead::OutputHead(int64_t hidden, int64_t vocab, int64_t padded_vocab, Parameter* tied, const TensorParallel& tp,
+                       bool embedding_copy)
     : hidden_(hidden), vocab_(vocab), tp_(tp), tied_(tied) {
   auto pieces = even_pieces({padded_vocab}, tp.size(), "padded vocabulary");
   const ShardPiece mine = pieces.at(static_cast<size_t>(tp.rank())).front();
@@ -30,7 +31,9 @@ OutputHead::OutputHead(int64_t hidden, int64_t vocab, int64_t padded_vocab, Para
                   shape_str(tied->value.shape()), ", expected ", shape_str({local_vocab_, hidden}));
     ++tied->uses;  // the embedding's gradient is final only after both the head and the embedding added theirs
   } else {
-    own_ = Parameter("output_layer.weight", {local_vocab_, hidden}, true, split_spec(0, vocab, tp, std::move(pieces)));
+    MEGATON_CHECK(!embedding_copy || !tied, "an output head is tied to the embedding or holds a copy of it, not both");
+    own_ = Parameter(embedding_copy ? "embedding.word_embeddings.weight" : "output_layer.weight", {local_vocab_, hidden},
+                     !embedding_copy, split_spec(0, vocab, tp, std::move(pieces)));
   }
 }
 

@@ -32,8 +32,12 @@ struct HeadCtx {
 class OutputHead {
  public:
   // tied: the word embedding whose value/grad this head shares (split as this head would be); null
-  // for an own weight. padded_vocab: the vocabulary padded for the split.
-  OutputHead(int64_t hidden, int64_t vocab, int64_t padded_vocab, Parameter* tied, const TensorParallel& tp = {});
+  // for an own weight. padded_vocab: the vocabulary padded for the split. embedding_copy: the own
+  // weight is a copy of a tied word embedding held elsewhere (the last pipeline stage's, Megatron's
+  // shared_embedding_or_output_weight): named and decayed like the embedding, so it initialises,
+  // steps and checkpoints as the same tensor.
+  OutputHead(int64_t hidden, int64_t vocab, int64_t padded_vocab, Parameter* tied, const TensorParallel& tp = {},
+             bool embedding_copy = false);
   // Loss only (evaluation). targets: i32, one per row of x (kIgnoreIndex for none).
   LossSum loss(const Tensor& x, const Tensor& targets);
   // Loss and gradients of grad_scale * sum(losses): dx (written) and the weight gradient,

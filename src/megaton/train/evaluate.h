@@ -13,7 +13,9 @@ struct EvalResult {
 };
 
 // Samples 0 .. min(max_samples, size) - 1 of `samples` (max_samples <= 0: all), batch_size at a
-// time. With accumulate_grads, every parameter's grad receives d(mean loss)/d(param).
+// time. With accumulate_grads, every parameter's grad receives d(mean loss)/d(param). A model cut
+// into pipeline stages is run stage after stage, the hidden states passed point to point (every
+// rank of its pipeline group calls this and gets the same result; no gradients there).
 EvalResult evaluate(models::TransformerModel& model, const data::SampleSource& samples, int64_t batch_size,
                     int64_t max_samples, bool accumulate_grads = false);
 

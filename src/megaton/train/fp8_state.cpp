@@ -37,30 +37,40 @@ std::vector<float> values_of(const Tensor& t) {
 
 }  // namespace
 
-Fp8StateSnapshot::Fp8StateSnapshot(const models::TransformerModel& model) {
-  for (const auto& [name, state] : named_states(model)) {
+Fp8StateSnapshot::Fp8StateSnapshot(const models::TransformerModel& live, models::TransformerModel& whole) {
+  const auto& setting = live.fp8_setting();
+  if (!setting) return;
+  whole.enable_fp8(setting->config, setting->first_layer, setting->end_layer);
+  const auto named = named_states(whole);
+  int64_t total = 0;
+  for (const auto& [name, state] : named) total += static_cast<int64_t>(state->state().size());
+  flat_ = Tensor::zeros({total}, DType::F32, MemCategory::Other, "fp8_state");
+  int64_t offset = 0;
+  for (const auto& [name, state] : named) {
     const auto n = static_cast<int64_t>(state->state().size());
-    states_.emplace_back(name, Tensor::zeros({n}, DType::F32, MemCategory::Other, name));
+    index_.emplace(name, states_.size());
+    states_.emplace_back(name, flat_.window(offset, {n}, name));
+    offset += n;
   }
 }
 
-void Fp8StateSnapshot::capture(const models::TransformerModel& model) {
-  const auto named = named_states(model);
-  MEGATON_CHECK(named.size() == states_.size(), "FP8 state snapshot of ", states_.size(), " states, the model has ",
-                named.size());
-  for (size_t i = 0; i < named.size(); ++i) {
-    const std::vector<float> v = named[i].second->state();
-    MEGATON_CHECK(static_cast<int64_t>(v.size()) == states_[i].second.numel(), "FP8 state '", named[i].first,
-                  "' changed size");
-    std::copy(v.begin(), v.end(), states_[i].second.data<float>());
+void Fp8StateSnapshot::capture(const models::TransformerModel& live) {
+  if (states_.empty()) return;
+  std::fill(flat_.data<float>(), flat_.data<float>() + flat_.numel(), 0.0f);
+  for (const auto& [name, state] : named_states(live)) {
+    const std::vector<float> v = state->state();
+    const Tensor& dst = states_.at(index_.at(name)).second;
+    MEGATON_CHECK(static_cast<int64_t>(v.size()) == dst.numel(), "FP8 state '", name, "' changed size");
+    std::copy(v.begin(), v.end(), dst.data<float>());
   }
+  const models::StageLayout& layout = live.stage_layout();
+  if (layout.split()) layout.group->all_reduce(flat_);
 }
 
-void Fp8StateSnapshot::restore(models::TransformerModel& model) const {
-  const auto states = writable_states(model);
-  MEGATON_CHECK(states.size() == states_.size(), "FP8 state snapshot of ", states_.size(), " states, the model has ",
-                states.size());
-  for (size_t i = 0; i < states.size(); ++i) states[i]->load_state(values_of(states_[i].second));
+void Fp8StateSnapshot::restore(models::TransformerModel& live) const {
+  const auto named = named_states(live);
+  const auto states = writable_states(live);
+  for (size_t i = 0; i < named.size(); ++i) states[i]->load_state(values_of(states_.at(index_.at(named[i].first)).second));
 }
 
 void Fp8StateSnapshot::write(const std::string& dir) const {
@@ -80,9 +90,6 @@ void load_fp8_state(const std::string& dir, models::TransformerModel& model) {
     return;
   }
   const auto saved = ckpt::load_safetensors(path);
-  if (saved.size() != named.size())
-    fail(path, ": ", saved.size(), " FP8 delayed-scaling states, the model has ", named.size(),
-         " (FP8 on other layers when it was written)");
   const auto states = writable_states(model);
   for (size_t i = 0; i < named.size(); ++i) {
     const auto it = saved.find(named[i].first);

@@ -9,7 +9,7 @@
 #include "megaton/core/atomic_file.h"
 #include "megaton/core/regular_file.h"
 #include "megaton/models/hf_format.h"
-#include "megaton/models/tensor_parallel_weights.h"
+#include "megaton/models/parallel_weights.h"
 #include "megaton/nn/tensor_shards.h"
 
 namespace megaton::train {
@@ -38,14 +38,6 @@ void copy_bytes(const Tensor& src, const Tensor& dst) {
     std::memcpy(d + c * kChunk, s + c * kChunk, static_cast<size_t>(std::min(kChunk, n - c * kChunk)));
 }
 
-// to's value = from's (either may be split over its group: gathered, then sliced).
-void copy_value(const nn::Parameter& from, const nn::TensorParallel& from_tp, const nn::Parameter& to) {
-  if (nn::holds_global(from) && nn::holds_global(to))
-    copy_bytes(from.value, to.value);
-  else
-    nn::slice_global(to, nn::gather_global(from, from.value, from_tp), to.value);
-}
-
 // The parameter whose moment `state_name` ("<param>.exp_avg" / ".exp_avg_sq") is.
 const nn::Parameter& moment_param(const models::TransformerModel& model, const std::string& state_name) {
   for (const nn::Parameter* p : model.parameters())
@@ -56,28 +48,71 @@ const nn::Parameter& moment_param(const models::TransformerModel& model, const s
 }  // namespace
 
 StateSnapshot::StateSnapshot(const models::TransformerModel& model, const optim::Optimizer& optimizer)
-    : model_(model.config()), tp_(model.tensor_parallel()), fp8_(model) {
+    : model_(model.config()), fp8_(model, model_) {
   for (nn::Parameter* p : model_.parameters()) p->grad = Tensor();  // only the values are kept
-  for (const auto& [name, shape] : optimizer.state_specs()) {
-    const nn::Parameter& p = moment_param(model, name);
-    // Touched now, not in the first save.
-    const Tensor global = Tensor::zeros(nn::global_shape(p), DType::F32, MemCategory::Optimizer, name);
-    moments_.emplace_back(name, global);
-    local_moments_.emplace_back(
-        name, nn::holds_global(p) ? global : Tensor::zeros(shape, DType::F32, MemCategory::Optimizer, name));
-    moment_params_.push_back(&p);
+  std::map<std::string, size_t> local_index;
+  for (size_t i = 0; i < model.parameters().size(); ++i) local_index.emplace(model.parameters()[i]->name, i);
+  for (const nn::Parameter* p : model_.parameters()) {
+    const auto it = local_index.find(p->name);
+    local_params_.push_back(it == local_index.end() ? -1 : static_cast<int64_t>(it->second));
   }
+  // The whole model's moments: the optimizer's per-parameter state names (read off this stage's
+  // parameters: "<param>.exp_avg", ...) for every parameter of the whole model. Touched now, not in
+  // the first save.
+  std::vector<std::string> suffixes;
+  const std::vector<optim::StateTensorSpec> specs = optimizer.state_specs();
+  for (const auto& spec : specs) {
+    const std::string suffix = spec.name.substr(moment_param(model, spec.name).name.size());
+    if (std::find(suffixes.begin(), suffixes.end(), suffix) == suffixes.end()) suffixes.push_back(suffix);
+  }
+  std::map<std::string, size_t> whole_index;
+  for (size_t i = 0; i < model_.parameters().size(); ++i)
+    for (const std::string& suffix : suffixes) {
+      const nn::Parameter& p = *model_.parameters()[i];
+      whole_index.emplace(p.name + suffix, moments_.size());
+      moments_.emplace_back(p.name + suffix,
+                            Tensor::zeros(nn::global_shape(p), DType::F32, MemCategory::Optimizer, p.name + suffix));
+      moment_whole_param_.push_back(i);
+    }
+  // This stage's moments in its local shapes: the very tensors of moments_ where a parameter is whole.
+  for (const auto& spec : specs) {
+    const nn::Parameter& p = moment_param(model, spec.name);
+    const Tensor& global = moments_.at(whole_index.at(spec.name)).second;
+    local_moments_.emplace_back(
+        spec.name, nn::holds_global(p) ? global : Tensor::zeros(spec.shape, DType::F32, MemCategory::Optimizer, spec.name));
+    local_moment_index_.emplace(spec.name, local_moments_.size() - 1);
+  }
+}
+
+const nn::Parameter* StateSnapshot::local_param(const models::TransformerModel& model, size_t i) const {
+  return local_params_[i] < 0 ? nullptr : model.parameters()[static_cast<size_t>(local_params_[i])];
 }
 
 void StateSnapshot::capture(const models::TransformerModel& model, const optim::Optimizer& optimizer,
                             const TrainProgress& progress, const TrainConfig& cfg) {
-  const auto& from = model.parameters();
+  // Every parameter of the whole model, from the stage holding it (its tensor-parallel shards
+  // gathered): the same sequence of collectives on every rank.
   const auto& to = model_.parameters();
-  for (size_t i = 0; i < from.size(); ++i) copy_value(*from[i], tp_, *to[i]);
+  const auto gathered = [&](size_t i, const Tensor& local, const Shape& shape, const std::string& name) {
+    return models::gather_stage_tensor(model, model_.position(i), local_param(model, i), local, shape, name);
+  };
+  for (size_t i = 0; i < to.size(); ++i) {
+    const nn::Parameter* p = local_param(model, i);
+    const Tensor global = gathered(i, p ? p->value : Tensor(), nn::global_shape(*to[i]), to[i]->name);
+    if (!nn::holds_global(*to[i]))
+      nn::slice_global(*to[i], global, to[i]->value);
+    else if (global.raw() != to[i]->value.raw())
+      copy_bytes(global, to[i]->value);
+  }
   optimizer.save_state(local_moments_);
-  for (size_t i = 0; i < moments_.size(); ++i)
-    if (!nn::holds_global(*moment_params_[i]))
-      copy_bytes(nn::gather_global(*moment_params_[i], local_moments_[i].second, tp_), moments_[i].second);
+  for (size_t j = 0; j < moments_.size(); ++j) {
+    const auto local = local_moment_index_.find(moments_[j].first);
+    const Tensor& dst = moments_[j].second;
+    const Tensor global = gathered(moment_whole_param_[j],
+                                   local == local_moment_index_.end() ? Tensor() : local_moments_[local->second].second,
+                                   dst.shape(), moments_[j].first);
+    if (global.raw() != dst.raw()) copy_bytes(global, dst);
+  }
   optimizer_steps_ = optimizer.steps();
   fp8_.capture(model);
   progress_ = progress;
@@ -86,11 +121,19 @@ void StateSnapshot::capture(const models::TransformerModel& model, const optim::
 
 void StateSnapshot::restore(models::TransformerModel& model, optim::Optimizer& optimizer) const {
   const auto& from = model_.parameters();
-  const auto& to = model.parameters();
-  for (size_t i = 0; i < from.size(); ++i) copy_value(*from[i], {}, *to[i]);
-  for (size_t i = 0; i < moments_.size(); ++i)
-    if (!nn::holds_global(*moment_params_[i]))
-      nn::slice_global(*moment_params_[i], moments_[i].second, local_moments_[i].second);
+  for (size_t i = 0; i < from.size(); ++i)
+    if (const nn::Parameter* p = local_param(model, i)) {
+      if (nn::holds_global(*p) && nn::holds_global(*from[i]))
+        copy_bytes(from[i]->value, p->value);
+      else
+        nn::slice_global(*p, nn::gather_global(*from[i], from[i]->value, {}), p->value);
+    }
+  for (size_t j = 0; j < moments_.size(); ++j) {
+    const auto local = local_moment_index_.find(moments_[j].first);
+    const nn::Parameter* p = local_param(model, moment_whole_param_[j]);
+    if (local != local_moment_index_.end() && !nn::holds_global(*p))
+      nn::slice_global(*p, moments_[j].second, local_moments_[local->second].second);
+  }
   optimizer.load_state({local_moments_.begin(), local_moments_.end()}, optimizer_steps_);
   fp8_.restore(model);
 }
@@ -130,8 +173,9 @@ TrainProgress load_checkpoint(const std::string& dir, models::TransformerModel& 
          " (linear_qkv moments in Megatron's per-query-group layout, not [q | k | v]); to continue without the "
          "optimizer state, start a new run with model.load=",
          dir);
-  // The files hold the global tensors: a split model takes its slices of them.
-  if (model.tensor_parallel().active()) {
+  // The files hold the whole model's global tensors: a split model (over tensor parallelism, or a
+  // pipeline stage) takes its pieces of them.
+  if (model.tensor_parallel().active() || model.stage_layout().split()) {
     models::TransformerModel whole(model.config());
     models::load_hf_tensors(whole, ckpt::load_safetensors(model_file), model_file);
     models::copy_weights(whole, model);

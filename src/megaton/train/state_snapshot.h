@@ -4,10 +4,12 @@
 // The optimizer part is the optimizer's full, layout-free state (optim::Optimizer): with the
 // distributed optimizer, capturing gathers every rank's shard (every rank of the group must
 // capture together) and restoring copies each rank's owned elements back. Weights and moments are
-// held as the global tensors whatever the tensor-parallel layout (gathered from the shards on
-// capture, sliced on restore; collective over the tensor-parallel group), so a checkpoint written
-// at one tp loads at another.
+// held as the whole model's global tensors whatever the layout: gathered from the tensor-parallel
+// shards and, under pipeline parallelism, from the stage holding each parameter on capture (every
+// rank holds the whole snapshot; collective over the tensor-parallel and pipeline groups), sliced
+// to this rank's pieces on restore. So a checkpoint written at one tp / pp loads at another.
 #pragma once
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
@@ -38,12 +40,17 @@ class StateSnapshot {
 
  private:
   models::TransformerModel model_;  // holds the weights, whole (its gradient buffers are released)
-  std::vector<std::pair<std::string, Tensor>> moments_;  // the optimizer's full state, global shapes
-  // The same in the live model's local shapes (the very tensors of moments_ where a parameter is
-  // whole), and the parameter each belongs to.
+  // The index of each of model_'s parameters among the live model's (-1 where another stage holds it).
+  std::vector<int64_t> local_params_;
+  // The optimizer's full state for the whole model, global shapes, and the index into model_'s
+  // parameters each belongs to.
+  std::vector<std::pair<std::string, Tensor>> moments_;
+  std::vector<size_t> moment_whole_param_;
+  // This stage's state in the live model's local shapes, in the optimizer's order (the very tensors
+  // of moments_ where a parameter is whole), and where each name is in it.
   std::vector<std::pair<std::string, Tensor>> local_moments_;
-  std::vector<const nn::Parameter*> moment_params_;
-  nn::TensorParallel tp_;
+  std::map<std::string, size_t> local_moment_index_;
+  const nn::Parameter* local_param(const models::TransformerModel& model, size_t i) const;  // of model_'s i-th
   int64_t optimizer_steps_ = 0;
   TrainProgress progress_;
   nlohmann::json state_;  // state.json as of the capture

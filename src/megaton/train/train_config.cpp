@@ -143,6 +143,8 @@ const std::vector<Field>& fields() {
       field("parallel.pipeline_model_parallel_size", &TC::pipeline_model_parallel_size),
       field("parallel.virtual_pipeline_model_parallel_size", &TC::virtual_pipeline_model_parallel_size),
       field("parallel.pipeline_schedule", &TC::pipeline_schedule),
+      field("parallel.decoder_first_pipeline_num_layers", &TC::decoder_first_pipeline_num_layers),
+      field("parallel.decoder_last_pipeline_num_layers", &TC::decoder_last_pipeline_num_layers),
       field("parallel.context_parallel_size", &TC::context_parallel_size),
       field("parallel.expert_model_parallel_size", &TC::expert_model_parallel_size),
       field("parallel.data_parallel_size", &TC::data_parallel_size),
@@ -283,9 +285,9 @@ void check(bool ok, const std::string& key, const std::string& msg) {
 }
 
 // The schedule's sizes (generators.h refuses the rest when the step builds it, naming them) and
-// the layer split: every model chunk holds the same number of whole layers.
+// the layer split (pipeline_stage_layers): whole layers, every chunk of a rank as many.
 void check_pipeline(const TrainConfig& c) {
-  const int64_t pp = c.pipeline_model_parallel_size, vpp = c.virtual_pipeline_model_parallel_size;
+  const int64_t vpp = c.virtual_pipeline_model_parallel_size;
   check(vpp >= 1 && vpp <= 1024, "parallel.virtual_pipeline_model_parallel_size",
         "must be in [1, 1024], got " + std::to_string(vpp));
   const auto& kinds = pipeline::schedule_kinds();
@@ -296,12 +298,7 @@ void check_pipeline(const TrainConfig& c) {
         "'dualpipe' (two parameter copies per rank) is not supported yet; 'dualpipev' is its one-copy form");
   check(vpp == 1 || c.pipeline_schedule == "interleaved", "parallel.virtual_pipeline_model_parallel_size",
         std::to_string(vpp) + " needs parallel.pipeline_schedule = \"interleaved\"");
-  if (pp == 1) return;
-  const int64_t chunks = pp * pipeline_chunks_per_rank(c);
-  check(c.model.num_layers % chunks == 0, "model.num_layers",
-        std::to_string(c.model.num_layers) + " layers do not split evenly into " + std::to_string(chunks) +
-            " pipeline model chunks (pipeline_model_parallel_size " + std::to_string(pp) + " x " +
-            std::to_string(pipeline_chunks_per_rank(c)) + " chunks per rank for '" + c.pipeline_schedule + "')");
+  pipeline_stage_layers(c);
 }
 
 void validate(const TrainConfig& c) {
@@ -520,6 +517,50 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
 int64_t pipeline_chunks_per_rank(const TrainConfig& c) {
   if (c.pipeline_schedule == "zbv" || c.pipeline_schedule == "dualpipev") return 2;  // the V: stages r and 2p-1-r
   return c.pipeline_schedule == "interleaved" ? c.virtual_pipeline_model_parallel_size : 1;
+}
+
+std::vector<int64_t> pipeline_stage_layers(const TrainConfig& c) {
+  const int64_t pp = c.pipeline_model_parallel_size, L = c.model.num_layers, per_rank = pipeline_chunks_per_rank(c);
+  const int64_t first = c.decoder_first_pipeline_num_layers, last = c.decoder_last_pipeline_num_layers;
+  for (const auto& [key, n] : {std::pair{"parallel.decoder_first_pipeline_num_layers", first},
+                               {"parallel.decoder_last_pipeline_num_layers", last}}) {
+    check(n >= 0 && n <= L, key, "must be in [0, model.num_layers " + std::to_string(L) + "] (0: not set), got " +
+                                     std::to_string(n));
+    check(n == 0 || pp > 1, key, std::to_string(n) + " needs parallel.pipeline_model_parallel_size > 1");
+  }
+  if (pp == 1) return {L};
+  if (first == 0 && last == 0) {
+    const int64_t chunks = pp * per_rank;
+    check(L % chunks == 0, "model.num_layers",
+          std::to_string(L) + " layers do not split evenly into " + std::to_string(chunks) +
+              " pipeline model chunks (pipeline_model_parallel_size " + std::to_string(pp) + " x " +
+              std::to_string(per_rank) + " chunks per rank for '" + c.pipeline_schedule + "')");
+    return std::vector<int64_t>(static_cast<size_t>(pp), L / pp);
+  }
+  // Megatron's rule: the ranks not given a count share the remaining layers evenly.
+  const std::string key = first ? "parallel.decoder_first_pipeline_num_layers" : "parallel.decoder_last_pipeline_num_layers";
+  const std::string given = (first ? "decoder_first_pipeline_num_layers " + std::to_string(first) : std::string()) +
+                            (first && last ? " + " : "") +
+                            (last ? "decoder_last_pipeline_num_layers " + std::to_string(last) : std::string());
+  const int64_t rest = L - first - last, others = pp - (first ? 1 : 0) - (last ? 1 : 0);
+  check(rest >= 0, key, given + " exceed model.num_layers " + std::to_string(L));
+  check(others > 0 || rest == 0, key,
+        given + " leave " + std::to_string(rest) + " of model.num_layers " + std::to_string(L) +
+            " layers but no other pipeline rank (pipeline_model_parallel_size " + std::to_string(pp) + ")");
+  check(others == 0 || rest > 0, key,
+        given + " leave no layers of model.num_layers " + std::to_string(L) + " for the other " +
+            std::to_string(others) + " pipeline ranks (each needs at least one)");
+  check(others == 0 || rest % others == 0, key,
+        given + " leave " + std::to_string(rest) + " of model.num_layers " + std::to_string(L) +
+            " layers, which do not split evenly into the other " + std::to_string(others) + " pipeline ranks");
+  std::vector<int64_t> layers(static_cast<size_t>(pp), others ? rest / others : 0);
+  if (first) layers.front() = first;
+  if (last) layers.back() = last;
+  for (size_t r = 0; r < layers.size(); ++r)
+    check(layers[r] % per_rank == 0, key,
+          "pipeline rank " + std::to_string(r) + "'s " + std::to_string(layers[r]) + " layers do not split evenly into " +
+              std::to_string(per_rank) + " chunks per rank for '" + c.pipeline_schedule + "'");
+  return layers;
 }
 
 void resolve_parallel_layout(TrainConfig& c, int64_t world_size) {

@@ -54,6 +54,10 @@ struct TrainConfig {
   // "zb-h1", "zb-h2", "zbv", "dualpipev" ("dualpipe", with its two parameter copies, is refused
   // for now). At pipeline_model_parallel_size 1 the step runs without pipelining whatever is set.
   std::string pipeline_schedule = "1f1b";
+  // Megatron's uneven first / last stages (to balance the embedding and the head): the layers of
+  // pipeline rank 0 / of the last rank; the other ranks split the rest evenly. 0: not set.
+  int64_t decoder_first_pipeline_num_layers = 0;
+  int64_t decoder_last_pipeline_num_layers = 0;
   int64_t context_parallel_size = 1;
   int64_t expert_model_parallel_size = 1;
   int64_t data_parallel_size = 0;      // 0: world size / (tp x cp x pp); else checked against it
@@ -158,6 +162,10 @@ std::pair<int64_t, int64_t> fp8_layer_range(const TrainConfig& c, int64_t num_la
 // Model chunks each pipeline rank holds under c.pipeline_schedule: 2 for the V schedules (zbv,
 // dualpipev), virtual_pipeline_model_parallel_size for interleaved, else 1.
 int64_t pipeline_chunks_per_rank(const TrainConfig& c);
+// The layers of each pipeline rank: even, or with decoder_first / last_pipeline_num_layers. Throws
+// naming the key and the sizes when they do not add up (each rank's layers must also split evenly
+// into its chunks).
+std::vector<int64_t> pipeline_stage_layers(const TrainConfig& c);
 // All known "section.key" names (for help and suggestions).
 std::vector<std::string> train_config_keys();
 

@@ -12,9 +12,10 @@
 #include "megaton/infer/generate.h"
 #include "megaton/kernels/sgemm_ceiling.h"
 #include "megaton/models/hf_format.h"
-#include "megaton/models/tensor_parallel_weights.h"
+#include "megaton/models/parallel_weights.h"
 #include "megaton/optim/grad_clip.h"
 #include "megaton/train/evaluate.h"
+#include "megaton/train/pipeline_layout.h"
 #include "megaton/train/run_directory.h"
 #include "megaton/train/stop_signal.h"
 
@@ -69,21 +70,17 @@ Trainer::Trainer(TrainConfig config, RunOptions options)
   if (cfg_.eval_interval > 0 && !data_.valid)
     fail("config key 'logging.eval_interval' is ", cfg_.eval_interval, " but there is no validation data: "
          "data.valid_data_path is empty and data.split '", cfg_.split, "' leaves no documents for validation");
-  // This rank's shard of the model over its tensor-parallel group (the whole model at tp 1).
-  // Under pipeline parallelism the layers split into the schedule's model chunks (stages x chunks
-  // per rank), of which this rank runs its stage's.
+  // This rank's shard of the model over its tensor-parallel group (the whole model at tp 1) and,
+  // under pipeline parallelism, of its stage: the layers split into the schedule's model chunks
+  // (stages x chunks per rank), of which this rank builds only its own.
   const nn::TensorParallel tp{&groups_->tp(), cfg_.sequence_parallel};
-  const int64_t chunks =
-      cfg_.pipeline_model_parallel_size > 1 ? cfg_.pipeline_model_parallel_size * pipeline_chunks_per_rank(cfg_) : 1;
+  models::StageLayout layout = pipeline_layout(cfg_, groups_->pp());
   if (!cfg_.load.empty()) {
-    model_ = models::load_hf_model(cfg_.load);
-    if (tp.active() || chunks > 1) {
-      auto split = std::make_unique<models::TransformerModel>(model_->config(), chunks, tp);
-      models::copy_weights(*model_, *split);
-      model_ = std::move(split);
-    }
+    std::unique_ptr<models::TransformerModel> whole = models::load_hf_model(cfg_.load);
+    model_ = std::make_unique<models::TransformerModel>(whole->config(), std::move(layout), tp);
+    models::copy_weights(*whole, *model_);
   } else {
-    model_ = std::make_unique<models::TransformerModel>(cfg_.model, chunks, tp);
+    model_ = std::make_unique<models::TransformerModel>(cfg_.model, std::move(layout), tp);
     model_->init_weights(static_cast<uint64_t>(cfg_.seed));
   }
   if (cfg_.bf16) model_->set_compute_dtype(DType::BF16);
@@ -215,17 +212,18 @@ TrainSummary Trainer::run() {
            (cfg_.sequence_parallel ? " + sequence parallel" : "") + " (parameters per rank)";
     if (cfg_.pipeline_model_parallel_size > 1)
       s += " | pipeline parallel " + std::to_string(cfg_.pipeline_model_parallel_size) + " stages, schedule '" +
-           cfg_.pipeline_schedule + "', " + std::to_string(model_->chunks().size()) + " model chunks";
+           cfg_.pipeline_schedule + "', " + std::to_string(model_->num_chunks()) + " model chunks";
     if (cfg_.data_parallel_size > 1)
       s += " | data parallel " + std::to_string(cfg_.data_parallel_size) + " ranks" +
            (cfg_.use_distributed_optimizer ? ", distributed optimizer" : "");
     return s;
   };
   if (primary_)
-    std::printf("model %s: %ld layers, hidden %ld, %ld heads (%ld kv), %.2fM parameters | %ld steps of %ld x %ld tokens"
-                " | %d threads | sgemm ceiling %.1f GFLOP/s%s\n",
+    std::printf("model %s: %ld layers, hidden %ld, %ld heads (%ld kv), %.2fM parameters%s | %ld steps of %ld x %ld "
+                "tokens | %d threads | sgemm ceiling %.1f GFLOP/s%s\n",
                 mc.name.c_str(), mc.num_layers, mc.hidden_size, mc.num_attention_heads, mc.num_query_groups,
-                static_cast<double>(nn::count_parameters(model_->parameters())) / 1e6, cfg_.train_iters,
+                static_cast<double>(nn::count_parameters(model_->parameters())) / 1e6,
+                model_->stage_layout().split() ? " on pipeline rank 0" : "", cfg_.train_iters,
                 cfg_.global_batch_size, cfg_.seq_length, num_threads(), peak_gflops_,
                 parallel_layout().c_str());
   // From here on the allocator's peaks are the training's (not construction's transients): the
@@ -307,7 +305,7 @@ TrainSummary Trainer::run() {
   check_finite_weights("the final model");
   // The export and the sample need the whole model: a split one is gathered (by every rank).
   std::unique_ptr<models::TransformerModel> whole;
-  if (model_->tensor_parallel().active()) whole = models::gather_whole_model(*model_);
+  if (model_->tensor_parallel().active() || model_->stage_layout().split()) whole = models::gather_whole_model(*model_);
   models::TransformerModel& final_model = whole ? *whole : *model_;
   if (!primary_) return summary;
   export_final_model(final_model);

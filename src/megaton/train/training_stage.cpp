@@ -18,7 +18,7 @@ TrainingStage::TrainingStage(models::TransformerModel& model, std::function<void
   MEGATON_CHECK(microbatches > 0, "a training step needs at least one micro-batch, got ", microbatches);
   MEGATON_CHECK(data_parallel_size > 0, "data-parallel size ", data_parallel_size);
   model_.set_moe_aux_loss_grad_scale(grad_scale_);
-  const int model_chunks = static_cast<int>(model_.chunks().size());
+  const int model_chunks = static_cast<int>(model_.num_chunks());
   if (!place.schedule) {
     MEGATON_CHECK(!group_ || group_->size() == 1, "a pipeline group of ", group_->size(), " stages needs a schedule");
     for (int c = 0; c < model_chunks; ++c) local_.push_back(c);
@@ -40,6 +40,11 @@ TrainingStage::TrainingStage(models::TransformerModel& model, std::function<void
   for (int r = 0; r < s.stages; ++r)
     for (int c = 0; c < s.chunks_per_stage; ++c) holder_.at(static_cast<size_t>(s.model_chunk_of(r, c))) = r;
   for (int c = 0; c < s.chunks_per_stage; ++c) local_.push_back(s.model_chunk_of(stage_, c));
+  const models::StageLayout& layout = model_.stage_layout();
+  for (int mc = 0; mc < model_chunks; ++mc)
+    if (layout.split() && layout.chunk_rank.at(static_cast<size_t>(mc)) != holder_[static_cast<size_t>(mc)])
+      fail("pipeline schedule '", s.name, "' runs model chunk ", mc, " on stage ", holder_[static_cast<size_t>(mc)],
+           " but the model placed it on pipeline rank ", layout.chunk_rank.at(static_cast<size_t>(mc)));
 }
 
 int TrainingStage::model_chunk(int chunk, const char* op) const {
@@ -137,7 +142,7 @@ void TrainingStage::forward(int64_t microbatch, int chunk) {
       std::copy(b.inputs.begin(), b.inputs.end(), tokens.data<int32_t>());
       mb.inputs[0] = tokens;
     }
-    mb.ctx.chunks.resize(model_.chunks().size());
+    mb.ctx.chunks.resize(model_.num_chunks());
     batches_.erase(microbatch);
   }
   InFlight& mb = in_flight_.at(microbatch);
@@ -153,7 +158,7 @@ void TrainingStage::forward(int64_t microbatch, int chunk) {
     mb.inputs.erase(in);
   }
   const auto c = static_cast<size_t>(mc);
-  Tensor out = model_.chunks()[c].forward(mb.ctx.chunks[c], input, mb.B, mb.T);
+  Tensor out = model_.chunk(c).forward(mb.ctx.chunks[c], input, mb.B, mb.T);
   if (mc + 1 < static_cast<int>(holder_.size())) {
     if (remote(mc + 1)) send(out, true, microbatch, mc);
     else mb.inputs[mc + 1] = out;
@@ -191,14 +196,14 @@ void TrainingStage::backward_input(int64_t microbatch, int chunk) {
   const int mc = model_chunk(chunk, "B");
   InFlight& mb = in_flight(microbatch, "B");
   const auto c = static_cast<size_t>(mc);
-  Tensor d = model_.chunks()[c].backward_input(mb.ctx.chunks[c], output_grad(mb, microbatch, mc));
+  Tensor d = model_.chunk(c).backward_input(mb.ctx.chunks[c], output_grad(mb, microbatch, mc));
   pass_input_grad(mb, microbatch, mc, std::move(d));
 }
 
 void TrainingStage::backward_weight(int64_t microbatch, int chunk) {
   const int mc = model_chunk(chunk, "W");
   InFlight& mb = in_flight(microbatch, "W");
-  model_.chunks()[static_cast<size_t>(mc)].backward_weight(mb.ctx.chunks[static_cast<size_t>(mc)]);
+  model_.chunk(static_cast<size_t>(mc)).backward_weight(mb.ctx.chunks[static_cast<size_t>(mc)]);
   chunk_weight_grads_done(microbatch, mb);
 }
 
@@ -206,7 +211,7 @@ void TrainingStage::backward(int64_t microbatch, int chunk) {
   const int mc = model_chunk(chunk, "B");
   InFlight& mb = in_flight(microbatch, "B");
   const auto c = static_cast<size_t>(mc);
-  Tensor d = model_.chunks()[c].backward(mb.ctx.chunks[c], output_grad(mb, microbatch, mc));
+  Tensor d = model_.chunk(c).backward(mb.ctx.chunks[c], output_grad(mb, microbatch, mc));
   pass_input_grad(mb, microbatch, mc, std::move(d));
   chunk_weight_grads_done(microbatch, mb);
 }

@@ -44,7 +44,8 @@ class TrainingStage : public pipeline::StageRunner {
   // batch (Megatron's convention) once the data-parallel ranks' gradients are summed.
   // defer_head_weight_grad: the schedule runs W apart from B, so the output head keeps its
   // dlogits for W instead of adding its weight gradient during the loss (N x vocab memory).
-  // The model holds every model chunk of the schedule (schedule.model_chunks() of them).
+  // The model has every model chunk of the schedule (schedule.model_chunks() of them), holding
+  // either all of them or, cut into stages, those the schedule places on this rank.
   TrainingStage(models::TransformerModel& model, std::function<void(data::Batch&)> next_batch, int64_t microbatches,
                 bool defer_head_weight_grad = false, int64_t data_parallel_size = 1, PipelinePlace place = {},
                 float loss_scale = 1.0f);

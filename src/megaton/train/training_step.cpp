@@ -24,7 +24,7 @@ TrainingStep::TrainingStep(models::TransformerModel& model, const TrainConfig& c
       buffer_(std::make_unique<nn::ParamAndGradBuffer>(model.parameters(), cfg.bucket_size,
                                                        cfg.use_distributed_optimizer ? data_parallel.size() : 1)),
       schedule_(pipeline.size() == 1
-                    ? pipeline::no_pipelining(cfg.grad_accum_steps(), false, static_cast<int>(model.chunks().size()))
+                    ? pipeline::no_pipelining(cfg.grad_accum_steps(), false, static_cast<int>(model.num_chunks()))
                     : pipeline::generate(cfg.pipeline_schedule, pipeline.size(),
                                          static_cast<int>(pipeline_chunks_per_rank(cfg)), cfg.grad_accum_steps())) {
   if (pp_.size() != cfg.pipeline_model_parallel_size)
@@ -46,15 +46,24 @@ TrainingStep::TrainingStep(models::TransformerModel& model, const TrainConfig& c
   // Without tensor parallelism the norm reads the whole buffer (or the owned shards), as plain and
   // distributed AdamW always have; with it, each global element once.
   const nn::TensorParallel& tp = model_.tensor_parallel();
+  // Megatron's embedding group: the two stages holding a copy of the tied word embedding (every
+  // pipeline rank takes part in the split). The last stage's copy is left out of the norm: the
+  // first stage counts its elements.
+  embedding_group_ = model_.embedding_group_weight();
+  const models::StageLayout& layout = model_.stage_layout();
+  if (model_.config().tie_embeddings && layout.holder(-1) != layout.holder(model_.config().num_layers))
+    embedding_comm_ = pp_.split(embedding_group_ ? 0 : 1, pp_.rank(), "embedding");
+  const bool copy = embedding_group_ && layout.holder(-1) != layout.rank();
   std::vector<nn::ElementRange> counted;
   for (nn::Parameter* p : model_.parameters()) {
     if (nn::has_shared_grads(*p)) shared_grads_.push_back(p);
+    if (copy && p == embedding_group_) continue;
     for (const auto& [offset, n] : nn::counted_elements(*p, tp)) counted.push_back({buffer_->offset_of(*p) + offset, n});
   }
   std::sort(counted.begin(), counted.end(), [](const auto& a, const auto& b) { return a.offset < b.offset; });
   const std::vector<nn::ElementRange> all = {{0, buffer_->grads().numel()}};
   const std::vector<nn::ElementRange>& mine = distributed_ ? distributed_->owned() : all;
-  norm_ranges_ = tp.active() ? nn::intersect(counted, mine) : mine;
+  norm_ranges_ = tp.active() || copy ? nn::intersect(counted, mine) : mine;
   if (const auto scaling = loss_scaler_config(cfg)) scaler_.emplace(*scaling);
 }
 
@@ -75,9 +84,10 @@ void TrainingStep::wait_reductions() {
 
 double TrainingStep::finish_reductions() {
   const auto t0 = std::chrono::steady_clock::now();
-  // Each pipeline stage holds its own layers' gradients (zero elsewhere): summed first, then
-  // reduced over data parallelism like one process's (sums commute).
-  if (pp_.size() > 1) pp_.all_reduce(buffer_->grads());
+  // The tied embedding's two copies first, on each data-parallel rank's own gradients, so the
+  // data-parallel reduction (a reduce-scatter over each stage's own buffer layout with the
+  // distributed optimizer) sees the summed gradient like one process's (sums commute).
+  if (embedding_group_) embedding_comm_->all_reduce(embedding_group_->grad);
   if (dp_.size() > 1 && (!cfg_.overlap_grad_reduce || pp_.size() > 1))
     for (size_t b = 0; b < buffer_->buckets().size(); ++b) reduce_bucket(b);
   wait_reductions();
@@ -95,6 +105,7 @@ double TrainingStep::grad_norm() const {
   if (distributed_ && dp_.size() > 1) sum = dp_.all_reduce_scalar(sum);  // each rank holds its shards' sums
   const nn::TensorParallel& tp = model_.tensor_parallel();
   if (tp.active()) sum = tp.group->all_reduce_scalar(sum);
+  if (pp_.size() > 1) sum = pp_.all_reduce_scalar(sum);  // each stage holds its own layers
   return std::sqrt(sum);
 }
 
@@ -105,9 +116,9 @@ void TrainingStep::begin_fp8_step() {
     for (fp8::DelayedScaling* s : q->delayed_states()) states.push_back(s);
   if (states.empty()) return;
   // Every rank must quantise with the same scales (TE reduces amaxes over the tensor- and
-  // data-parallel groups; a pipeline rank holding the whole model saw only its stage's layers, so the
-  // pipeline group is reduced too): max of the newest slots, NaN carried as inf (MPI's max of NaN is
-  // unspecified; either keeps the previous scale).
+  // data-parallel groups; a layer lives on one pipeline stage, so not over the pipeline group): max
+  // of the newest slots, NaN carried as inf (MPI's max of NaN is unspecified; either keeps the
+  // previous scale).
   const int64_t n = static_cast<int64_t>(states.size());
   Tensor amax = Tensor::empty({n}, DType::F32, MemCategory::Workspace, "fp8_amax");
   for (int64_t i = 0; i < n; ++i) {
@@ -115,7 +126,6 @@ void TrainingStep::begin_fp8_step() {
     amax.data<float>()[i] = std::isnan(a) ? std::numeric_limits<float>::infinity() : a;
   }
   if (dp_.size() > 1) dp_.all_reduce(amax, parallel::ReduceOp::Max);
-  if (pp_.size() > 1) pp_.all_reduce(amax, parallel::ReduceOp::Max);
   if (const nn::TensorParallel& tp = model_.tensor_parallel(); tp.active()) tp.group->all_reduce(amax, parallel::ReduceOp::Max);
   for (int64_t i = 0; i < n; ++i) states[static_cast<size_t>(i)]->set_newest_amax(amax.data<float>()[i]);
   for (fp8::LinearQuantizer* q : quantizers) q->next_step();
@@ -127,7 +137,7 @@ TrainingStep::Result TrainingStep::forward_backward(int64_t step, int64_t first_
   const int64_t mbs = cfg_.micro_batch_size;
   model_.refresh_compute_weights();  // the main weights changed since: optimizer step, resume, rewind
   begin_fp8_step();
-  buffer_->begin_step(schedule_.microbatches, pp_.size() == 1);
+  buffer_->begin_step(schedule_.microbatches);
   model_.begin_moe_step();
   if (!loader_ || loader_position_ != first_sample) {
     loader_.reset();  // stop the old workers before the new loader starts its own
@@ -166,7 +176,8 @@ TrainingStep::Result TrainingStep::forward_backward(int64_t step, int64_t first_
   // Without the distributed optimizer the reduced gradients are the same on every data-parallel
   // rank, unless something (a fault) touched one rank's after the reduction: one rank's non-finite
   // norm is everyone's. (The distributed optimizer's norm is already summed over the group.)
-  // The pipeline ranks summed their gradients the same way; a fault may touch one rank's after.
+  // The pipeline stages' norms are summed (one NaN is everyone's), but a fault may touch one
+  // stage's loss after.
   const auto agree = [&](parallel::Communicator& group) {
     if (group.all_reduce_scalar(std::isfinite(grad_norm) ? 0.0 : 1.0, parallel::ReduceOp::Max) > 0)
       grad_norm = std::numeric_limits<double>::quiet_NaN();
@@ -192,7 +203,7 @@ void TrainingStep::unscale_gradients(double loss_scale) {
 
 void TrainingStep::update(double lr, double grad_norm) {
   if (std::isfinite(grad_norm)) optimizer_->step(lr, optim::clip_coefficient(grad_norm, cfg_.clip_grad));
-  model_.update_moe_expert_bias({&dp_, &pp_});
+  model_.update_moe_expert_bias({&dp_});  // a layer's loads come from its stage alone
 }
 
 }  // namespace megaton::train

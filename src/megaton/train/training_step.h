@@ -19,17 +19,15 @@
 //
 // Pipeline parallelism (cfg.pipeline_model_parallel_size > 1): the step runs the op list of this
 // rank's stage of cfg.pipeline_schedule (pipeline/generators.h) through TrainingStage, which moves
-// activations and gradients point-to-point over the pipeline group. The model's layers are split
-// into stages x chunks-per-rank model chunks; every rank holds the whole model but computes only
-// its stage's chunks. After backward the gradient buffer is summed over the pipeline group (each
-// element comes from the stage that owns it, zero elsewhere; the tied embedding's two parts from
-// the first and the last stage: Megatron's embedding-group sum), so every pipeline rank runs the
-// same optimizer step on the same full gradient and keeps identical weights and optimizer state:
-// the grad norm covers every stage, a NaN on one stage is everyone's, and checkpoints, exports and
-// resume are those of one process whatever the layout. The price, until stages hold their own
-// layers only: every rank keeps the whole model's parameters and optimizer state and the step adds
-// an all-reduce of the whole gradient over the pipeline group. The loss is computed by the last
-// stage and summed over the group (the others add 0).
+// activations and gradients point-to-point over the pipeline group. The model holds only this
+// stage's model chunks (models/stage_layout.h, train/pipeline_layout.h), so the gradient buffer and
+// the optimizer cover this stage's parameters alone and each stage steps its own layers. After
+// backward the tied embedding's two copies (the first stage's embedding, the last stage's head
+// weight) are summed over a two-rank embedding group (Megatron's) so they stay identical; the grad
+// norm adds every stage's squares over the pipeline group (the last stage's copy left out: each
+// element counted once), so clipping and the NaN decision are the same on every stage. The loss
+// is computed by the last stage and summed over the group (the others add 0). Checkpoints, rewind
+// points and the export gather the whole model (state_snapshot.h).
 //
 // The step owns the optimizer: plain AdamW over the whole buffer, or with
 // parallel.use_distributed_optimizer the distributed optimizer (parallel/distributed_optimizer.h):
@@ -71,7 +69,7 @@ class TrainingStep {
   // the config's settings; distributed over data_parallel when cfg.use_distributed_optimizer).
   // data_parallel: the group gradients are summed over; its size must be cfg.data_parallel_size
   // (or 1 with data_parallel_size 0). pipeline: this rank's pipeline group (size
-  // cfg.pipeline_model_parallel_size); the model is split into the schedule's model chunks.
+  // cfg.pipeline_model_parallel_size); the model holds this stage's model chunks of the schedule.
   TrainingStep(models::TransformerModel& model, const TrainConfig& cfg, std::shared_ptr<const data::SampleSource> train,
                parallel::Communicator& data_parallel, parallel::Communicator& pipeline);
   const nn::ParamAndGradBuffer& buffer() const { return *buffer_; }
@@ -100,6 +98,8 @@ class TrainingStep {
   parallel::DistributedOptimizer* distributed_ = nullptr;  // optimizer_, when it is the distributed one
   std::vector<parallel::WorkHandle> reductions_;  // this step's bucket reductions in flight
   nn::ParameterList shared_grads_;               // parameters with gradients summed over tensor parallelism
+  nn::Parameter* embedding_group_ = nullptr;     // this stage's copy of a tied embedding held by two stages
+  std::unique_ptr<parallel::Communicator> embedding_comm_;  // the two stages holding those copies
   std::vector<nn::ElementRange> norm_ranges_;    // the gradient elements this rank adds to the norm
   pipeline::Schedule schedule_;  // this step's op lists (no pipelining at pp 1: F, B, W per micro-batch)
   std::unique_ptr<data::DataLoader> loader_;
@@ -109,13 +109,15 @@ class TrainingStep {
 
   void reduce_bucket(size_t bucket);  // all-reduce, or the distributed optimizer's reduce-scatter
   void wait_reductions();  // waits for the reductions in flight and forgets them
-  // FP8 delayed scaling: the newest amaxes reduced (max) over the data- and tensor-parallel groups,
-  // then every layer's scales updated and histories rolled. Nothing without FP8.
+  // FP8 delayed scaling: the newest amaxes reduced (max) over the data- and tensor-parallel groups
+  // (not pipeline: a layer lives on one stage), then every layer's scales updated and histories
+  // rolled. Nothing without FP8.
   void begin_fp8_step();
-  // Waits for every bucket's reduction (issuing them first without overlap), then sums the shared
-  // tensor-parallel gradients; returns the seconds blocked.
+  // Sums the tied embedding's copies over the embedding group, waits for every bucket's reduction
+  // (issuing them first without overlap), then sums the shared tensor-parallel gradients; returns
+  // the seconds blocked.
   double finish_reductions();
-  // The global L2 norm of the reduced gradients: the same on every rank.
+  // The global L2 norm of the reduced gradients (every stage's): the same on every rank.
   double grad_norm() const;
   // FP16: the gradients divided by the loss scale their backward ran with.
   void unscale_gradients(double loss_scale);

@@ -1,0 +1,30 @@
+#include "megaton/train/pipeline_layout.h"
+
+#include "megaton/pipeline/generators.h"
+
+namespace megaton::train {
+
+models::StageLayout pipeline_layout(const TrainConfig& cfg, parallel::Communicator& pipeline) {
+  const std::vector<int64_t> stage_layers = pipeline_stage_layers(cfg);
+  if (cfg.pipeline_model_parallel_size == 1) return models::StageLayout::whole(cfg.model.num_layers, 1);
+  if (pipeline.size() != cfg.pipeline_model_parallel_size)
+    fail("pipeline group '", pipeline.name(), "' has ", pipeline.size(),
+         " ranks but the config sets pipeline_model_parallel_size ", cfg.pipeline_model_parallel_size);
+  // The schedule's placement of model chunks (its op lists are the step's business).
+  const int per_rank = static_cast<int>(pipeline_chunks_per_rank(cfg));
+  const pipeline::Schedule s =
+      pipeline::generate(cfg.pipeline_schedule, pipeline.size(), per_rank, cfg.grad_accum_steps());
+  models::StageLayout layout;
+  layout.group = &pipeline;
+  layout.chunk_layers.assign(static_cast<size_t>(s.model_chunks()), 0);
+  layout.chunk_rank.assign(static_cast<size_t>(s.model_chunks()), -1);
+  for (int r = 0; r < s.stages; ++r)
+    for (int c = 0; c < s.chunks_per_stage; ++c) {
+      const auto mc = static_cast<size_t>(s.model_chunk_of(r, c));
+      layout.chunk_rank.at(mc) = r;
+      layout.chunk_layers.at(mc) = stage_layers.at(static_cast<size_t>(r)) / per_rank;
+    }
+  return layout;
+}
+
+}  // namespace megaton::train
