@@ -1,9 +1,9 @@
 // A tiny MoE model (a dense layer, then an MoE layer with a shared expert, grouped sigmoid routing,
 // sequence aux loss and the auxiliary-loss-free expert bias) trained by `mpirun -np 2 megaton train`
 // at dp2 and pp2 like one process: losses and grad norms within 1e-5, final weights (the expert
-// bias included) within 1e-5. At pp2 the MoE layer runs on the second stage while the first rank
-// writes the model, so its bias must be kept in step across the pipeline group (planted: the pipeline
-// group left out of the bias update; the pp2 bias then differs, caught).
+// bias included) within 1e-5. At pp2 the MoE layer lives on the second stage alone, whose bias
+// the checkpoint and export gather from it (planted earlier, when every stage held the whole model:
+// the bias update left out of the pipeline group; the pp2 bias then differed, caught).
 #include <gtest/gtest.h>
 
 #include "tiny_run.h"
