@@ -55,6 +55,24 @@ TEST(Fp16Runs, AnOverflowSkipsTheStepAndHalvesTheScale) {
   EXPECT_TRUE(std::isfinite(m.final_val_loss));
 }
 
+// The loss scaler's state (scale, growth and hysteresis trackers) is in state.json: with a window of
+// 3 the scale doubles every 3 steps, and a run stopped at step 4 and resumed trains bit for bit like
+// the uninterrupted one (planted: the state not restored on resume, so the scale restarts at 1024;
+// caught by the losses).
+TEST(Fp16Runs, ResumesBitwiseWithTheLossScale) {
+  TinyRunDir run("llama-tiny");
+  const std::string args = kFp16 + "--set precision.loss_scale_window=3 --set training.train_iters=8 "
+                                   "--set logging.save_interval=0 ";
+  const Metrics straight = run.train_ok("straight", args);
+  EXPECT_EQ(straight.last.at(8).at("loss_scale"), 4096.0);  // doubled after steps 3 and 6
+  EXPECT_EQ(run.train_ok("resumed", args + "--set training.exit_interval=4").losses.size(), 4u);
+  const Metrics resumed = run.train_ok("resumed", args + "--resume auto");
+  ASSERT_EQ(resumed.losses, straight.losses);
+  EXPECT_EQ(resumed.last.at(8).at("loss_scale"), 4096.0);
+  megaton::testing::expect_bitwise_equal(megaton::testing::final_weights(run.run_dir("resumed")),
+                                         megaton::testing::final_weights(run.run_dir("straight")));
+}
+
 TEST(Fp16Runs, BadSettingsAreRefusedNamingTheKey) {
   TinyRunDir dir;
   for (const auto& [set, key] : std::vector<std::pair<std::string, std::string>>{

@@ -26,7 +26,7 @@ nlohmann::json state_to_json(const TrainProgress& p, const TrainConfig& cfg, int
       // Training is fp32, so model.safetensors holds the master weights.
       {"optimizer", {{"type", "adamw"}, {"steps", optimizer_steps}, {"master_weights", "model.safetensors"}}},
       {"rewind", {{"rewinds", p.rewinds}, {"recent_losses", p.recent.losses}, {"recent_grad_norms", p.recent.grad_norms}}},
-      {"precision", nlohmann::json::object()},
+      {"precision", p.loss_scaler.empty() ? nlohmann::json::object() : nlohmann::json{{"loss_scaler", p.loss_scaler}}},
       {"config", to_toml(cfg)},
   };
 }
@@ -70,6 +70,8 @@ TrainProgress state_from_json(const nlohmann::json& j, const TrainConfig& cfg, c
     p.rewinds = integer_at(rewind.at("rewinds"), "rewind.rewinds", source);
     p.recent.losses = rewind.at("recent_losses").get<std::deque<double>>();
     p.recent.grad_norms = rewind.at("recent_grad_norms").get<std::deque<double>>();
+    if (const auto& precision = j.at("precision"); precision.contains("loss_scaler"))
+      p.loss_scaler = precision.at("loss_scaler").get<std::vector<double>>();
   } catch (const nlohmann::json::exception& e) {
     fail(source, ": ", e.what());
   }

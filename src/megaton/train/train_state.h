@@ -23,6 +23,7 @@ struct TrainProgress {
   double lr_factor = 1.0;
   int64_t lr_factor_from = 0, lr_factor_until = 0;
   AnomalyWindow recent;          // the anomaly detector's history
+  std::vector<double> loss_scaler;  // FP16's optim::LossScaler::state() after the step (empty without)
 
   // First stream position of the next batch of `batch_size` samples, past skipped batches.
   int64_t next_batch(int64_t batch_size) const;
@@ -32,8 +33,8 @@ struct TrainProgress {
 };
 
 // state.json: the progress plus what makes it meaningful (the seed the sample order derives
-// from, the optimizer's step count, the resolved config) and an empty "precision" object that
-// loss scaling / FP8 will fill.
+// from, the optimizer's step count, the resolved config) and a "precision" object holding FP16's
+// loss scaler state (empty otherwise; FP8's state is fp8_state.safetensors).
 nlohmann::json state_to_json(const TrainProgress& p, const TrainConfig& cfg, int64_t optimizer_steps);
 // Reads it back, checking that the seed matches cfg (the sample order would differ otherwise);
 // errors name `source`. *optimizer_steps receives the optimizer's step count.

@@ -96,8 +96,10 @@ Trainer::Trainer(TrainConfig config, RunOptions options)
                optim::lr_decay_style_from_name(cfg_.lr_decay_style)};
   schedule_.lr_at(0);  // validates warmup vs decay steps now, before any file is written
   resuming_ = !options.resume.empty();
-  if (auto resumed = checkpoints_.resume(options.resume, options.overwrite, *model_, *optimizer_))
+  if (auto resumed = checkpoints_.resume(options.resume, options.overwrite, *model_, *optimizer_)) {
     progress_ = *resumed;
+    step_->load_loss_scaler_state(progress_.loss_scaler);
+  }
   else
     clear_on_start_ = options.overwrite;
   peak_gflops_ = cfg_.peak_tflops > 0 ? cfg_.peak_tflops * 1e3 : kernels::measure_sgemm_gflops();
@@ -118,6 +120,7 @@ void Trainer::rewind(int64_t step, const std::string& reason, int64_t first_samp
   progress_.skipped_batches = before.skipped_batches;
   progress_.skipped_batches.push_back(first_sample);
   progress_.rewinds = before.rewinds + 1;
+  step_->load_loss_scaler_state(progress_.loss_scaler);
   // Steps up to the anomaly replay exactly as before; the lr is lowered from there on.
   if (cfg_.rewind_lr_steps > 0) {
     progress_.lr_factor = cfg_.rewind_lr_factor;
@@ -239,6 +242,7 @@ TrainSummary Trainer::run() {
     checkpoints_.keep_rewind_point(*model_, *optimizer_, progress_);
     const int64_t first_sample = progress_.next_batch(cfg_.global_batch_size);
     const TrainingStep::Result r = step_->forward_backward(step, first_sample);
+    progress_.loss_scaler = step_->loss_scaler_state();
     if (r.skipped) {
       // FP16 overflow: the dynamic loss scaler lowered its scale; the step's batch is consumed
       // without an update, as Megatron does, and not judged an anomaly.

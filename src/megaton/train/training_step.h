@@ -86,6 +86,12 @@ class TrainingStep {
   // Clips to cfg.clip_grad and updates with lr; a non-finite norm skips the update (on every rank:
   // the norm is the same everywhere). Not called for a step the loss scaler skipped.
   void update(double lr, double grad_norm);
+  // FP16's loss scaler state (empty without fp16), and its restore on resume or rewind (an empty
+  // state, from a run without fp16, keeps the initial scale).
+  std::vector<double> loss_scaler_state() const { return scaler_ ? scaler_->state() : std::vector<double>{}; }
+  void load_loss_scaler_state(const std::vector<double>& state) {
+    if (scaler_ && !state.empty()) scaler_->load_state(state);
+  }
 
  private:
   models::TransformerModel& model_;
