@@ -1,5 +1,8 @@
+#include <chrono>
 #include <cstdio>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "commands.h"
 #include "option_range.h"
@@ -9,12 +12,39 @@
 #include "megaton/models/hf_format.h"
 
 namespace megaton::app {
+namespace {
+
+std::string model_dir, prompt, tokenizer = "byte";
+infer::SamplingOptions opts;
+int threads = 0;
+bool json = false;
+
+// Tokens per second, or null when nothing was timed (e.g. the first token was the stop token).
+nlohmann::json rate(int64_t tokens, double seconds) {
+  return tokens > 0 && seconds > 0 ? nlohmann::json(static_cast<double>(tokens) / seconds) : nlohmann::json();
+}
+
+void print_json(models::TransformerModel& model, const data::Tokenizer& tok, double load_s) {
+  infer::GenerateStats stats;
+  const std::vector<int32_t> ids = infer::generate(model, tok.encode(prompt), opts, {}, &stats);
+  const nlohmann::json out = {{"load_s", load_s},
+                              {"prompt_tokens", stats.prefill_tokens},
+                              {"prefill_s", stats.prefill_s},
+                              {"prefill_tokens_per_s", rate(stats.prefill_tokens, stats.prefill_s)},
+                              {"decode_tokens", stats.decode_tokens},
+                              {"decode_s", stats.decode_s},
+                              {"decode_tokens_per_s", rate(stats.decode_tokens, stats.decode_s)},
+                              {"threads", num_threads()},
+                              {"text", tok.decode(ids)},
+                              {"ids", ids}};
+  // A byte-level continuation may end inside a UTF-8 character: replace, never throw.
+  std::printf("%s\n", out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+}
+
+}  // namespace
 
 void add_generate_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("generate", "Generate text from an HF-format model (greedy or sampled)");
-  static std::string model_dir, prompt, tokenizer = "byte";
-  static infer::SamplingOptions opts;
-  static int threads = 0;
   cmd->add_option("--model", model_dir, "HF model folder (config.json + model.safetensors)")->required();
   cmd->add_option("--prompt", prompt, "Prompt text")->required();
   cmd->add_option("--tokenizer", tokenizer, "Tokenizer spec")->capture_default_str();
@@ -27,14 +57,20 @@ void add_generate_command(CLI::App& app) {
       ->check(in_range(0.0, 1.0));
   cmd->add_option("--seed", opts.seed, "Sampling seed")->capture_default_str()->check(in_range<uint64_t>(0));
   cmd->add_option("--threads", threads, "CPU threads")->check(in_range(0, 4096));
+  cmd->add_flag("--json", json,
+                "Print one JSON object instead of streaming text: load_s, prompt and generated token counts, "
+                "prefill_tokens_per_s, decode_tokens_per_s, text, ids");
   cmd->callback([] {
     set_num_threads(threads);
+    const auto load_start = std::chrono::steady_clock::now();
     auto model = models::load_hf_model(model_dir);
     auto tok = data::make_tokenizer(tokenizer);
+    const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
     if (tok->vocab_size() > model->config().vocab_size)
       fail("--tokenizer ", tokenizer, " has ", tok->vocab_size(), " ids but the model's vocab_size is ",
            model->config().vocab_size);
     opts.stop_token = tok->eod();
+    if (json) return print_json(*model, *tok, load_s);
     std::fputs(prompt.c_str(), stdout);
     // Stream by decoding the whole continuation and printing what is new: a token decoded alone can
     // lose context (SentencePiece's leading space, a UTF-8 character split across byte tokens).

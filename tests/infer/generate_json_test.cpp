@@ -1,0 +1,58 @@
+// `megaton generate --json`: one JSON object with the timings and the generated ids and text, the
+// ids those of greedy generation in-process from the same saved model.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "../support/run_command.h"
+#include "../support/temp_dir.h"
+#include "../support/tiny_model.h"
+#include "megaton/data/tokenizer.h"
+#include "megaton/infer/generate.h"
+#include "megaton/models/hf_format.h"
+
+using namespace megaton;
+
+namespace {
+
+bool positive_finite(const nlohmann::json& v) { return v.is_number() && std::isfinite(v.get<double>()) && v > 0; }
+
+}  // namespace
+
+TEST(GenerateJson, PrintsTimingsTextAndTheGreedyIds) {
+  megaton::testing::TempDir dir;
+  auto config = megaton::testing::tiny_config("llama-tiny");
+  config.init_method_std = 0.2;
+  models::TransformerModel m(config);
+  m.init_weights(6);
+  models::save_hf_model(m, dir.file("model"));
+
+  const auto r = megaton::testing::run_command(std::string(MEGATON_BINARY) + " generate --model " + dir.file("model") +
+                                      " --prompt Hello --max-new-tokens 12 --temperature 0 --json --threads 2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto j = nlohmann::json::parse(r.output);  // the whole output is one object
+  for (const char* key : {"load_s", "prefill_s", "prefill_tokens_per_s"}) EXPECT_TRUE(positive_finite(j[key])) << key;
+  EXPECT_EQ(j["prompt_tokens"], 5);
+  EXPECT_EQ(j["threads"], 2);
+
+  const auto tok = data::make_tokenizer("byte");
+  auto loaded = models::load_hf_model(dir.file("model"));
+  infer::SamplingOptions o;
+  o.temperature = 0;
+  o.max_new_tokens = 12;
+  o.stop_token = tok->eod();
+  const std::vector<int32_t> want = infer::generate(*loaded, tok->encode("Hello"), o);
+  ASSERT_EQ(j["ids"].get<std::vector<int32_t>>(), want);
+  EXPECT_EQ(j["decode_tokens"], static_cast<int64_t>(want.size()) - 1);
+  if (want.size() > 1) {
+    EXPECT_TRUE(positive_finite(j["decode_s"]));
+    EXPECT_TRUE(positive_finite(j["decode_tokens_per_s"]));
+    EXPECT_NEAR(j["decode_tokens_per_s"].get<double>(), j["decode_tokens"].get<double>() / j["decode_s"].get<double>(),
+                1e-9 * j["decode_tokens_per_s"].get<double>());
+  }
+  // The decoded continuation, its bytes that are not UTF-8 (a random byte model emits many) replaced.
+  const std::string text =
+      nlohmann::json(tok->decode(want)).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  EXPECT_EQ(j["text"], nlohmann::json::parse(text));
+}
