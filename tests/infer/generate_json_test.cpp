@@ -56,3 +56,27 @@ TEST(GenerateJson, PrintsTimingsTextAndTheGreedyIds) {
       nlohmann::json(tok->decode(want)).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   EXPECT_EQ(j["text"], nlohmann::json::parse(text));
 }
+
+// --prompt-ids feeds ids as they are (another tool's prompt, e.g. a lone BOS): the same continuation as
+// the text that encodes to them; ids beyond the vocabulary and a missing prompt are errors.
+TEST(GenerateJson, PromptIdsAreThePromptsTokens) {
+  megaton::testing::TempDir dir;
+  models::TransformerModel m(megaton::testing::tiny_config("gpt-tiny"));
+  m.init_weights(7);
+  models::save_hf_model(m, dir.file("model"));
+  const std::string gen = std::string(MEGATON_BINARY) + " generate --model " + dir.file("model") +
+                          " --max-new-tokens 6 --temperature 0 --json ";
+  const auto ids = [](const megaton::testing::CommandResult& r) {
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return nlohmann::json::parse(r.output)["ids"].get<std::vector<int32_t>>();
+  };
+  EXPECT_EQ(ids(megaton::testing::run_command(gen + "--prompt-ids 72,105")),
+            ids(megaton::testing::run_command(gen + "--prompt Hi")));
+  const auto big = megaton::testing::run_command(gen + "--prompt-ids 72,300");
+  EXPECT_NE(big.exit_code, 0);
+  EXPECT_NE(big.output.find("--prompt-ids: id 300 is out of range: the model's vocab_size is 257"), std::string::npos)
+      << big.output;
+  const auto none = megaton::testing::run_command(gen);
+  EXPECT_NE(none.exit_code, 0);
+  EXPECT_NE(none.output.find("generate needs --prompt TEXT or --prompt-ids IDS"), std::string::npos) << none.output;
+}
