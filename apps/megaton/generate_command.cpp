@@ -82,6 +82,7 @@ void add_generate_command(CLI::App& app) {
         fail("--prompt-ids: id ", id, " is out of range: the model's vocab_size is ", model->config().vocab_size);
     const std::vector<int32_t> input = prompt_ids.empty() ? tok->encode(prompt) : prompt_ids;
     opts.stop_token = tok->eod();
+    opts.vocab_size = tok->vocab_size();  // every generated id must decode (a model's vocabulary may be larger)
     if (json) return print_json(*model, *tok, input, load_s);
     std::fputs(prompt_ids.empty() ? prompt.c_str() : tok->decode(input).c_str(), stdout);
     // Stream by decoding the whole continuation and printing what is new: a token decoded alone can

@@ -83,3 +83,21 @@ TEST(GenerateJson, PromptIdsAreThePromptsTokens) {
   EXPECT_NE(none.exit_code, 0);
   EXPECT_NE(none.output.find("generate needs --prompt TEXT or --prompt-ids IDS"), std::string::npos) << none.output;
 }
+
+// A model vocabulary larger than the tokenizer's (padded, or another tokenizer's): only ids the
+// tokenizer can decode are generated.
+TEST(GenerateJson, GeneratesOnlyIdsTheTokenizerDecodes) {
+  megaton::testing::TempDir dir;
+  auto config = megaton::testing::tiny_config("llama-tiny");
+  config.vocab_size = 1000;
+  config.init_method_std = 0.2;
+  models::TransformerModel m(config);
+  m.init_weights(8);
+  models::save_hf_model(m, dir.file("model"));
+  const auto r = megaton::testing::run_command(std::string(MEGATON_BINARY) + " generate --model " + dir.file("model") +
+                                               " --prompt Hello --max-new-tokens 20 --temperature 0 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto ids = nlohmann::json::parse(r.output)["ids"].get<std::vector<int32_t>>();
+  EXPECT_EQ(ids.size(), 20u);
+  for (int32_t id : ids) EXPECT_LT(id, 257);
+}
