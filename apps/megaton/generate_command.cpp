@@ -19,6 +19,7 @@ std::vector<int32_t> prompt_ids;
 infer::SamplingOptions opts;
 int threads = 0;
 bool json = false;
+std::string precision = "fp32";
 
 // Tokens per second, or null when nothing was timed (e.g. the first token was the stop token).
 nlohmann::json rate(int64_t tokens, double seconds) {
@@ -37,6 +38,7 @@ void print_json(models::TransformerModel& model, const data::Tokenizer& tok, con
                               {"decode_s", stats.decode_s},
                               {"decode_tokens_per_s", rate(stats.decode_tokens, stats.decode_s)},
                               {"threads", num_threads()},
+                              {"precision", precision},
                               {"text", tok.decode(ids)},
                               {"ids", ids}};
   // A byte-level continuation may end inside a UTF-8 character: replace, never throw.
@@ -64,6 +66,10 @@ void add_generate_command(CLI::App& app) {
       ->check(in_range(0.0, 1.0));
   cmd->add_option("--seed", opts.seed, "Sampling seed")->capture_default_str()->check(in_range<uint64_t>(0));
   cmd->add_option("--threads", threads, "CPU threads")->check(in_range(0, 4096));
+  cmd->add_option("--precision", precision,
+                 "Weights and activations in fp32, or bf16 (bf16 copies of the weights: half the bytes per token)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"fp32", "bf16"}));
   cmd->add_flag("--json", json,
                 "Print one JSON object instead of streaming text: load_s, prompt and generated token counts, "
                 "prefill_tokens_per_s, decode_tokens_per_s, text, ids");
@@ -72,6 +78,7 @@ void add_generate_command(CLI::App& app) {
     set_num_threads(threads);
     const auto load_start = std::chrono::steady_clock::now();
     auto model = models::load_hf_model(model_dir);
+    model->set_compute_dtype(precision == "bf16" ? DType::BF16 : DType::F32);
     auto tok = data::make_tokenizer(tokenizer);
     const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
     if (tok->vocab_size() > model->config().vocab_size)

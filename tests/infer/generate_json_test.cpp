@@ -101,3 +101,30 @@ TEST(GenerateJson, GeneratesOnlyIdsTheTokenizerDecodes) {
   EXPECT_EQ(ids.size(), 20u);
   for (int32_t id : ids) EXPECT_LT(id, 257);
 }
+
+// --precision bf16 decodes with the bf16 compute copies: the ids of in-process bf16 generation,
+// which differ from fp32's for this model (so the flag cannot be silently ignored).
+TEST(GenerateJson, PrecisionBf16UsesTheBf16Weights) {
+  megaton::testing::TempDir dir;
+  auto config = megaton::testing::tiny_config("llama-tiny");
+  config.init_method_std = 0.05;  // flat enough that bf16 rounding changes some greedy picks
+  models::TransformerModel m(config);
+  m.init_weights(9);
+  models::save_hf_model(m, dir.file("model"));
+  const auto r = megaton::testing::run_command(std::string(MEGATON_BINARY) + " generate --model " + dir.file("model") +
+                                               " --prompt Hello --max-new-tokens 40 --temperature 0 --json --precision bf16");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto j = nlohmann::json::parse(r.output);
+  EXPECT_EQ(j["precision"], "bf16");
+  auto loaded = models::load_hf_model(dir.file("model"));
+  infer::SamplingOptions o;
+  o.temperature = 0;
+  o.max_new_tokens = 40;
+  o.stop_token = data::make_tokenizer("byte")->eod();
+  const auto prompt = data::make_tokenizer("byte")->encode("Hello");
+  const auto fp32 = infer::generate(*loaded, prompt, o);
+  loaded->set_compute_dtype(DType::BF16);
+  const auto bf16 = infer::generate(*loaded, prompt, o);
+  ASSERT_NE(fp32, bf16) << "pick a model whose bf16 greedy ids differ from fp32's";
+  EXPECT_EQ(j["ids"].get<std::vector<int32_t>>(), bf16);
+}
