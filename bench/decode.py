@@ -4,7 +4,7 @@
 For random Llama weights of the stories110M and stories15M shapes (fp32, tied embeddings, as the
 llama2.c checkpoints), this writes an HF folder (config.json + model.safetensors) and the same
 weights as a llama2.c checkpoint, then times greedy decoding from a lone BOS (id 1) with:
-  - megaton (this build: GEMV + decode attention for one token per step),
+  - megaton (this build: GEMV + decode attention for one token per step), fp32 and bf16,
   - optionally a megaton built before them (--before: every step on the GEMM path),
   - optionally llama2.c's run.c (--llama2c-run, built by you in /tmp; never part of this repo),
 and measures a streaming-read memory bandwidth in the same run (a small C program, 2 threads).
@@ -163,11 +163,11 @@ def measure(name, command_for, repeats, env):
     return rate, outputs
 
 
-def megaton_command(binary, folder, tokenizer, threads, before=False):
+def megaton_command(binary, folder, tokenizer, threads, before=False, precision="fp32"):
     # Steps count every position from the BOS, as run.c's -n does: steps - 1 new tokens. A binary from
     # before the decode kernels has neither --prompt-ids nor --json: a one-character text prompt and
     # plain output instead (the rate is a difference of wall times, which does not need them).
-    prompt = ["--prompt", "O"] if before else ["--prompt-ids", "1", "--json"]
+    prompt = ["--prompt", "O"] if before else ["--prompt-ids", "1", "--json", "--precision", precision]
     return lambda steps: [binary, "generate", "--model", folder, "--temperature", "0", "--max-new-tokens",
                           str(steps - 1), "--threads", str(threads), "--tokenizer", tokenizer] + prompt
 
@@ -208,28 +208,35 @@ def main():
             write_hf(folder, tensors, *dims)
             bytes_per_token = weight_bytes_per_token(tensors)
             limit = bandwidth * 1e9 / bytes_per_token
-            print(f"{shape}: {bytes_per_token / 1e6:.1f} MB of weights per token, bandwidth limit {limit:.1f} tok/s")
+            print(f"{shape}: {bytes_per_token / 1e6:.1f} MB of fp32 weights per token, bandwidth limit "
+                  f"{limit:.1f} tok/s (bf16: twice that)")
             row = {}
             rate, out = measure("megaton", megaton_command(args.megaton, folder, tokenizer, args.threads), args.repeats,
                                 env)
             j = json.loads(out[LONG])
             print(f"    megaton --json: decode_tokens_per_s {j['decode_tokens_per_s']:.1f}, load_s {j['load_s']:.3f}")
-            row["megaton"] = {"rate": rate, "json": j}
+            row["megaton"] = {"rate": rate, "limit": limit}
+            rate, out = measure("megaton bf16", megaton_command(args.megaton, folder, tokenizer, args.threads,
+                                                                precision="bf16"), args.repeats, env)
+            j16 = json.loads(out[LONG])
+            print(f"    megaton bf16 --json: decode_tokens_per_s {j16['decode_tokens_per_s']:.1f}, "
+                  f"load_s {j16['load_s']:.3f}")
+            row["megaton bf16"] = {"rate": rate, "limit": 2 * limit}  # half the weight bytes
             if args.before:
                 rate, _ = measure("megaton before (GEMM path)",
                                   megaton_command(args.before, folder, tokenizer, args.threads, before=True), args.repeats, env)
-                row["before"] = {"rate": rate}
+                row["before"] = {"rate": rate, "limit": limit}
             if args.llama2c_run:
                 write_llama2c(ckpt, tensors, *dims)
                 rate, out_c = measure("llama2.c run.c", lambda steps: [args.llama2c_run, ckpt, "-t", "0", "-n",
                                                                        str(steps), "-z", args.llama2c_tokenizer],
                                       args.repeats, env)
-                row["llama2c"] = {"rate": rate}
+                row["llama2c"] = {"rate": rate, "limit": limit}
                 if args.sp_model:
                     same = "".join(out_c[LONG].split()) == "".join(j["text"].split())
                     print(f"    same text as run.c (whitespace aside): {same}")
             for tool, r in row.items():
-                print(f"    {tool}: {r['rate']:.1f} tok/s = {r['rate'] / limit:.0%} of the bandwidth limit")
+                print(f"    {tool}: {r['rate']:.1f} tok/s = {r['rate'] / r['limit']:.0%} of its bandwidth limit")
 
 
 if __name__ == "__main__":
