@@ -142,4 +142,9 @@ TEST_P(GreedyDecode, EqualsTheTrainingForwardsArgmaxAtEveryPosition) {
 
 INSTANTIATE_TEST_SUITE_P(Models, GreedyDecode,
                          ::testing::Combine(::testing::Values("gpt-tiny", "llama-tiny"),
-                                            ::testing::Values(DType::F32, DType::BF16)));
+                                            ::testing::Values(DType::F32, DType::BF16)),
+                         [](const auto& info) {
+                           std::string name = std::get<0>(info.param) + "_" + std::string(dtype_name(std::get<1>(info.param)));
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
+                         });
