@@ -23,6 +23,7 @@ machine (`uptime` load well below the core count).
 import argparse
 import json
 import os
+import signal
 import struct
 import subprocess
 import statistics
@@ -173,6 +174,8 @@ def megaton_command(binary, folder, tokenizer, threads, before=False, precision=
 
 
 def main():
+    # A stopped run (SIGTERM) still removes its ~1 GB of weight files: exit through Python's cleanup.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--megaton", required=True)
     ap.add_argument("--before", help="a megaton binary built without the decode kernels")
