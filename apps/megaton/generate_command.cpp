@@ -1,5 +1,8 @@
+#include <chrono>
 #include <cstdio>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "commands.h"
 #include "option_range.h"
@@ -9,14 +12,50 @@
 #include "megaton/models/hf_format.h"
 
 namespace megaton::app {
+namespace {
+
+std::string model_dir, prompt, tokenizer = "byte";
+std::vector<int32_t> prompt_ids;
+infer::SamplingOptions opts;
+int threads = 0;
+bool json = false;
+std::string precision = "fp32";
+
+// Tokens per second, or null when nothing was timed (e.g. the first token was the stop token).
+nlohmann::json rate(int64_t tokens, double seconds) {
+  return tokens > 0 && seconds > 0 ? nlohmann::json(static_cast<double>(tokens) / seconds) : nlohmann::json();
+}
+
+void print_json(models::TransformerModel& model, const data::Tokenizer& tok, const std::vector<int32_t>& input,
+                double load_s) {
+  infer::GenerateStats stats;
+  const std::vector<int32_t> ids = infer::generate(model, input, opts, {}, &stats);
+  const nlohmann::json out = {{"load_s", load_s},
+                              {"prompt_tokens", stats.prefill_tokens},
+                              {"prefill_s", stats.prefill_s},
+                              {"prefill_tokens_per_s", rate(stats.prefill_tokens, stats.prefill_s)},
+                              {"decode_tokens", stats.decode_tokens},
+                              {"decode_s", stats.decode_s},
+                              {"decode_tokens_per_s", rate(stats.decode_tokens, stats.decode_s)},
+                              {"threads", num_threads()},
+                              {"precision", precision},
+                              {"text", tok.decode(ids)},
+                              {"ids", ids}};
+  // A byte-level continuation may end inside a UTF-8 character: replace, never throw.
+  std::printf("%s\n", out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+}
+
+}  // namespace
 
 void add_generate_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("generate", "Generate text from an HF-format model (greedy or sampled)");
-  static std::string model_dir, prompt, tokenizer = "byte";
-  static infer::SamplingOptions opts;
-  static int threads = 0;
   cmd->add_option("--model", model_dir, "HF model folder (config.json + model.safetensors)")->required();
-  cmd->add_option("--prompt", prompt, "Prompt text")->required();
+  auto* text_opt = cmd->add_option("--prompt", prompt, "Prompt text");
+  // Ids as another tool sees them (llama2.c's run.c starts from a lone BOS, id 1, which no text encodes to).
+  auto* ids_opt = cmd->add_option("--prompt-ids", prompt_ids, "Prompt as comma-separated token ids, instead of --prompt")
+                      ->delimiter(',')
+                      ->check(in_range<int32_t>(0));
+  text_opt->excludes(ids_opt);
   cmd->add_option("--tokenizer", tokenizer, "Tokenizer spec")->capture_default_str();
   cmd->add_option("--max-new-tokens", opts.max_new_tokens, "Tokens to generate")->capture_default_str()->check(in_range<int64_t>(1));
   cmd->add_option("--temperature", opts.temperature, "Sampling temperature; 0 = greedy")->capture_default_str()
@@ -27,20 +66,37 @@ void add_generate_command(CLI::App& app) {
       ->check(in_range(0.0, 1.0));
   cmd->add_option("--seed", opts.seed, "Sampling seed")->capture_default_str()->check(in_range<uint64_t>(0));
   cmd->add_option("--threads", threads, "CPU threads")->check(in_range(0, 4096));
-  cmd->callback([] {
+  cmd->add_option("--precision", precision,
+                 "Weights and activations in fp32, or bf16 (bf16 copies of the weights: half the bytes per token)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"fp32", "bf16"}));
+  cmd->add_flag("--json", json,
+                "Print one JSON object instead of streaming text: load_s, prompt and generated token counts, "
+                "prefill_tokens_per_s, decode_tokens_per_s, text, ids");
+  cmd->callback([text_opt, ids_opt] {
+    if (text_opt->count() == 0 && ids_opt->count() == 0) fail("generate needs --prompt TEXT or --prompt-ids IDS");
     set_num_threads(threads);
+    const auto load_start = std::chrono::steady_clock::now();
     auto model = models::load_hf_model(model_dir);
+    model->set_compute_dtype(precision == "bf16" ? DType::BF16 : DType::F32);
     auto tok = data::make_tokenizer(tokenizer);
+    const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
     if (tok->vocab_size() > model->config().vocab_size)
       fail("--tokenizer ", tokenizer, " has ", tok->vocab_size(), " ids but the model's vocab_size is ",
            model->config().vocab_size);
+    for (int32_t id : prompt_ids)
+      if (id >= model->config().vocab_size)
+        fail("--prompt-ids: id ", id, " is out of range: the model's vocab_size is ", model->config().vocab_size);
+    const std::vector<int32_t> input = prompt_ids.empty() ? tok->encode(prompt) : prompt_ids;
     opts.stop_token = tok->eod();
-    std::fputs(prompt.c_str(), stdout);
+    opts.vocab_size = tok->vocab_size();  // every generated id must decode (a model's vocabulary may be larger)
+    if (json) return print_json(*model, *tok, input, load_s);
+    std::fputs(prompt_ids.empty() ? prompt.c_str() : tok->decode(input).c_str(), stdout);
     // Stream by decoding the whole continuation and printing what is new: a token decoded alone can
     // lose context (SentencePiece's leading space, a UTF-8 character split across byte tokens).
     std::vector<int32_t> generated;
     size_t printed = 0;
-    infer::generate(*model, tok->encode(prompt), opts, [&](int32_t id) {
+    infer::generate(*model, input, opts, [&](int32_t id) {
       generated.push_back(id);
       const std::string text = tok->decode(generated);
       if (text.size() <= printed) return;

@@ -2,7 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <tuple>
 
 #include "../support/tiny_model.h"
 
@@ -108,3 +110,41 @@ TEST(Generate, SameSeedSameTextAndGreedyIsDeterministic) {
     seq.push_back(next);
   }
 }
+
+// Greedy decoding (the prompt's prefill on the GEMM path, then one token per step on the GEMV and
+// decode-attention path) picks, at every position, the argmax of the training forward's logits
+// over the whole sequence, in f32 and with bf16 compute weights.
+class GreedyDecode : public ::testing::TestWithParam<std::tuple<std::string, DType>> {};
+
+TEST_P(GreedyDecode, EqualsTheTrainingForwardsArgmaxAtEveryPosition) {
+  const auto [preset, dtype] = GetParam();
+  models::TransformerModel m(tiny(preset));
+  m.init_weights(5);
+  m.set_compute_dtype(dtype);
+  infer::SamplingOptions o;
+  o.temperature = 0;
+  o.max_new_tokens = 40;
+  const std::vector<int32_t> prompt = {72, 101, 108, 108};
+  const auto generated = infer::generate(m, prompt, o);
+  ASSERT_EQ(generated.size(), 40u);
+  std::vector<int32_t> seq = prompt;
+  seq.insert(seq.end(), generated.begin(), generated.end() - 1);
+  const int64_t T = static_cast<int64_t>(seq.size());
+  models::ChunkCtx ctx;
+  const Tensor logits = m.head().logits(m.chunk(0).forward(ctx, ids(seq), 1, T));
+  const int64_t V = m.config().vocab_size;
+  for (size_t i = 0; i < generated.size(); ++i) {
+    const float* row = logits.data<float>() + (static_cast<int64_t>(prompt.size() + i) - 1) * V;
+    for (int64_t v = 0; v < V; ++v) ASSERT_TRUE(std::isfinite(row[v])) << "position " << i << " id " << v;
+    EXPECT_EQ(generated[i], std::max_element(row, row + V) - row) << "generated token " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, GreedyDecode,
+                         ::testing::Combine(::testing::Values("gpt-tiny", "llama-tiny"),
+                                            ::testing::Values(DType::F32, DType::BF16)),
+                         [](const auto& info) {
+                           std::string name = std::get<0>(info.param) + "_" + std::string(dtype_name(std::get<1>(info.param)));
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
+                         });

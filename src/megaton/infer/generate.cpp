@@ -1,6 +1,7 @@
 #include "megaton/infer/generate.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <numeric>
 
@@ -43,7 +44,8 @@ int32_t sample_token(const float* logits, int64_t vocab, const SamplingOptions& 
 }
 
 std::vector<int32_t> generate(models::TransformerModel& model, const std::vector<int32_t>& prompt,
-                              const SamplingOptions& opts, const std::function<void(int32_t)>& on_token) {
+                              const SamplingOptions& opts, const std::function<void(int32_t)>& on_token,
+                              GenerateStats* stats) {
   if (prompt.empty()) fail("generate: the prompt encodes to no tokens");
   const int64_t max_len = model.config().max_position_embeddings;
   const int64_t total = std::min<int64_t>(static_cast<int64_t>(prompt.size()) + opts.max_new_tokens, max_len);
@@ -56,15 +58,26 @@ std::vector<int32_t> generate(models::TransformerModel& model, const std::vector
   Tensor input = Tensor::empty({1, static_cast<int64_t>(prompt.size())}, DType::I32, MemCategory::Activations,
                                "prompt");
   std::copy(prompt.begin(), prompt.end(), input.data<int32_t>());
+  GenerateStats timed;
   for (int64_t pos = static_cast<int64_t>(prompt.size()); pos < total; ++pos) {
+    const auto start = std::chrono::steady_clock::now();
     Tensor logits = model.forward_cached(caches, input);
     const int32_t next = sample_token(logits.data<float>(), V, opts, static_cast<uint64_t>(pos));
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (out.empty()) {
+      timed.prefill_tokens = input.size(1);
+      timed.prefill_s = seconds;
+    } else {
+      ++timed.decode_tokens;
+      timed.decode_s += seconds;
+    }
     out.push_back(next);
     if (on_token) on_token(next);
     if (next == opts.stop_token) break;
     input = Tensor::empty({1, 1}, DType::I32, MemCategory::Activations, "next_token");
     input.data<int32_t>()[0] = next;
   }
+  if (stats) *stats = timed;
   return out;
 }
 

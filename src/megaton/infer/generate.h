@@ -24,8 +24,20 @@ struct SamplingOptions {
 // Picks the next token from one row of logits; `draw` indexes the RNG stream.
 int32_t sample_token(const float* logits, int64_t vocab, const SamplingOptions& opts, uint64_t draw);
 
-// Returns the new tokens only. on_token (optional) sees each one as it is produced (streaming).
+// Where generate() spent its time, for comparing speed with other tools. Prefill: the prompt's
+// forward (the GEMM path) and the first token's sampling; decode: every later step, one token each
+// (batch 1: the GEMV and decode-attention path). on_token's time is in neither.
+struct GenerateStats {
+  int64_t prefill_tokens = 0;
+  double prefill_s = 0;
+  int64_t decode_tokens = 0;
+  double decode_s = 0;
+};
+
+// Returns the new tokens only. on_token (optional) sees each one as it is produced (streaming);
+// stats (optional) receives the timings.
 std::vector<int32_t> generate(models::TransformerModel& model, const std::vector<int32_t>& prompt,
-                              const SamplingOptions& opts, const std::function<void(int32_t)>& on_token = {});
+                              const SamplingOptions& opts, const std::function<void(int32_t)>& on_token = {},
+                              GenerateStats* stats = nullptr);
 
 }  // namespace megaton::infer

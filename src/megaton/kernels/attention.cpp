@@ -1,6 +1,7 @@
 #include "megaton/kernels/attention.h"
 
 #include "megaton/kernels/cpu/attention.h"
+#include "megaton/kernels/cpu/decode_attention.h"
 
 namespace megaton::kernels {
 
@@ -58,6 +59,30 @@ void attention_forward(const ExecContext& ctx, const Tensor& out, const Tensor& 
   dispatch_cpu_float(q.t.dtype(), op, [&]<typename T>(T) {
     cpu::attention_forward(out.data<T>(), lse.data<T>(), q.t.data<T>() + q.offset, k.t.data<T>() + k.offset,
                            v.t.data<T>() + v.offset, B, Tlen, Hq, Hkv, D, q_at, kv_at, scale, pos_offset, kv_batch);
+  });
+}
+
+void decode_attention(const ExecContext& ctx, const Tensor& out, TensorAt q, TensorAt k, TensorAt v, int64_t B,
+                      int64_t Hq, int64_t Hkv, int64_t D, HeadStrides q_at, HeadStrides kv_at, double scale,
+                      int64_t Tk, int64_t kv_batch_stride) {
+  constexpr std::string_view op = "decode_attention";
+  expect_on_device(ctx, op, {&out, &q.t, &k.t, &v.t});
+  const AttentionDims d{B, 1, Hq, Hkv, D};
+  check_dims(op, d, 0);
+  if (Tk <= 0 || kv_batch_stride < 0)
+    fail("kernel ", op, ": ", Tk, " cached tokens and kv_batch_stride ", kv_batch_stride,
+         " (at least the new token, a stride >= 0)");
+  const int64_t cols = checked_mul(op, Hq, D);
+  checked_mul(op, B, cols);
+  expect_matrix(op, out, B, cols);
+  expect_q_heads(op, q, d, q_at);
+  expect_kv_heads(op, k, d, Tk, kv_batch_stride, kv_at);
+  expect_kv_heads(op, v, d, Tk, kv_batch_stride, kv_at);
+  if (!ctx.device.is_cpu()) fail_no_backend(ctx, op);
+  expect_dtype(q.t.dtype(), op, {&out, &k.t, &v.t});
+  dispatch_cpu_float(q.t.dtype(), op, [&]<typename T>(T) {
+    cpu::decode_attention(out.data<T>(), q.t.data<T>() + q.offset, k.t.data<T>() + k.offset, v.t.data<T>() + v.offset,
+                          B, Hq, Hkv, D, q_at, kv_at, scale, Tk, kv_batch_stride);
   });
 }
 

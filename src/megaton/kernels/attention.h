@@ -33,6 +33,15 @@ void attention_forward(const ExecContext& ctx, const Tensor& out, const Tensor& 
                        int64_t B, int64_t Tlen, int64_t Hq, int64_t Hkv, int64_t D, HeadStrides q_at, HeadStrides kv_at,
                        double scale, int64_t pos_offset = 0, int64_t kv_batch_stride = -1);
 
+// Decode: one new query token per batch row (Tlen = 1) against the Tk tokens of its KV cache, the
+// new token's key and value already appended (cpu/decode_attention.h: one pass over k and v with an
+// online softmax, each kv head read once for all the query heads of its group). out [B, Hq*D] is
+// written; q by q_at, k and v by kv_at with batch rows kv_batch_stride elements apart. Equal to
+// attention_forward with Tlen 1 and pos_offset Tk - 1, without the lse; f32 / f64.
+void decode_attention(const ExecContext& ctx, const Tensor& out, TensorAt q, TensorAt k, TensorAt v, int64_t B,
+                      int64_t Hq, int64_t Hkv, int64_t D, HeadStrides q_at, HeadStrides kv_at, double scale,
+                      int64_t Tk, int64_t kv_batch_stride);
+
 // dq, dk, dv are written in the layouts of q, k, v (dq by q_at, dk / dv by kv_at), so that they land
 // in a fused dQKV tensor; dk / dv sum over the query heads of each group. dout is laid out as out.
 // Training only: pos_offset 0, k / v batch rows Tlen * kv_at.row apart.

@@ -1,7 +1,8 @@
 // Linear layer y = x W^T (+ b) on tensors, forward and the two halves of backward. Weights are
 // [out, in] (PyTorch / HF layout); activations [..., features] with rows = numel / features.
 // Dispatches on the device: kernels::cpu (f32 / f64 on OpenBLAS; bf16 on oneDNN or OpenBLAS, see
-// cpu/gemm.h) or kernels::cuda (cuBLASLt, f32 / bf16). bf16 GEMMs accumulate in fp32; the bias of a
+// cpu/gemm.h; the forward of a single f32 / bf16 row, batch-1 decode, on the streaming GEMV of
+// cpu/gemv.h) or kernels::cuda (cuBLASLt, f32 / bf16). bf16 GEMMs accumulate in fp32; the bias of a
 // bf16 linear may be f32 or bf16 on the cpu (bf16 on CUDA); its weight gradient dw (and dbias)
 // accumulates into f32 (CUDA also takes a bf16 dw).
 #pragma once

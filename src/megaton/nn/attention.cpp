@@ -128,9 +128,14 @@ Tensor SelfAttention::forward_cached(KVCache& cache, const Tensor& x, int64_t B,
   kernels::copy_rows(on, {k_heads, cache.len * G, 0}, {groups, 0, shape_.k_offset()}, T * G, D);
   kernels::copy_rows(on, {v_heads, cache.len * G, 0}, {groups, 0, shape_.v_offset()}, T * G, D);
   Tensor out = new_activation({B * T, shape_.q_size()}, qkv.weight.name + ".attn_out");
-  Tensor lse = new_activation({B, shape_.heads, T}, qkv.weight.name + ".lse");
-  kernels::attention_forward(on, out, lse, qkv_buf, cache.k, cache.v, B, T, shape_.heads, G, D, fused_strides(),
-                             {ks, D}, scale_, cache.len, max_len * ks);
+  if (T == 1) {  // a decode step: one pass over the cache, no lse (nothing runs backward)
+    kernels::decode_attention(on, out, qkv_buf, cache.k, cache.v, B, shape_.heads, G, D, fused_strides(), {ks, D},
+                              scale_, cache.len + 1, max_len * ks);
+  } else {
+    Tensor lse = new_activation({B, shape_.heads, T}, qkv.weight.name + ".lse");
+    kernels::attention_forward(on, out, lse, qkv_buf, cache.k, cache.v, B, T, shape_.heads, G, D, fused_strides(),
+                               {ks, D}, scale_, cache.len, max_len * ks);
+  }
   cache.len += T;
   LinearCtx proj_scratch;
   return proj.forward(proj_scratch, as_dtype(out, x.dtype()));

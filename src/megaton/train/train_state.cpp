@@ -70,8 +70,8 @@ TrainProgress state_from_json(const nlohmann::json& j, const TrainConfig& cfg, c
     p.rewinds = integer_at(rewind.at("rewinds"), "rewind.rewinds", source);
     p.recent.losses = rewind.at("recent_losses").get<std::deque<double>>();
     p.recent.grad_norms = rewind.at("recent_grad_norms").get<std::deque<double>>();
-    if (const auto& precision = j.at("precision"); precision.contains("loss_scaler"))
-      p.loss_scaler = precision.at("loss_scaler").get<std::vector<double>>();
+    if (const auto precision = j.find("precision"); precision != j.end() && precision->contains("loss_scaler"))
+      p.loss_scaler = precision->at("loss_scaler").get<std::vector<double>>();
   } catch (const nlohmann::json::exception& e) {
     fail(source, ": ", e.what());
   }

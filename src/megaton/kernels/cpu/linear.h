@@ -7,7 +7,8 @@
 
 namespace megaton::kernels::cpu {
 
-// out[N, out_f] = x[N, in_f] w^T (+ bias). The bias B is T, or f32 for bf16.
+// out[N, out_f] = x[N, in_f] w^T (+ bias). The bias B is T, or f32 for bf16. One f32 / bf16 row
+// (batch-1 decode) runs the streaming GEMV of cpu/gemv.h instead of a GEMM.
 template <typename T, typename B>
 void linear_forward(T* out, const T* x, const T* w, const B* bias, int64_t N, int64_t in_f, int64_t out_f);
 // dx[N, in_f] = dout w

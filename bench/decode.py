@@ -1,0 +1,246 @@
+#!/usr/bin/python3
+"""Batch-1 greedy decode speed against the memory-bandwidth limit (issue 15), side by side.
+
+For random Llama weights of the stories110M and stories15M shapes (fp32, tied embeddings, as the
+llama2.c checkpoints), this writes an HF folder (config.json + model.safetensors) and the same
+weights as a llama2.c checkpoint, then times greedy decoding from a lone BOS (id 1) with:
+  - megaton (this build: GEMV + decode attention for one token per step), fp32 and bf16,
+  - optionally a megaton built before them (--before: every step on the GEMM path),
+  - optionally llama2.c's run.c (--llama2c-run, built by you in /tmp; never part of this repo),
+and measures a streaming-read memory bandwidth in the same run (a small C program, 2 threads).
+
+Decode rate = (256 - 16) / (median wall time of a 256-step run - that of a 16-step run), the same
+for every tool, so start-up and prefill cancel. Fraction of the limit = weight bytes read per token
+x rate / bandwidth. Megaton's own decode_tokens_per_s (generate --json) and load_s are printed too.
+
+  /usr/bin/python3 bench/decode.py --megaton build-dev/megaton [--before OLD/megaton]
+      [--llama2c-run /tmp/llama2.c/run --llama2c-tokenizer /tmp/llama2.c/tokenizer.bin]
+      [--sp-model /tmp/llama2.c/tokenizer.model] [--shapes 110m,15m] [--threads 2] [--repeats 3]
+
+Needs numpy (Debian's /usr/bin/python3) and a C compiler with OpenMP. Measure only on a quiet
+machine (`uptime` load well below the core count).
+"""
+import argparse
+import json
+import os
+import signal
+import struct
+import subprocess
+import statistics
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+SHAPES = {  # dim, layers, heads, vocab, hidden
+    "110m": (768, 12, 12, 32000, 2048),
+    "15m": (288, 6, 6, 32000, 768),
+}
+SEQ_LEN = 512  # positions: room for the 256-step runs
+SHORT, LONG = 16, 256
+
+STREAM_READ_C = r"""
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+// Sums a 1 GiB float array (far past the caches) with every OpenMP thread; prints GB/s per pass.
+int main(void) {
+  const size_t n = (size_t)1 << 28;
+  float* a = malloc(n * sizeof(float));
+  if (!a) return 1;
+#pragma omp parallel for schedule(static)
+  for (size_t i = 0; i < n; ++i) a[i] = (float)(i & 7);
+  for (int pass = 0; pass < 7; ++pass) {
+    double t = omp_get_wtime();
+    float s = 0;
+#pragma omp parallel for schedule(static) reduction(+ : s)
+    for (size_t i = 0; i < n; ++i) s += a[i];
+    t = omp_get_wtime() - t;
+    printf("%f %f\n", n * sizeof(float) / t / 1e9, s);
+  }
+  return 0;
+}
+"""
+
+
+def random_weights(dim, layers, heads, vocab, hidden, seed):
+    """HF Llama tensors (name -> fp32 array), normal(0, 0.02) matrices, unit norms."""
+    rng = np.random.default_rng(seed)
+    mat = lambda rows, cols: rng.normal(0.0, 0.02, (rows, cols)).astype(np.float32)
+    t = {"model.embed_tokens.weight": mat(vocab, dim), "model.norm.weight": np.ones(dim, np.float32)}
+    for l in range(layers):
+        p = f"model.layers.{l}."
+        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            t[p + f"self_attn.{name}.weight"] = mat(dim, dim)
+        t[p + "mlp.gate_proj.weight"] = mat(hidden, dim)
+        t[p + "mlp.up_proj.weight"] = mat(hidden, dim)
+        t[p + "mlp.down_proj.weight"] = mat(dim, hidden)
+        t[p + "input_layernorm.weight"] = np.ones(dim, np.float32)
+        t[p + "post_attention_layernorm.weight"] = np.ones(dim, np.float32)
+    return t
+
+
+def write_hf(folder, tensors, dim, layers, heads, vocab, hidden):
+    os.makedirs(folder, exist_ok=True)
+    config = {"model_type": "llama", "vocab_size": vocab, "hidden_size": dim, "intermediate_size": hidden,
+              "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": heads,
+              "max_position_embeddings": SEQ_LEN, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+              "tie_word_embeddings": True}
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(config, f)
+    header, offset = {"__metadata__": {"format": "pt"}}, 0
+    for name, a in tensors.items():
+        header[name] = {"dtype": "F32", "shape": list(a.shape), "data_offsets": [offset, offset + a.nbytes]}
+        offset += a.nbytes
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(os.path.join(folder, "model.safetensors"), "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text)
+        for a in tensors.values():
+            f.write(a.tobytes())
+
+
+def interleaved_rope_rows(w, heads):
+    """HF q/k rows rotate each head's halves (i, i + D/2); llama2.c rotates adjacent pairs (2i, 2i+1):
+    row (h, half, i) of the HF matrix is row (h, i, half) of llama2.c's."""
+    rows, cols = w.shape
+    return w.reshape(heads, 2, rows // heads // 2, cols).transpose(0, 2, 1, 3).reshape(rows, cols)
+
+
+def write_llama2c(path, t, dim, layers, heads, vocab, hidden):
+    """llama2.c's checkpoint: 7 int32 (dim, hidden, layers, heads, kv heads, vocab > 0 = shared
+    classifier, seq_len), then fp32 arrays grouped by kind over all layers."""
+    layer = lambda l, name: t[f"model.layers.{l}.{name}"]
+    with open(path, "wb") as f:
+        f.write(struct.pack("<7i", dim, hidden, layers, heads, heads, vocab, SEQ_LEN))
+        f.write(t["model.embed_tokens.weight"].tobytes())
+        groups = [("input_layernorm.weight", None), ("self_attn.q_proj.weight", heads),
+                  ("self_attn.k_proj.weight", heads), ("self_attn.v_proj.weight", None),
+                  ("self_attn.o_proj.weight", None), ("post_attention_layernorm.weight", None),
+                  ("mlp.gate_proj.weight", None), ("mlp.down_proj.weight", None), ("mlp.up_proj.weight", None)]
+        for name, rope_heads in groups:
+            for l in range(layers):
+                w = layer(l, name)
+                f.write((interleaved_rope_rows(w, rope_heads) if rope_heads else w).tobytes())
+        f.write(t["model.norm.weight"].tobytes())
+        f.write(np.zeros(SEQ_LEN * (dim // heads), np.float32).tobytes())  # the unused rope tables
+
+
+def weight_bytes_per_token(t):
+    """Every matrix a decode step multiplies: the layers' and the (tied) classifier; fp32."""
+    return sum(a.nbytes for n, a in t.items() if a.ndim == 2)
+
+
+def stream_read_gbps(work, threads):
+    src, exe = os.path.join(work, "stream_read.c"), os.path.join(work, "stream_read")
+    with open(src, "w") as f:
+        f.write(STREAM_READ_C)
+    subprocess.run(["cc", "-O3", "-ffast-math", "-march=native", "-fopenmp", src, "-o", exe], check=True)
+    out = subprocess.run([exe], check=True, capture_output=True, text=True,
+                         env={**os.environ, "OMP_NUM_THREADS": str(threads)}).stdout
+    return statistics.median(float(line.split()[0]) for line in out.split("\n") if line)
+
+
+def timed(cmd, env):
+    start = time.perf_counter()
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    seconds = time.perf_counter() - start
+    if r.returncode != 0:
+        sys.exit(f"failed ({r.returncode}): {' '.join(cmd)}\n{r.stdout}\n{r.stderr}")
+    return seconds, r.stdout
+
+
+def measure(name, command_for, repeats, env):
+    """Median wall times of SHORT- and LONG-step runs, interleaved; returns the rate and last outputs."""
+    times, outputs = {SHORT: [], LONG: []}, {}
+    for _ in range(repeats):
+        for steps in (SHORT, LONG):
+            seconds, outputs[steps] = timed(command_for(steps), env)
+            times[steps].append(seconds)
+    t_short, t_long = statistics.median(times[SHORT]), statistics.median(times[LONG])
+    rate = (LONG - SHORT) / (t_long - t_short)
+    print(f"  {name}: {SHORT} steps {t_short:.3f} s, {LONG} steps {t_long:.3f} s -> decode {rate:.1f} tok/s")
+    return rate, outputs
+
+
+def megaton_command(binary, folder, tokenizer, threads, before=False, precision="fp32"):
+    # Steps count every position from the BOS, as run.c's -n does: steps - 1 new tokens. A binary from
+    # before the decode kernels has neither --prompt-ids nor --json: a one-character text prompt and
+    # plain output instead (the rate is a difference of wall times, which does not need them).
+    prompt = ["--prompt", "O"] if before else ["--prompt-ids", "1", "--json", "--precision", precision]
+    return lambda steps: [binary, "generate", "--model", folder, "--temperature", "0", "--max-new-tokens",
+                          str(steps - 1), "--threads", str(threads), "--tokenizer", tokenizer] + prompt
+
+
+def main():
+    # A stopped run (SIGTERM) still removes its ~1 GB of weight files: exit through Python's cleanup.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--megaton", required=True)
+    ap.add_argument("--before", help="a megaton binary built without the decode kernels")
+    ap.add_argument("--llama2c-run")
+    ap.add_argument("--llama2c-tokenizer")
+    ap.add_argument("--sp-model", help="llama2.c's tokenizer.model, so megaton prints text too")
+    ap.add_argument("--shapes", default="110m,15m")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    if bool(args.llama2c_run) != bool(args.llama2c_tokenizer):
+        sys.exit("--llama2c-run and --llama2c-tokenizer go together")
+    if args.threads < 1 or args.repeats < 1:
+        sys.exit("--threads and --repeats must be at least 1")
+    shapes = args.shapes.split(",")
+    for s in shapes:
+        if s not in SHAPES:
+            sys.exit(f"unknown shape '{s}' (known: {', '.join(SHAPES)})")
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+    tokenizer = f"sentencepiece:{args.sp_model}" if args.sp_model else "byte"
+    print("load average:", open("/proc/loadavg").read().split()[:3])
+    cpu = [l for l in open("/proc/cpuinfo") if l.startswith("model name")]
+    flags = next(l for l in open("/proc/cpuinfo") if l.startswith("flags")).split()
+    print("cpu:", cpu[0].split(":")[1].strip() if cpu else "?", "| avx2" if "avx2" in flags else "",
+          "| avx512f" if "avx512f" in flags else "", f"| {args.threads} threads")
+    with tempfile.TemporaryDirectory() as work:
+        bandwidth = stream_read_gbps(work, args.threads)
+        print(f"streaming read: {bandwidth:.2f} GB/s (median of 7 passes over 1 GiB)")
+        for shape in shapes:
+            dims = SHAPES[shape]
+            tensors = random_weights(*dims, seed=15)
+            folder, ckpt = os.path.join(work, shape), os.path.join(work, shape + ".bin")
+            write_hf(folder, tensors, *dims)
+            bytes_per_token = weight_bytes_per_token(tensors)
+            limit = bandwidth * 1e9 / bytes_per_token
+            print(f"{shape}: {bytes_per_token / 1e6:.1f} MB of fp32 weights per token, bandwidth limit "
+                  f"{limit:.1f} tok/s (bf16: twice that)")
+            row = {}
+            rate, out = measure("megaton", megaton_command(args.megaton, folder, tokenizer, args.threads), args.repeats,
+                                env)
+            j = json.loads(out[LONG])
+            print(f"    megaton --json: decode_tokens_per_s {j['decode_tokens_per_s']:.1f}, load_s {j['load_s']:.3f}")
+            row["megaton"] = {"rate": rate, "limit": limit}
+            rate, out = measure("megaton bf16", megaton_command(args.megaton, folder, tokenizer, args.threads,
+                                                                precision="bf16"), args.repeats, env)
+            j16 = json.loads(out[LONG])
+            print(f"    megaton bf16 --json: decode_tokens_per_s {j16['decode_tokens_per_s']:.1f}, "
+                  f"load_s {j16['load_s']:.3f}")
+            row["megaton bf16"] = {"rate": rate, "limit": 2 * limit}  # half the weight bytes
+            if args.before:
+                rate, _ = measure("megaton before (GEMM path)",
+                                  megaton_command(args.before, folder, tokenizer, args.threads, before=True), args.repeats, env)
+                row["before"] = {"rate": rate, "limit": limit}
+            if args.llama2c_run:
+                write_llama2c(ckpt, tensors, *dims)
+                rate, out_c = measure("llama2.c run.c", lambda steps: [args.llama2c_run, ckpt, "-t", "0", "-n",
+                                                                       str(steps), "-z", args.llama2c_tokenizer],
+                                      args.repeats, env)
+                row["llama2c"] = {"rate": rate, "limit": limit}
+                if args.sp_model:
+                    same = "".join(out_c[LONG].split()) == "".join(j["text"].split())
+                    print(f"    same text as run.c (whitespace aside): {same}")
+            for tool, r in row.items():
+                print(f"    {tool}: {r['rate']:.1f} tok/s = {r['rate'] / r['limit']:.0%} of its bandwidth limit")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+#include "megaton/kernels/cpu/decode_attention.h"
+
+#include <algorithm>
+#include <limits>
+#include <vector>
+
+#include "megaton/kernels/cpu/fast_exp.h"
+
+namespace megaton::kernels::cpu {
+namespace {
+
+using detail::fast_exp;
+
+// Keys per block: one block of scores per query head of a group (R x 64) stays in L1 while its
+// values are accumulated.
+constexpr int64_t kBlock = 64;
+
+// One (batch row, kv group): the R = Hq / Hkv query heads of the group against its Tk keys.
+// s [R, kBlock], acc [R, D], m and l [R] are the caller's scratch.
+template <typename T>
+void group_attention(T* out, const T* q, const T* k, const T* v, int64_t R, int64_t D, int64_t kv_row, T scale,
+                     int64_t Tk, T* s, T* acc, T* m, T* l) {
+  std::fill(acc, acc + R * D, T(0));
+  std::fill(m, m + R, -std::numeric_limits<T>::infinity());
+  std::fill(l, l + R, T(0));
+  for (int64_t t0 = 0; t0 < Tk; t0 += kBlock) {
+    const int64_t n = std::min(kBlock, Tk - t0);
+    for (int64_t j = 0; j < n; ++j) {
+      const T* kj = k + (t0 + j) * kv_row;
+      for (int64_t i = 0; i < R; ++i) {
+        const T* qi = q + i * D;
+        T dot = 0;
+#pragma omp simd reduction(+ : dot)
+        for (int64_t d = 0; d < D; ++d) dot += qi[d] * kj[d];
+        s[i * kBlock + j] = dot * scale;
+      }
+    }
+    // Online softmax: rescale what was summed under the old maximum to the new one.
+    for (int64_t i = 0; i < R; ++i) {
+      T* si = s + i * kBlock;
+      T mx = m[i];
+      for (int64_t j = 0; j < n; ++j) mx = si[j] > mx ? si[j] : mx;
+      const T correction = fast_exp(m[i] - mx);  // 0 on the first block, where m = -inf
+      T sum = 0;
+#pragma omp simd reduction(+ : sum)
+      for (int64_t j = 0; j < n; ++j) {
+        si[j] = fast_exp(si[j] - mx);
+        sum += si[j];
+      }
+      l[i] = l[i] * correction + sum;
+      m[i] = mx;
+      T* ai = acc + i * D;
+#pragma omp simd
+      for (int64_t d = 0; d < D; ++d) ai[d] *= correction;
+    }
+    for (int64_t j = 0; j < n; ++j) {
+      const T* vj = v + (t0 + j) * kv_row;
+      for (int64_t i = 0; i < R; ++i) {
+        const T p = s[i * kBlock + j];
+        T* ai = acc + i * D;
+#pragma omp simd
+        for (int64_t d = 0; d < D; ++d) ai[d] += p * vj[d];
+      }
+    }
+  }
+  for (int64_t i = 0; i < R; ++i) {
+    const T inv = T(1) / l[i];
+#pragma omp simd
+    for (int64_t d = 0; d < D; ++d) out[i * D + d] = acc[i * D + d] * inv;
+  }
+}
+
+}  // namespace
+
+template <typename T>
+void decode_attention(T* out, const T* q, const T* k, const T* v, int64_t B, int64_t Hq, int64_t Hkv, int64_t D,
+                      HeadStrides q_at, HeadStrides kv_at, double scale, int64_t Tk, int64_t kv_batch_stride) {
+  const int64_t R = Hq / Hkv;
+#pragma omp parallel
+  {
+    std::vector<T> s(static_cast<size_t>(R * kBlock)), acc(static_cast<size_t>(R * D)), m(R), l(R);
+#pragma omp for collapse(2) schedule(static)
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t g = 0; g < Hkv; ++g) {
+        const int64_t kv = b * kv_batch_stride + g * kv_at.group;
+        group_attention(out + (b * Hq + g * R) * D, q + b * q_at.row + g * q_at.group, k + kv, v + kv, R, D,
+                        kv_at.row, static_cast<T>(scale), Tk, s.data(), acc.data(), m.data(), l.data());
+      }
+  }
+}
+
+template void decode_attention<float>(float*, const float*, const float*, const float*, int64_t, int64_t, int64_t,
+                                      int64_t, HeadStrides, HeadStrides, double, int64_t, int64_t);
+template void decode_attention<double>(double*, const double*, const double*, const double*, int64_t, int64_t, int64_t,
+                                       int64_t, HeadStrides, HeadStrides, double, int64_t, int64_t);
+
+}  // namespace megaton::kernels::cpu

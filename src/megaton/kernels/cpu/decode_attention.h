@@ -1,0 +1,19 @@
+// Attention of one new token per sequence over its KV cache (decode), MHA and GQA, in one pass
+// with an online softmax: the keys and values of each kv group are read once, in blocks, for all
+// the query heads of that group, and nothing of size Tk is kept but one block of scores.
+#pragma once
+#include <cstdint>
+
+#include "megaton/kernels/head_strides.h"
+
+namespace megaton::kernels::cpu {
+
+// out[b, h*D + d] (contiguous [B, Hq, D]) = softmax_t(scale q_{b,h} . k_{b,g,t}) v_{b,g,t} over the
+// Tk cached tokens t (the new one included), g = h / (Hq/Hkv). q holds one token per batch row,
+// addressed by q_at (batch rows q_at.row apart); k and v by kv_at (token t of row b at
+// b * kv_batch_stride + t * kv_at.row + g * kv_at.group). float or double.
+template <typename T>
+void decode_attention(T* out, const T* q, const T* k, const T* v, int64_t B, int64_t Hq, int64_t Hkv, int64_t D,
+                      HeadStrides q_at, HeadStrides kv_at, double scale, int64_t Tk, int64_t kv_batch_stride);
+
+}  // namespace megaton::kernels::cpu
