@@ -50,9 +50,8 @@ TEST(Fp8Runs, BadSettingsAreRefusedNamingTheKey) {
 }
 
 // Delayed scaling under parallelism: every rank must quantise with the scales one process would
-// use, so the amaxes are max-reduced over the data-, tensor- and pipeline-parallel groups (a
-// pipeline rank sees only its stage's layers, so its own stage's histories are right either way; the
-// reduction keeps the others, which a checkpoint holds, right too). Step 2 is the first to quantise
+// use, so the amaxes are max-reduced over the data- and tensor-parallel groups (a layer lives on one
+// pipeline stage, whose histories are its own). Step 2 is the first to quantise
 // with scales from reduced amaxes, before FP8 code flips amplify the layouts' rounding: at dp2 and
 // pp2 it matches one process to 1e-7 (measured ~2e-9 relative; 3e-5 with the dp reduction removed).
 // tp2's split forward already flips codes at step 2 (~2e-6 either way), so this run cannot tell its
@@ -84,22 +83,11 @@ TEST(Fp8Runs, DelayedScalingResumesBitwise) {
   const std::string fp8 =
       "--set precision.fp8=hybrid --set precision.fp8_recipe=delayed --set precision.fp8_amax_history_len=4 "
       "--set precision.fp8_amax_compute_algo=max --set training.train_iters=8 --set logging.save_interval=0 ";
-  const Metrics straight = run.train_ok("straight", fp8);
-  EXPECT_EQ(run.train_ok("resumed", fp8 + "--set training.exit_interval=4").losses.size(), 4u);
-  const Metrics resumed = run.train_ok("resumed", fp8 + "--resume auto");
-  ASSERT_EQ(resumed.losses, straight.losses);
-  megaton::testing::expect_bitwise_equal(megaton::testing::final_weights(run.run_dir("resumed")),
-                                         megaton::testing::final_weights(run.run_dir("straight")));
+  megaton::testing::expect_resumes_bitwise(run, "pp1", fp8);
   // At pp2 each stage holds its layers' states; the checkpoint holds every stage's (summed over the
   // pipeline group on capture) and each stage resumes its own, bit for bit (planted: no sum, so
   // rank 0 writes only its stage's and rank 1's resume finds its states missing, caught).
-  const std::string pp2 = fp8 + "--set pp=2 ";
-  const Metrics straight_pp2 = run.train_mpi_ok(2, "straight_pp2", pp2, "pipeline parallel 2");
-  EXPECT_EQ(run.train_mpi_ok(2, "resumed_pp2", pp2 + "--set training.exit_interval=4", "pipeline parallel 2").losses.size(), 4u);
-  const Metrics resumed_pp2 = run.train_mpi_ok(2, "resumed_pp2", pp2 + "--resume auto", "pipeline parallel 2");
-  ASSERT_EQ(resumed_pp2.losses, straight_pp2.losses);
-  megaton::testing::expect_bitwise_equal(megaton::testing::final_weights(run.run_dir("resumed_pp2")),
-                                         megaton::testing::final_weights(run.run_dir("straight_pp2")));
+  megaton::testing::expect_resumes_bitwise(run, "pp2", fp8 + "--set pp=2 ", 2, "pipeline parallel 2");
   // Resuming with another history length is refused naming the file and the key.
   EXPECT_EQ(run.train_ok("other_len", fp8 + "--set training.exit_interval=4").losses.size(), 4u);
   const CommandResult r = run.train("other_len", fp8 + "--set precision.fp8_amax_history_len=2 --resume auto");

@@ -220,4 +220,23 @@ inline std::vector<std::string> torn_checkpoints(const std::string& run_dir) {
   return out;
 }
 
+// A run of `args` (which train 8 steps, checkpointing off) stopped at step 4 and resumed with --resume auto
+// must train bit for bit like the uninterrupted one: the same losses and final weights. Runs
+// NAME_straight and NAME_resumed, under `mpirun -np np` (printing `banner`) when np > 1; returns
+// the straight and the resumed runs' metrics.
+inline std::pair<Metrics, Metrics> expect_resumes_bitwise(const TinyRunDir& run, const std::string& name,
+                                                          const std::string& args, int np = 1,
+                                                          const std::string& banner = "") {
+  const auto train = [&](const std::string& dir, const std::string& more) {
+    return np > 1 ? run.train_mpi_ok(np, dir, args + more, banner) : run.train_ok(dir, args + more);
+  };
+  const std::string straight = name + "_straight", resumed = name + "_resumed";
+  const Metrics a = train(straight, "");
+  EXPECT_EQ(train(resumed, "--set training.exit_interval=4").losses.size(), 4u) << name;
+  const Metrics b = train(resumed, "--resume auto");
+  EXPECT_EQ(b.losses, a.losses) << name;
+  expect_bitwise_equal(final_weights(run.run_dir(resumed)), final_weights(run.run_dir(straight)));
+  return {a, b};
+}
+
 }  // namespace megaton::testing

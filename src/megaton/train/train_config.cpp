@@ -428,6 +428,7 @@ std::optional<optim::LossScalerConfig> loss_scaler_config(const TrainConfig& c) 
   if (!c.fp16) return std::nullopt;
   check(!c.bf16, "precision.fp16", "and precision.bf16 are both set; choose one 16-bit format");
   check(c.fp8.empty(), "precision.fp16", "with precision.fp8 is not supported yet (FP8 runs on bf16 compute)");
+  // Checked here, before the narrowing to LossScalerConfig's int (its validate() checks the rest).
   check(c.hysteresis >= 1 && c.hysteresis <= 1000000, "precision.hysteresis",
         "must be in [1, 1000000], got " + std::to_string(c.hysteresis));
   optim::LossScalerConfig s;

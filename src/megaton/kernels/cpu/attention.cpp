@@ -8,6 +8,7 @@
 
 #include "megaton/core/error.h"
 #include "megaton/kernels/cpu/fast_exp.h"
+#include "megaton/kernels/cpu/online_softmax.h"
 
 namespace megaton::kernels::cpu {
 namespace {
@@ -123,31 +124,6 @@ void score_tile(T* s, const T* q, int64_t q_stride, const T* kt, int64_t ld_kt, 
   }
 }
 
-// Folds a score tile into each row's running softmax: m is the running max, l the running sum of
-// exp(s - m) and acc[D] the running sum of exp(s - m) v. Rescales l and acc to the new max and
-// leaves exp(s - m_new) in s, ready to be multiplied with V.
-template <typename T>
-void online_softmax_step(T* s, T* m, T* l, T* acc, int64_t rows, int64_t D) {
-  for (int64_t i = 0; i < rows; ++i) {
-    T* si = s + i * kTile;
-    T mx = m[i];
-#pragma omp simd reduction(max : mx)
-    for (int64_t j = 0; j < kTile; ++j) mx = si[j] > mx ? si[j] : mx;
-    const T correction = fast_exp(m[i] - mx);  // 0 on the first tile, where m = -inf
-    T sum = 0;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < kTile; ++j) {
-      si[j] = fast_exp(si[j] - mx);
-      sum += si[j];
-    }
-    l[i] = l[i] * correction + sum;
-    m[i] = mx;
-    T* ai = acc + i * D;
-#pragma omp simd
-    for (int64_t d = 0; d < D; ++d) ai[d] *= correction;
-  }
-}
-
 // Per-thread buffers, reused across the tasks a thread runs.
 template <typename T>
 struct ForwardScratch {
@@ -170,7 +146,7 @@ void forward_head(T* out, int64_t out_stride, T* lse, const T* q, int64_t q_stri
     std::fill(w.acc.begin(), w.acc.end(), T(0));
     for (int64_t j0 = 0; j0 < key_end; j0 += kTile) {
       score_tile(w.s.data(), q + i0 * q_stride, q_stride, w.kt.data(), ld, rows, j0, pos0, D, scale);
-      online_softmax_step(w.s.data(), w.m.data(), w.l.data(), w.acc.data(), rows, D);
+      online_softmax_step(w.s.data(), kTile, kTile, w.m.data(), w.l.data(), w.acc.data(), rows, D);
       gemm_acc(w.acc.data(), D, w.s.data(), kTile, 1, v + j0 * kv_stride, kv_stride, rows, D,
                std::min(kTile, key_end - j0));
     }

@@ -4,12 +4,11 @@
 #include <limits>
 #include <vector>
 
-#include "megaton/kernels/cpu/fast_exp.h"
+#include "megaton/kernels/cpu/online_softmax.h"
 
 namespace megaton::kernels::cpu {
 namespace {
 
-using detail::fast_exp;
 
 // Keys per block: one block of scores per query head of a group (R x 64) stays in L1 while its
 // values are accumulated.
@@ -35,24 +34,7 @@ void group_attention(T* out, const T* q, const T* k, const T* v, int64_t R, int6
         s[i * kBlock + j] = dot * scale;
       }
     }
-    // Online softmax: rescale what was summed under the old maximum to the new one.
-    for (int64_t i = 0; i < R; ++i) {
-      T* si = s + i * kBlock;
-      T mx = m[i];
-      for (int64_t j = 0; j < n; ++j) mx = si[j] > mx ? si[j] : mx;
-      const T correction = fast_exp(m[i] - mx);  // 0 on the first block, where m = -inf
-      T sum = 0;
-#pragma omp simd reduction(+ : sum)
-      for (int64_t j = 0; j < n; ++j) {
-        si[j] = fast_exp(si[j] - mx);
-        sum += si[j];
-      }
-      l[i] = l[i] * correction + sum;
-      m[i] = mx;
-      T* ai = acc + i * D;
-#pragma omp simd
-      for (int64_t d = 0; d < D; ++d) ai[d] *= correction;
-    }
+    online_softmax_step(s, kBlock, n, m, l, acc, R, D);
     for (int64_t j = 0; j < n; ++j) {
       const T* vj = v + (t0 + j) * kv_row;
       for (int64_t i = 0; i < R; ++i) {
