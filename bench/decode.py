@@ -165,12 +165,13 @@ def measure(name, command_for, repeats, env):
 
 
 def megaton_command(binary, folder, tokenizer, threads, before=False, precision="fp32"):
-    # Steps count every position from the BOS, as run.c's -n does: steps - 1 new tokens. A binary from
+    # run.c -n N runs N forwards from the BOS and prints N tokens; megaton's prefill of the BOS yields the
+    # first new token, so --max-new-tokens N is the same N forwards and N tokens. A binary from
     # before the decode kernels has neither --prompt-ids nor --json: a one-character text prompt and
     # plain output instead (the rate is a difference of wall times, which does not need them).
     prompt = ["--prompt", "O"] if before else ["--prompt-ids", "1", "--json", "--precision", precision]
     return lambda steps: [binary, "generate", "--model", folder, "--temperature", "0", "--max-new-tokens",
-                          str(steps - 1), "--threads", str(threads), "--tokenizer", tokenizer] + prompt
+                          str(steps), "--threads", str(threads), "--tokenizer", tokenizer] + prompt
 
 
 def main():

@@ -38,10 +38,24 @@ struct Precision {
 Precision precision_from_name(const std::string& name) {
   if (name == "fp32") return {DType::F32, std::nullopt};
   if (name == "bf16") return {DType::BF16, std::nullopt};
+  if (name == "fp16") return {DType::F16, std::nullopt};
   fp8::Fp8Config f;
   f.recipe = fp8::recipe_from_name(name == "mxfp8" ? "mxfp8" : name.substr(name.find('-') + 1));
   f.hybrid = f.recipe == fp8::Recipe::Delayed || f.recipe == fp8::Recipe::Tensorwise;
   return {DType::BF16, f};
+}
+
+// fp16 steps scale the loss and divide the fp32 main gradients by the scale before the norm, as a
+// training step does (a fixed 2^16 here: the dynamic scaler's bookkeeping costs nothing measurable).
+constexpr float kFp16LossScale = 65536.0f;
+
+void unscale_gradients(const nn::ParameterList& params) {
+  for (nn::Parameter* p : params) {
+    float* g = p->grad.data<float>();
+    const int64_t n = p->grad.numel();
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) g[i] *= 1.0f / kFp16LossScale;
+  }
 }
 
 // Full training steps (forward, backward, clip, AdamW) on random tokens; median step time.
@@ -67,8 +81,10 @@ BenchResult run_bench(const std::string& preset, int64_t B, int64_t T, int steps
     model.refresh_compute_weights();  // as a training step does after the optimizer's update
     for (fp8::LinearQuantizer* q : model.fp8_quantizers()) q->next_step();  // delayed scales roll per step
     models::ModelCtx ctx;
-    model.forward(ctx, inputs, targets, true);
+    const bool fp16 = precision.compute == DType::F16;
+    model.forward(ctx, inputs, targets, true, fp16 ? kFp16LossScale : 1.0f);
     model.backward(ctx);
+    if (fp16) unscale_gradients(model.parameters());
     opt.step(1e-4, optim::clip_coefficient(optim::global_grad_norm(model.parameters()), 1.0));
     if (s > 0) times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
@@ -108,11 +124,11 @@ void add_bench_command(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "openblas", "onednn"}));
   cmd->add_option("--precision", precision,
-                  "Training steps in fp32, bf16 mixed precision (Megatron's --bf16), or bf16 with the layers' linears in "
+                  "Training steps in fp32, bf16 or fp16 mixed precision (Megatron's --bf16 / --fp16, the fp16 loss scaled by 2^16), or bf16 with the layers' linears in "
                   "FP8 under a recipe (fp8-delayed and fp8-tensorwise: E4M3 forward, E5M2 gradients; fp8-blockwise: "
                   "DeepSeek-V3's 1x128 / 128x128 E4M3; mxfp8: 1x32 blocks with E8M0 scales)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"fp32", "bf16", "fp8-delayed", "fp8-tensorwise", "fp8-blockwise", "mxfp8"}));
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16", "fp8-delayed", "fp8-tensorwise", "fp8-blockwise", "mxfp8"}));
   cmd->add_flag("--cpu-info", cpu_only, "Only print the CPU line (model, features, threads) every benchmark starts with");
   cmd->callback([] {
     set_num_threads(threads);
