@@ -1,6 +1,7 @@
 // `megaton bench --precision`: every precision runs training steps and reports its memory; the FP8
 // ones keep the linears' inputs 8-bit for backward, so their peak activation bytes fall below
-// bf16's (planted: --precision fp8-* ignored and run as bf16, caught). Speed is not asserted.
+// bf16's, and fp16's equal bf16's (planted: --precision fp8-* ignored and run as bf16, caught; fp16 run
+// as fp32, caught). Speed is not asserted.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -25,6 +26,7 @@ double peak_activations_mb(const std::string& precision) {
 TEST(BenchPrecision, EveryPrecisionRunsAndFp8KeepsLessActivationMemory) {
   const double bf16 = peak_activations_mb("bf16");
   EXPECT_LT(bf16, peak_activations_mb("fp32"));
+  EXPECT_EQ(peak_activations_mb("fp16"), bf16);  // both keep 2-byte activations
   for (const char* p : {"fp8-delayed", "fp8-tensorwise", "fp8-blockwise", "mxfp8"}) EXPECT_LT(peak_activations_mb(p), bf16) << p;
   const auto r = megaton::testing::run_command(std::string(MEGATON_BINARY) + " bench --model gpt-tiny --precision fp8");
   EXPECT_NE(r.exit_code, 0);
