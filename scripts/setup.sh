@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 PACKAGES=(build-essential cmake pkg-config ccache libopenblas-openmp-dev libdnnl-dev nlohmann-json3-dev
           libtomlplusplus-dev libcli11-dev libgtest-dev python3-torch python3-numpy fortunes zlib1g-dev libzstd-dev
           libxxhash-dev libpcre2-dev libsentencepiece-dev sentencepiece python3-regex libopenmpi-dev openmpi-bin
+          libcpp-httplib-dev
           clang-14 libclang-rt-14-dev libomp-14-dev llvm-14)
 # clang-14 and its runtimes (libFuzzer, the sanitizers, OpenMP, llvm-symbolizer) for the checking build of
 # scripts/test.sh: one LLVM version throughout, as a compiler only links the runtimes of its own version.

@@ -12,5 +12,6 @@ void add_bench_command(CLI::App& app);
 void add_data_command(CLI::App& app);
 void add_tokenizer_command(CLI::App& app);
 void add_schedule_command(CLI::App& app);
+void add_serve_command(CLI::App& app);
 
 }  // namespace megaton::app

@@ -1,15 +1,15 @@
-#include <chrono>
 #include <cstdio>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "inference_model.h"
 #include "option_range.h"
 #include "megaton/core/threads.h"
 #include "megaton/data/tokenizer.h"
 #include "megaton/infer/generate.h"
-#include "megaton/models/hf_format.h"
+#include "megaton/infer/text_stream.h"
 
 namespace megaton::app {
 namespace {
@@ -76,34 +76,27 @@ void add_generate_command(CLI::App& app) {
   cmd->callback([text_opt, ids_opt] {
     if (text_opt->count() == 0 && ids_opt->count() == 0) fail("generate needs --prompt TEXT or --prompt-ids IDS");
     set_num_threads(threads);
-    const auto load_start = std::chrono::steady_clock::now();
-    auto model = models::load_hf_model(model_dir);
-    model->set_compute_dtype(precision == "bf16" ? DType::BF16 : DType::F32);
-    auto tok = data::make_tokenizer(tokenizer);
-    const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
-    if (tok->vocab_size() > model->config().vocab_size)
-      fail("--tokenizer ", tokenizer, " has ", tok->vocab_size(), " ids but the model's vocab_size is ",
-           model->config().vocab_size);
+    InferenceModel loaded = load_inference_model(model_dir, tokenizer, precision);
+    auto& model = loaded.model;
+    auto& tok = loaded.tokenizer;
     for (int32_t id : prompt_ids)
       if (id >= model->config().vocab_size)
         fail("--prompt-ids: id ", id, " is out of range: the model's vocab_size is ", model->config().vocab_size);
     const std::vector<int32_t> input = prompt_ids.empty() ? tok->encode(prompt) : prompt_ids;
     opts.stop_token = tok->eod();
     opts.vocab_size = tok->vocab_size();  // every generated id must decode (a model's vocabulary may be larger)
-    if (json) return print_json(*model, *tok, input, load_s);
+    if (json) return print_json(*model, *tok, input, loaded.load_s);
     std::fputs(prompt_ids.empty() ? prompt.c_str() : tok->decode(input).c_str(), stdout);
-    // Stream by decoding the whole continuation and printing what is new: a token decoded alone can
-    // lose context (SentencePiece's leading space, a UTF-8 character split across byte tokens).
-    std::vector<int32_t> generated;
-    size_t printed = 0;
-    infer::generate(*model, input, opts, [&](int32_t id) {
-      generated.push_back(id);
-      const std::string text = tok->decode(generated);
-      if (text.size() <= printed) return;
-      std::fwrite(text.data() + printed, 1, text.size() - printed, stdout);
-      printed = text.size();
+    infer::TextStream stream(*tok, {});
+    const auto show = [](const std::string& text) {
+      std::fwrite(text.data(), 1, text.size(), stdout);
       std::fflush(stdout);
+    };
+    infer::generate(*model, input, opts, [&](int32_t id) {
+      show(stream.push(id));
+      return true;
     });
+    show(stream.finish());
     std::fputc('\n', stdout);
   });
 }

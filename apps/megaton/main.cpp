@@ -39,6 +39,7 @@ int main(int argc, char** argv) {
   megaton::app::add_train_command(app);
   megaton::app::add_eval_command(app);
   megaton::app::add_generate_command(app);
+  megaton::app::add_serve_command(app);
   megaton::app::add_preprocess_command(app);
   megaton::app::add_bench_command(app);
   megaton::app::add_data_command(app);

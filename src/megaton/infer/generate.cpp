@@ -44,7 +44,7 @@ int32_t sample_token(const float* logits, int64_t vocab, const SamplingOptions& 
 }
 
 std::vector<int32_t> generate(models::TransformerModel& model, const std::vector<int32_t>& prompt,
-                              const SamplingOptions& opts, const std::function<void(int32_t)>& on_token,
+                              const SamplingOptions& opts, const std::function<bool(int32_t)>& on_token,
                               GenerateStats* stats) {
   if (prompt.empty()) fail("generate: the prompt encodes to no tokens");
   const int64_t max_len = model.config().max_position_embeddings;
@@ -72,7 +72,7 @@ std::vector<int32_t> generate(models::TransformerModel& model, const std::vector
       timed.decode_s += seconds;
     }
     out.push_back(next);
-    if (on_token) on_token(next);
+    if (on_token && !on_token(next)) break;
     if (next == opts.stop_token) break;
     input = Tensor::empty({1, 1}, DType::I32, MemCategory::Activations, "next_token");
     input.data<int32_t>()[0] = next;

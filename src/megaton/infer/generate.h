@@ -34,10 +34,11 @@ struct GenerateStats {
   double decode_s = 0;
 };
 
-// Returns the new tokens only. on_token (optional) sees each one as it is produced (streaming);
+// Returns the new tokens only. on_token (optional) sees each one as it is produced (streaming) and
+// returns whether to go on: false ends generation after that token (a stop string, a client gone).
 // stats (optional) receives the timings.
 std::vector<int32_t> generate(models::TransformerModel& model, const std::vector<int32_t>& prompt,
-                              const SamplingOptions& opts, const std::function<void(int32_t)>& on_token = {},
+                              const SamplingOptions& opts, const std::function<bool(int32_t)>& on_token = {},
                               GenerateStats* stats = nullptr);
 
 }  // namespace megaton::infer

@@ -1,0 +1,51 @@
+// OpenAI-compatible request bodies (/v1/completions, /v1/chat/completions) -> what generation needs,
+// validated strictly: every field is known, typed and in range, or the request is refused with a
+// RequestError naming the field (HTTP 400). Sampling features Megaton does not have yet (penalties,
+// logprobs, n > 1, echo) are refused rather than silently ignored.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace megaton::infer {
+
+struct RequestError : std::runtime_error {
+  RequestError(int status, std::string param, const std::string& message)
+      : std::runtime_error(message), status(status), param(std::move(param)) {}
+  int status;         // HTTP status
+  std::string param;  // the offending field ("" when none)
+};
+
+struct ChatMessage {
+  std::string role;  // "system", "user" or "assistant"
+  std::string content;
+};
+
+struct RequestLimits {
+  int64_t max_completion_tokens = 1024;  // the most a request may ask for (and chat's default)
+  int64_t max_stop_strings = 4;          // as OpenAI
+};
+
+struct CompletionRequest {
+  bool chat = false;
+  std::string model;                     // informational: one model is served
+  std::optional<std::string> prompt;     // completions: text ...
+  std::vector<int32_t> prompt_ids;       // ... or token ids
+  std::vector<ChatMessage> messages;     // chat
+  int64_t max_tokens = 16;               // OpenAI's completions default; chat: the limit
+  double temperature = 1.0;
+  double top_p = 1.0;
+  int64_t top_k = 0;                     // an extension (vLLM's name); 0: off
+  std::optional<uint64_t> seed;
+  std::vector<std::string> stop;
+  bool stream = false;
+};
+
+// Throws RequestError (400) on any field that is unknown, mistyped or out of range.
+CompletionRequest parse_completion_request(const nlohmann::json& body, bool chat, const RequestLimits& limits);
+
+}  // namespace megaton::infer
