@@ -140,7 +140,7 @@ TEST(BadInput, CommandLineErrorsSayWhatIsExpected) {
     std::string command, message;
   };
   for (const Case& c : std::vector<Case>{
-           {m + "trian", "error: unknown command 'megaton trian'; the commands are: train, eval, generate, preprocess"},
+           {m + "trian", "error: unknown command 'megaton trian'; the commands are: train, eval, generate, serve, preprocess"},
            {m, "error: megaton needs a command: train, eval, generate"},
            {m + "data show x", "error: unknown command 'megaton data show'; the commands are: inspect, bench"},
            {m + "tokenizer", "error: megaton tokenizer needs a command: train, encode, decode"},
