@@ -64,6 +64,16 @@ void add_generate_command(CLI::App& app) {
       ->check(in_range<int64_t>(0));
   cmd->add_option("--top-p", opts.top_p, "Nucleus sampling: smallest set with this probability mass")->capture_default_str()
       ->check(in_range(0.0, 1.0));
+  cmd->add_option("--min-p", opts.min_p, "Drop tokens less likely than this fraction of the most likely one (0 = off)")
+      ->capture_default_str()->check(in_range(0.0, 1.0));
+  cmd->add_option("--repetition-penalty", opts.repetition_penalty,
+                  "Divide positive / multiply negative logits of tokens already seen (1 = off)")
+      ->capture_default_str()->check(in_range(0.01, 100.0));
+  cmd->add_option("--presence-penalty", opts.presence_penalty, "Subtract from the logits of tokens generated (0 = off)")
+      ->capture_default_str()->check(in_range(-2.0, 2.0));
+  cmd->add_option("--frequency-penalty", opts.frequency_penalty,
+                  "Subtract this times the count from the logits of tokens generated (0 = off)")
+      ->capture_default_str()->check(in_range(-2.0, 2.0));
   cmd->add_option("--seed", opts.seed, "Sampling seed")->capture_default_str()->check(in_range<uint64_t>(0));
   cmd->add_option("--threads", threads, "CPU threads")->check(in_range(0, 4096));
   cmd->add_option("--precision", precision,

@@ -34,7 +34,8 @@ std::string refused(const char* text, bool chat = false) {
 
 TEST(CompletionRequest, ReadsEveryField) {
   const auto r = parse(R"({"model":"m","prompt":"hi","max_tokens":7,"temperature":0.5,"top_p":0.9,"top_k":40,
-                           "seed":3,"stop":["a","b"],"stream":true,"n":1,"presence_penalty":0,"logprobs":null,
+                           "seed":3,"stop":["a","b"],"stream":true,"n":1,"presence_penalty":0.5,"logprobs":null,
+                           "frequency_penalty":-1,"repetition_penalty":1.3,"min_p":0.05,
                            "echo":false,"user":"u"})");
   EXPECT_EQ(r.model, "m");
   EXPECT_EQ(r.prompt, "hi");
@@ -45,6 +46,10 @@ TEST(CompletionRequest, ReadsEveryField) {
   EXPECT_EQ(r.seed, 3u);
   EXPECT_EQ(r.stop, (std::vector<std::string>{"a", "b"}));
   EXPECT_TRUE(r.stream);
+  EXPECT_EQ(r.presence_penalty, 0.5);
+  EXPECT_EQ(r.frequency_penalty, -1);
+  EXPECT_EQ(r.repetition_penalty, 1.3);
+  EXPECT_EQ(r.min_p, 0.05);
   EXPECT_EQ(parse(R"({"prompt":"x"})").max_tokens, 16);  // OpenAI's default
   EXPECT_EQ(parse(R"({"prompt":"x","stop":"end"})").stop, std::vector<std::string>{"end"});
 }
@@ -84,6 +89,10 @@ TEST(CompletionRequest, RefusesOutOfRangeAndMistypedValuesByName) {
   EXPECT_EQ(refused(R"({"prompt":"x","top_p":0})"), "top_p");
   EXPECT_EQ(refused(R"({"prompt":"x","top_k":-1})"), "top_k");
   EXPECT_EQ(refused(R"({"prompt":"x","seed":-1})"), "seed");
+  EXPECT_EQ(refused(R"({"prompt":"x","presence_penalty":2.5})"), "presence_penalty");
+  EXPECT_EQ(refused(R"({"prompt":"x","frequency_penalty":-3})"), "frequency_penalty");
+  EXPECT_EQ(refused(R"({"prompt":"x","repetition_penalty":0})"), "repetition_penalty");
+  EXPECT_EQ(refused(R"({"prompt":"x","min_p":1.5})"), "min_p");
   EXPECT_EQ(refused(R"({"prompt":"x","stream":"yes"})"), "stream");
   EXPECT_EQ(refused(R"({"prompt":"x","stop":["a","b","c","d","e"]})"), "stop");
   EXPECT_EQ(refused(R"({"prompt":"x","stop":[""]})"), "stop");
@@ -93,8 +102,6 @@ TEST(CompletionRequest, RefusesOutOfRangeAndMistypedValuesByName) {
 TEST(CompletionRequest, RefusesUnknownAndUnsupportedFields) {
   EXPECT_EQ(refused(R"({"prompt":"x","temprature":0})"), "temprature");
   EXPECT_EQ(refused(R"({"prompt":"x","n":2})"), "n");
-  EXPECT_EQ(refused(R"({"prompt":"x","presence_penalty":0.5})"), "presence_penalty");
-  EXPECT_EQ(refused(R"({"prompt":"x","frequency_penalty":1})"), "frequency_penalty");
   EXPECT_EQ(refused(R"({"prompt":"x","logprobs":5})"), "logprobs");
   EXPECT_EQ(refused(R"({"prompt":"x","echo":true})"), "echo");
   EXPECT_THROW(parse("[1,2]"), RequestError);

@@ -87,6 +87,68 @@ TEST(Sampling, GreedyTopKTopPAndSeeds) {
   for (int v = 0; v < 5; ++v) EXPECT_NEAR(count[v] / 4000.0, std::exp(logits[v]) / z, 0.03) << v;
 }
 
+// min-p keeps the tokens at least min_p as likely as the best: at 0.5 with probabilities
+// proportional to e^2, e^1.9 and smaller, only ids 1 and 2 (planted: the cut at p[0] instead of
+// min_p x p[0], caught).
+TEST(Sampling, MinPKeepsOnlyTokensNearTheBest) {
+  std::vector<float> logits = {0.1f, 2.0f, 1.9f, -1.0f, 0.5f};
+  infer::SamplingOptions o;
+  o.min_p = 0.5;  // e^(1.9-2) = 0.90 stays, e^(0.5-2) = 0.22 goes
+  bool saw2 = false;
+  for (uint64_t d = 0; d < 400; ++d) {
+    const int32_t a = infer::sample_token(logits.data(), 5, o, d);
+    EXPECT_TRUE(a == 1 || a == 2) << a;
+    saw2 = saw2 || a == 2;
+  }
+  EXPECT_TRUE(saw2);
+}
+
+// The penalties as their definitions say, on a hand-made history (planted: repetition dividing
+// negative logits too, and frequency not scaled by the count: both caught).
+TEST(Sampling, RepetitionPresenceAndFrequencyPenalties) {
+  infer::SamplingOptions o;
+  o.repetition_penalty = 2.0;
+  {
+    infer::TokenHistory h(o, 6, {1, 3});
+    std::vector<float> l = {1, 4, 1, -3, 1, 1};
+    h.penalize(l.data());
+    EXPECT_EQ(l, (std::vector<float>{1, 2, 1, -6, 1, 1}));  // seen in the prompt: 4 / 2, -3 x 2
+  }
+  infer::SamplingOptions q;
+  q.presence_penalty = 0.5;
+  q.frequency_penalty = 0.25;
+  infer::TokenHistory h(q, 6, {0});  // the prompt does not count for these
+  for (int32_t id : {2, 2, 2, 4}) h.add_generated(id);
+  std::vector<float> l(6, 1.0f);
+  h.penalize(l.data());
+  EXPECT_EQ(l, (std::vector<float>{1, 1, 1 - 0.5f - 0.75f, 1, 1 - 0.5f - 0.25f, 1}));
+  // Off: nothing changes, whatever was seen.
+  infer::TokenHistory off(infer::SamplingOptions{}, 6, {1, 2});
+  off.add_generated(2);
+  std::vector<float> same(6, 1.5f);
+  off.penalize(same.data());
+  EXPECT_EQ(same, std::vector<float>(6, 1.5f));
+}
+
+// In generation: a strong presence penalty forbids greedy decoding from repeating a token it
+// already produced (while the vocabulary lasts; planted: penalize() not called, caught).
+TEST(Generate, PresencePenaltyStopsGreedyRepeats) {
+  models::TransformerModel m(tiny("llama-tiny"));
+  m.init_weights(4);
+  infer::SamplingOptions o;
+  o.temperature = 0;
+  o.max_new_tokens = 30;
+  o.presence_penalty = 1e4;  // beyond any logit gap of this model (its logits are O(1))
+  const auto ids = infer::generate(m, {72, 101}, o);
+  std::vector<int32_t> sorted = ids;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_EQ(std::adjacent_find(sorted.begin(), sorted.end()), sorted.end()) << "a token repeated";
+  o.presence_penalty = 0;  // without it this model's greedy output does repeat: the test can fail
+  std::vector<int32_t> plain = infer::generate(m, {72, 101}, o);
+  std::sort(plain.begin(), plain.end());
+  EXPECT_NE(std::adjacent_find(plain.begin(), plain.end()), plain.end());
+}
+
 TEST(Generate, SameSeedSameTextAndGreedyIsDeterministic) {
   models::TransformerModel m(tiny("llama-tiny"));
   m.init_weights(4);

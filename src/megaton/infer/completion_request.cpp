@@ -103,6 +103,14 @@ CompletionRequest parse_completion_request(const nlohmann::json& body, bool chat
       if (!v.is_null()) r.top_p = number(v, key, std::numeric_limits<double>::min(), 1.0);
     } else if (key == "top_k") {
       if (!v.is_null()) r.top_k = integer(v, key, 0, std::numeric_limits<int32_t>::max());
+    } else if (key == "min_p") {
+      if (!v.is_null()) r.min_p = number(v, key, 0.0, 1.0);
+    } else if (key == "repetition_penalty") {
+      if (!v.is_null()) r.repetition_penalty = number(v, key, 0.01, 100.0);
+    } else if (key == "presence_penalty") {
+      if (!v.is_null()) r.presence_penalty = number(v, key, -2.0, 2.0);
+    } else if (key == "frequency_penalty") {
+      if (!v.is_null()) r.frequency_penalty = number(v, key, -2.0, 2.0);
     } else if (key == "seed") {
       if (!v.is_null()) r.seed = static_cast<uint64_t>(integer(v, key, 0, std::numeric_limits<int64_t>::max()));
     } else if (key == "stop") parse_stop(v, r, limits);
@@ -110,7 +118,6 @@ CompletionRequest parse_completion_request(const nlohmann::json& body, bool chat
       if (!v.is_boolean()) refuse(key, "must be true or false");
       r.stream = v.get<bool>();
     } else if (key == "n") only_default(v, key, 1);
-    else if (key == "presence_penalty" || key == "frequency_penalty") only_default(v, key, 0);
     else if (key == "logprobs") only_default(v, key, chat ? nlohmann::json(false) : nlohmann::json(0));
     else if (!chat && key == "echo") only_default(v, key, false);
     else if (key == "user") text(v, key);  // an end-user id for the caller's logs: nothing to do here

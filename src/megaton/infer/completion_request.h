@@ -1,7 +1,7 @@
 // OpenAI-compatible request bodies (/v1/completions, /v1/chat/completions) -> what generation needs,
 // validated strictly: every field is known, typed and in range, or the request is refused with a
-// RequestError naming the field (HTTP 400). Sampling features Megaton does not have yet (penalties,
-// logprobs, n > 1, echo) are refused rather than silently ignored.
+// RequestError naming the field (HTTP 400). Features Megaton does not have yet (logprobs, n > 1,
+// echo) are refused rather than silently ignored.
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -39,7 +39,11 @@ struct CompletionRequest {
   int64_t max_tokens = 16;               // OpenAI's completions default; chat: the limit
   double temperature = 1.0;
   double top_p = 1.0;
-  int64_t top_k = 0;                     // an extension (vLLM's name); 0: off
+  int64_t top_k = 0;                     // extensions with vLLM's names: top_k (0: off), min_p,
+  double min_p = 0.0;                    // repetition_penalty
+  double repetition_penalty = 1.0;
+  double presence_penalty = 0.0;
+  double frequency_penalty = 0.0;
   std::optional<uint64_t> seed;
   std::vector<std::string> stop;
   bool stream = false;

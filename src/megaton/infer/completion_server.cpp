@@ -68,6 +68,10 @@ std::shared_ptr<Sequence> CompletionServer::Impl::sequence_for(const CompletionR
   s.temperature = r.temperature;
   s.top_p = r.top_p;
   s.top_k = r.top_k;
+  s.min_p = r.min_p;
+  s.repetition_penalty = r.repetition_penalty;
+  s.presence_penalty = r.presence_penalty;
+  s.frequency_penalty = r.frequency_penalty;
   s.seed = r.seed ? *r.seed : static_cast<uint64_t>(next_id.load());
   s.max_new_tokens = r.max_tokens;
   s.stop_token = tokenizer.eod();

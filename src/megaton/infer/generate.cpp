@@ -23,9 +23,12 @@ int32_t sample_token(const float* logits, int64_t vocab, const SamplingOptions& 
   double sum = 0;
   for (size_t i = 0; i < ids.size(); ++i) sum += p[i] = std::exp((logits[ids[i]] - top) / opts.temperature);
   size_t keep = ids.size();
+  if (opts.min_p > 0) {  // p[0] is the largest (sorted by logit)
+    while (keep > 1 && p[keep - 1] < opts.min_p * p[0]) --keep;
+  }
   if (opts.top_p < 1.0) {
     double cum = 0;
-    for (size_t i = 0; i < ids.size(); ++i) {
+    for (size_t i = 0; i < keep; ++i) {
       cum += p[i] / sum;
       if (cum >= opts.top_p) {
         keep = i + 1;
@@ -43,10 +46,43 @@ int32_t sample_token(const float* logits, int64_t vocab, const SamplingOptions& 
   return ids[keep - 1];
 }
 
+TokenHistory::TokenHistory(const SamplingOptions& opts, int64_t vocab, const std::vector<int32_t>& prompt)
+    : repetition_(opts.repetition_penalty), presence_(opts.presence_penalty), frequency_(opts.frequency_penalty) {
+  if (repetition_ == 1.0 && presence_ == 0.0 && frequency_ == 0.0) return;
+  seen_.assign(static_cast<size_t>(vocab), 0);
+  generated_.assign(static_cast<size_t>(vocab), 0);
+  for (int32_t id : prompt) see(id);
+}
+
+void TokenHistory::see(int32_t id) {
+  const auto i = static_cast<size_t>(id);
+  if (i >= seen_.size() || seen_[i]) return;
+  seen_[i] = 1;
+  ids_.push_back(id);
+}
+
+void TokenHistory::add_generated(int32_t id) {
+  if (seen_.empty()) return;  // no penalty
+  see(id);
+  ++generated_[static_cast<size_t>(id)];
+}
+
+void TokenHistory::penalize(float* logits) const {
+  for (int32_t id : ids_) {  // only ids seen can be penalized: a sparse pass
+    const auto i = static_cast<size_t>(id);
+    double l = logits[i];
+    if (repetition_ != 1.0) l = l > 0 ? l / repetition_ : l * repetition_;
+    if (generated_[i] > 0) l -= presence_ + frequency_ * static_cast<double>(generated_[i]);
+    logits[i] = static_cast<float>(l);
+  }
+}
+
 std::vector<int32_t> generate(models::TransformerModel& model, const std::vector<int32_t>& prompt,
                               const SamplingOptions& opts, const std::function<bool(int32_t)>& on_token,
                               GenerateStats* stats) {
   if (prompt.empty()) fail("generate: the prompt encodes to no tokens");
+  if (!(opts.repetition_penalty > 0) || !(opts.min_p >= 0 && opts.min_p <= 1))
+    fail("generate: repetition_penalty must be > 0 and min_p in [0, 1]");
   const int64_t max_len = model.config().max_position_embeddings;
   const int64_t total = std::min<int64_t>(static_cast<int64_t>(prompt.size()) + opts.max_new_tokens, max_len);
   if (static_cast<int64_t>(prompt.size()) >= max_len)
@@ -55,6 +91,7 @@ std::vector<int32_t> generate(models::TransformerModel& model, const std::vector
   auto caches = model.new_kv_caches(1, total);
   const int64_t V = opts.vocab_size > 0 ? std::min(opts.vocab_size, model.config().vocab_size) : model.config().vocab_size;
   std::vector<int32_t> out;
+  TokenHistory history(opts, model.config().vocab_size, prompt);
   Tensor input = Tensor::empty({1, static_cast<int64_t>(prompt.size())}, DType::I32, MemCategory::Activations,
                                "prompt");
   std::copy(prompt.begin(), prompt.end(), input.data<int32_t>());
@@ -62,7 +99,9 @@ std::vector<int32_t> generate(models::TransformerModel& model, const std::vector
   for (int64_t pos = static_cast<int64_t>(prompt.size()); pos < total; ++pos) {
     const auto start = std::chrono::steady_clock::now();
     Tensor logits = model.forward_cached(caches, input);
+    history.penalize(logits.data<float>());
     const int32_t next = sample_token(logits.data<float>(), V, opts, static_cast<uint64_t>(pos));
+    history.add_generated(next);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (out.empty()) {
       timed.prefill_tokens = input.size(1);

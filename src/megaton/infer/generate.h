@@ -1,5 +1,6 @@
 // Autoregressive generation with a KV cache: greedy (temperature 0) or sampling with
-// temperature, top-k and top-p (nucleus), reproducible from a seed.
+// temperature, top-k, top-p (nucleus) and min-p, reproducible from a seed; repetition (CTRL /
+// Hugging Face), presence and frequency (OpenAI) penalties on the logits first.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -13,6 +14,14 @@ struct SamplingOptions {
   double temperature = 1.0;  // 0: greedy
   int64_t top_k = 0;         // 0: no top-k filter
   double top_p = 1.0;        // 1: no nucleus filter
+  double min_p = 0.0;        // drop tokens less likely than min_p x the most likely one; 0: off
+  // A token already in the prompt or the output: its logit divided by this when positive, multiplied
+  // when negative (Hugging Face's repetition_penalty). 1: off.
+  double repetition_penalty = 1.0;
+  // OpenAI's: logit -= presence_penalty (if the token was generated) + frequency_penalty x (times it
+  // was generated), over this sequence's output. 0: off.
+  double presence_penalty = 0.0;
+  double frequency_penalty = 0.0;
   uint64_t seed = 0;
   int64_t max_new_tokens = 128;
   int32_t stop_token = -1;   // stop after emitting this id (e.g. end-of-document); -1: never
@@ -23,6 +32,24 @@ struct SamplingOptions {
 
 // Picks the next token from one row of logits; `draw` indexes the RNG stream.
 int32_t sample_token(const float* logits, int64_t vocab, const SamplingOptions& opts, uint64_t draw);
+
+// The ids a sequence has seen, for the penalties: every id of the prompt and output (repetition) and
+// how often each was generated (presence, frequency).
+class TokenHistory {
+ public:
+  TokenHistory(const SamplingOptions& opts, int64_t vocab, const std::vector<int32_t>& prompt);
+  void add_generated(int32_t id);
+  // Applies the penalties to one row of `vocab` logits in place (nothing when they are off).
+  void penalize(float* logits) const;
+
+ private:
+  void see(int32_t id);
+
+  double repetition_ = 1.0, presence_ = 0.0, frequency_ = 0.0;
+  std::vector<uint8_t> seen_;        // per id: in the prompt or output (empty: no penalty is on)
+  std::vector<int32_t> generated_;   // per id: times generated
+  std::vector<int32_t> ids_;         // the distinct ids seen, for a sparse pass
+};
 
 // Where generate() spent its time, for comparing speed with other tools. Prefill: the prompt's
 // forward (the GEMM path) and the first token's sampling; decode: every later step, one token each
