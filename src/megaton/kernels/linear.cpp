@@ -3,19 +3,13 @@
 #include <type_traits>
 
 #include "megaton/kernels/cpu/linear.h"
+#include "megaton/kernels/linear_shape.h"
 #ifdef MEGATON_WITH_CUDA
 #include "megaton/kernels/cuda/linear.h"
 #endif
 
 namespace megaton::kernels {
 
-namespace {
-
-struct LinearShape {
-  int64_t rows, in, out;
-};
-
-// Checks w [out, in], x [rows, in], y [rows, out] (and the bias [out]) and returns the sizes.
 LinearShape check_linear(std::string_view op, const Tensor& w, const Tensor& x, const Tensor& y, const Tensor* bias) {
   if (w.dim() != 2) fail("kernel ", op, ": weight '", w.name(), "' has shape ", shape_str(w.shape()), ", expected 2-D");
   const int64_t out = w.size(0), in = w.size(1);
@@ -26,8 +20,6 @@ LinearShape check_linear(std::string_view op, const Tensor& w, const Tensor& x, 
   if (bias && bias->defined()) expect_matrix(op, *bias, 1, out);
   return {rows, in, out};
 }
-
-}  // namespace
 
 void linear_forward(const ExecContext& ctx, const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias) {
   constexpr std::string_view op = "linear_forward";

@@ -1,0 +1,109 @@
+// The row dot products of the streaming GEMVs (cpu/gemv.cpp for f32 / bf16 weights,
+// cpu/gemv_quantized.cpp for 8-bit codes): one template per path over the stored weight type W, so
+// every weight format shares the same loops and the same association of the partial sums. What a
+// format adds is how one weight (load) or eight (load8) widen to fp32.
+//   Portable: plain C++ for any CPU. Simd: AVX2 + FMA (+ F16C for E4M3 codes), compiled where the
+//   build targets them (-march=native on such a CPU, MEGATON_GEMV_SIMD defined).
+#pragma once
+#include <array>
+#include <cstdint>
+
+#include "megaton/core/dtype.h"
+#include "megaton/core/fp8_format.h"
+#include "megaton/kernels/cpu/element.h"
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define MEGATON_GEMV_SIMD 1
+#endif
+
+namespace megaton::kernels::cpu::gemv_detail {
+
+using cpu::load;
+inline float load(int8_t v) { return static_cast<float>(v); }
+// Every E4M3 code's exact value (NaN codes decode to NaN), looked up per weight.
+inline const std::array<float, 256> kE4M3Values = [] {
+  std::array<float, 256> t{};
+  for (int c = 0; c < 256; ++c) t[static_cast<size_t>(c)] = fp8::decode(static_cast<uint8_t>(c), fp8::Format::E4M3);
+  return t;
+}();
+inline float load(Float8E4M3 v) { return kE4M3Values[v.bits]; }
+
+// Eight partial sums, combined pairwise at the end: the same association in both paths' main
+// loop, and eight independent chains so that the adds overlap.
+template <typename W>
+float dot_portable(const W* w, const float* x, int64_t n) {
+  float acc[8] = {};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; ++j) acc[j] += load(w[i + j]) * x[i + j];
+  float tail = 0;
+  for (; i < n; ++i) tail += load(w[i]) * x[i];
+  return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail;
+}
+
+#ifdef MEGATON_GEMV_SIMD
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+// bf16 is the upper half of an fp32: zero-extend eight of them to 32 bits and shift into place.
+inline __m256 load8(const BFloat16* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+inline __m256 load8(const int8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+// E4M3 (bias 7, 3 mantissa bits) moved into fp16's fields (bias 15, 10 mantissa bits) is the same
+// number divided by 2^8, subnormals included, and F16C widens fp16 exactly: so shift, widen and
+// multiply by 256 (exact). Finite codes only: the NaN codes 0x7f / 0xff would read as +-480; the
+// quantiser never writes them and loaded weights are checked for them.
+inline __m256 load8(const Float8E4M3* p) {
+  const __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  const __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x7f)), 7),
+                                 _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x80)), 8));
+  return _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0f));
+}
+
+inline float hsum(__m256 v) {
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+}
+
+// Four accumulators of eight lanes: 32 weights per iteration, four independent FMA chains to
+// cover the FMA latency.
+template <typename W>
+float dot_simd(const W* w, const float* x, int64_t n) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    a0 = _mm256_fmadd_ps(load8(w + i), _mm256_loadu_ps(x + i), a0);
+    a1 = _mm256_fmadd_ps(load8(w + i + 8), _mm256_loadu_ps(x + i + 8), a1);
+    a2 = _mm256_fmadd_ps(load8(w + i + 16), _mm256_loadu_ps(x + i + 16), a2);
+    a3 = _mm256_fmadd_ps(load8(w + i + 24), _mm256_loadu_ps(x + i + 24), a3);
+  }
+  for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(load8(w + i), _mm256_loadu_ps(x + i), a0);
+  float tail = 0;
+  for (; i < n; ++i) tail += load(w[i]) * x[i];
+  return hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3))) + tail;
+}
+#endif
+
+// The dot product of one weight row with x on the chosen path.
+template <typename W>
+float dot(const W* w, const float* x, int64_t n, bool simd) {
+#ifdef MEGATON_GEMV_SIMD
+  if (simd) return dot_simd(w, x, n);
+#endif
+  (void)simd;
+  return dot_portable(w, x, n);
+}
+
+constexpr bool simd_compiled() {
+#ifdef MEGATON_GEMV_SIMD
+  return true;
+#else
+  return false;
+#endif
+}
+
+}  // namespace megaton::kernels::cpu::gemv_detail

@@ -1,0 +1,86 @@
+#include "megaton/kernels/cpu/gemv_quantized.h"
+
+#include <vector>
+
+#include "megaton/core/error.h"
+#include "megaton/kernels/cpu/gemv_dot.h"
+
+namespace megaton::kernels::cpu {
+namespace {
+
+constexpr int64_t kParallelMin = 1 << 15;  // weight elements below which one thread is faster
+
+int64_t scale_cols(const QuantizedRows& w, int64_t in_f) { return (in_f + w.block_cols - 1) / w.block_cols; }
+
+// With one scale per row band (int8 per row, per-tensor) the scale multiplies the row's dot
+// product. With blocks along the row (128 x 128), x is multiplied by the band's block scales once per
+// band instead (each thread keeps its own scaled copy, remade when its rows enter the next band), so
+// the inner loop stays the plain dot product of the codes.
+template <typename C, typename T, typename B>
+void gemv_rows(T* y, const float* x, const C* codes, const QuantizedRows& w, const B* bias, int64_t in_f,
+               int64_t out_f, bool simd) {
+  const int64_t sc = scale_cols(w, in_f);
+#pragma omp parallel if (out_f * in_f >= kParallelMin)
+  {
+    std::vector<float> xs(sc == 1 ? 0 : static_cast<size_t>(in_f));
+    int64_t band = -1;
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < out_f; ++r) {
+      const float* s = w.scale_inv + (r / w.block_rows) * sc;
+      float v;
+      if (sc == 1) {
+        v = s[0] * gemv_detail::dot(codes + r * in_f, x, in_f, simd);
+      } else {
+        if (r / w.block_rows != band) {
+          band = r / w.block_rows;
+          for (int64_t c = 0; c < in_f; ++c) xs[static_cast<size_t>(c)] = x[c] * s[c / w.block_cols];
+        }
+        v = gemv_detail::dot(codes + r * in_f, xs.data(), in_f, simd);
+      }
+      y[r] = store<T>(v + (bias ? static_cast<float>(load(bias[r])) : 0.0f));
+    }
+  }
+}
+
+// Calls f with a typed pointer to the codes.
+template <typename F>
+void with_codes(const QuantizedRows& w, F&& f) {
+  if (w.dtype == DType::I8) return f(static_cast<const int8_t*>(w.codes));
+  if (w.dtype == DType::F8E4M3) return f(static_cast<const Float8E4M3*>(w.codes));
+  fail("quantized gemv: weight codes of dtype ", dtype_name(w.dtype), " (expected i8 or f8e4m3)");
+}
+
+}  // namespace
+
+template <typename T, typename B>
+void gemv_quantized(T* y, const T* x, const QuantizedRows& w, const B* bias, int64_t in_f, int64_t out_f,
+                    GemvPath path) {
+  if (path == GemvPath::Simd && !gemv_simd_compiled())
+    fail("quantized gemv: the AVX2/FMA/F16C path was not compiled in (build for such a CPU, MEGATON_NATIVE=ON)");
+  if (w.block_rows < 1 || w.block_cols < 1) fail("quantized gemv: block sizes must be positive");
+  const bool simd = path != GemvPath::Portable && gemv_simd_compiled();
+  std::vector<float> xf(static_cast<size_t>(in_f));  // x widened once: every row reads it
+  for (int64_t i = 0; i < in_f; ++i) xf[static_cast<size_t>(i)] = load(x[i]);
+  with_codes(w, [&](const auto* codes) { gemv_rows(y, xf.data(), codes, w, bias, in_f, out_f, simd); });
+}
+
+void dequantize_rows(float* out, const QuantizedRows& w, int64_t in_f, int64_t r0, int64_t r1) {
+  const int64_t sc = scale_cols(w, in_f);
+  with_codes(w, [&](const auto* codes) {
+#pragma omp parallel for schedule(static) if ((r1 - r0) * in_f >= kParallelMin)
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* s = w.scale_inv + (r / w.block_rows) * sc;
+      for (int64_t c = 0; c < in_f; ++c)
+        out[(r - r0) * in_f + c] = gemv_detail::load(codes[r * in_f + c]) * s[c / w.block_cols];
+    }
+  });
+}
+
+template void gemv_quantized<float, float>(float*, const float*, const QuantizedRows&, const float*, int64_t, int64_t,
+                                           GemvPath);
+template void gemv_quantized<BFloat16, float>(BFloat16*, const BFloat16*, const QuantizedRows&, const float*, int64_t,
+                                              int64_t, GemvPath);
+template void gemv_quantized<BFloat16, BFloat16>(BFloat16*, const BFloat16*, const QuantizedRows&, const BFloat16*,
+                                                 int64_t, int64_t, GemvPath);
+
+}  // namespace megaton::kernels::cpu

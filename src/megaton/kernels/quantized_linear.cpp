@@ -1,0 +1,125 @@
+#include "megaton/kernels/quantized_linear.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "megaton/kernels/cpu/element.h"
+#include "megaton/kernels/cpu/gemm.h"
+#include "megaton/kernels/cpu/gemv_quantized.h"
+#include "megaton/kernels/fp8_quantize.h"
+#include "megaton/kernels/linear_shape.h"
+
+namespace megaton::kernels {
+namespace {
+
+// Output rows dequantised per GEMM in the prefill path: a band of 256 x in f32 stays in L2 for
+// the widths served here, and is a tiny workspace next to the weight itself.
+constexpr int64_t kPrefillBand = 256;
+
+// Calls f(T{}) for the activation type: f32 or bf16 (checked by the caller).
+template <typename F>
+void with_activation_type(DType dtype, F&& f) {
+  if (dtype == DType::BF16) return f(BFloat16{});
+  f(float{});
+}
+
+cpu::QuantizedRows rows_of(const QuantizedWeight& w) {
+  return {w.codes.raw(), w.codes.dtype(), w.scale_inv.data<float>(), w.block_rows, w.block_cols};
+}
+
+void expect_finite(const Tensor& w32, const std::string& name) {
+  const float* p = w32.data<float>();
+  for (int64_t i = 0; i < w32.numel(); ++i)
+    if (!std::isfinite(p[i])) fail("quantize_weight: '", name, "' holds a non-finite value at element ", i);
+}
+
+QuantizedWeight quantize_int8_rows(const Tensor& w32, const std::string& name) {
+  const int64_t out = w32.size(0), in = w32.size(1);
+  QuantizedWeight q{WeightQuant::Int8Row, Tensor::empty({out, in}, DType::I8, MemCategory::Params, name + ".int8"),
+                    Tensor::empty({out, 1}, DType::F32, MemCategory::Params, name + ".scale_inv"), 1, in};
+  const float* src = w32.data<float>();
+  int8_t* codes = q.codes.data<int8_t>();
+  float* scale_inv = q.scale_inv.data<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < out; ++r) {
+    float amax = 0;
+    for (int64_t c = 0; c < in; ++c) amax = std::max(amax, std::abs(src[r * in + c]));
+    scale_inv[r] = amax / 127.0f;
+    const float scale = amax > 0 ? 127.0f / amax : 0.0f;
+    for (int64_t c = 0; c < in; ++c)  // |w| * 127 / amax <= 127: no clamp needed beyond rounding
+      codes[r * in + c] = static_cast<int8_t>(std::clamp(std::nearbyint(src[r * in + c] * scale), -127.0f, 127.0f));
+  }
+  return q;
+}
+
+}  // namespace
+
+std::string_view weight_quant_name(WeightQuant q) { return q == WeightQuant::Int8Row ? "int8" : "fp8-block"; }
+
+WeightQuant weight_quant_from_name(std::string_view s) {
+  if (s == "int8") return WeightQuant::Int8Row;
+  if (s == "fp8-block") return WeightQuant::Fp8Block;
+  fail("unknown quantised weight dtype '", s, "' (expected int8 or fp8-block)");
+}
+
+QuantizedWeight quantize_weight(const Tensor& w, WeightQuant q) {
+  if (w.dim() != 2) fail("quantize_weight: '", w.name(), "' has shape ", shape_str(w.shape()), ", expected 2-D");
+  if (!w.device().is_cpu()) fail("quantize_weight: '", w.name(), "' is not on the cpu");
+  const Tensor w32 = w.dtype() == DType::F32 ? w : w.to(DType::F32, MemCategory::Workspace);
+  expect_finite(w32, w.name());
+  if (q == WeightQuant::Int8Row) return quantize_int8_rows(w32, w.name());
+  Fp8QuantizeOptions o;
+  o.granularity = Fp8Granularity::Block128x128;
+  o.category = MemCategory::Params;
+  Fp8Matrix m = fp8_quantize(w32, o, w.name() + ".fp8");
+  return {WeightQuant::Fp8Block, std::move(m.data), std::move(m.scale_inv), 128, 128};
+}
+
+Tensor dequantize_weight(const QuantizedWeight& w) {
+  const int64_t out = w.codes.size(0), in = w.codes.size(1);
+  Tensor t = Tensor::empty({out, in}, DType::F32, MemCategory::Workspace, w.codes.name() + ".dequantized");
+  cpu::dequantize_rows(t.data<float>(), rows_of(w), in, 0, out);
+  return t;
+}
+
+void quantized_linear_forward(const ExecContext& ctx, const Tensor& out, const Tensor& x, const QuantizedWeight& w,
+                              const Tensor& bias) {
+  constexpr std::string_view op = "quantized_linear_forward";
+  expect_on_device(ctx, op, {&out, &x, &w.codes});
+  if (!ctx.device.is_cpu()) fail("kernel ", op, " runs on the cpu only");
+  const LinearShape s = check_linear(op, w.codes, x, out, &bias);
+  expect_dtype(x.dtype(), op, {&out});
+  if (x.dtype() != DType::F32 && x.dtype() != DType::BF16)
+    fail("kernel ", op, ": input '", x.name(), "' holds ", dtype_name(x.dtype()), ", expected f32 or bf16");
+  const cpu::QuantizedRows rows = rows_of(w);
+  if (s.rows == 1) {
+    return with_activation_type(x.dtype(), [&]<typename T>(T) {
+      const auto run = [&]<typename B>(B) {
+        cpu::gemv_quantized(out.data<T>(), x.data<T>(), rows, data_or_null<B>(bias), s.in, s.out);
+      };
+      if (bias.defined()) return dispatch_cpu_param<T>(op, bias, run);
+      run(float{});
+    });
+  }
+  // Prefill: f32 GEMMs over one band of dequantised output rows at a time, scattered into out.
+  const Tensor xf = x.dtype() == DType::F32 ? x : x.to(DType::F32, MemCategory::Workspace);
+  const Tensor bf = !bias.defined() || bias.dtype() == DType::F32 ? bias : bias.to(DType::F32, MemCategory::Workspace);
+  const int64_t band = std::min(kPrefillBand, s.out);
+  Tensor wband = Tensor::empty({band, s.in}, DType::F32, MemCategory::Workspace, "quantized_linear.band");
+  Tensor yband = Tensor::empty({s.rows, band}, DType::F32, MemCategory::Workspace, "quantized_linear.out_band");
+  for (int64_t r0 = 0; r0 < s.out; r0 += band) {
+    const int64_t n = std::min(band, s.out - r0);
+    cpu::dequantize_rows(wband.data<float>(), rows, s.in, r0, r0 + n);
+    cpu::gemm({s.rows, n, s.in, DType::F32, {xf.data<float>(), false}, {wband.data<float>(), true},
+               yband.data<float>(), DType::F32, false, bf.defined() ? bf.data<float>() + r0 : nullptr, DType::F32});
+    with_activation_type(x.dtype(), [&]<typename T>(T) {
+      T* y = out.data<T>();
+      const float* yb = yband.data<float>();
+      for (int64_t i = 0; i < s.rows; ++i)
+        for (int64_t j = 0; j < n; ++j) y[i * s.out + r0 + j] = cpu::store<T>(yb[i * n + j]);
+    });
+  }
+}
+
+}  // namespace megaton::kernels
