@@ -1,10 +1,13 @@
 """Training throughput: Megaton vs plain eager PyTorch on the same GPT-2 shape.
 
   /usr/bin/python3 bench/torch_compare.py --megaton PATH [--model gpt2-124m] [--batch 4]
-      [--seq-len 256] [--threads 2] [--steps 3] [--repeats 3]
+      [--seq-len 256] [--threads 2] [--steps 3] [--repeats 3] [--precision fp32|bf16]
 
-PyTorch side: the torch_reference GPT-2 (fp32, eager, plain softmax attention: torch 1.13 has no
-F.scaled_dot_product_attention) with torch.set_num_threads(threads). One training step is forward,
+PyTorch side: the torch_reference GPT-2 (fp32 weights, eager, plain softmax attention: torch 1.13 has
+no F.scaled_dot_product_attention) with torch.set_num_threads(threads); with --precision bf16 the
+forward and loss run under torch.autocast("cpu", dtype=torch.bfloat16) (matmuls in bf16 through
+oneDNN, fp32 weights, grads and AdamW: PyTorch's mixed precision on CPUs), against
+`megaton bench --precision bf16` (Megatron's --bf16). One training step is forward,
 mean cross-entropy, backward and a torch.optim.AdamW step (no grad clipping); one warm-up step is
 excluded, each repeat times --steps steps and takes their median, and the reported figure is the
 median over repeats. Megaton side: `PATH bench --model M --batch B --seq-len T --threads N --json`,
@@ -30,7 +33,8 @@ MODELS = {
 }
 
 
-def torch_tokens_per_s(cfg: GPT2Config, batch: int, seq_len: int, steps: int, repeats: int) -> list[float]:
+def torch_tokens_per_s(cfg: GPT2Config, batch: int, seq_len: int, steps: int, repeats: int,
+                       bf16: bool) -> list[float]:
     """tokens/s of each repeat (median step time within the repeat), after one warm-up step."""
     model = random_init(GPT2(cfg), seed=0)
     opt = torch_adamw(model, lr=1e-4)
@@ -40,7 +44,9 @@ def torch_tokens_per_s(cfg: GPT2Config, batch: int, seq_len: int, steps: int, re
     def step() -> float:
         start = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        lm_loss(model(inputs), labels).backward()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = lm_loss(model(inputs), labels)
+        loss.backward()
         opt.step()
         return time.perf_counter() - start
 
@@ -54,9 +60,9 @@ def torch_tokens_per_s(cfg: GPT2Config, batch: int, seq_len: int, steps: int, re
     return results
 
 
-def megaton_bench(binary: str, model: str, batch: int, seq_len: int, threads: int) -> dict:
+def megaton_bench(binary: str, model: str, batch: int, seq_len: int, threads: int, precision: str) -> dict:
     cmd = [binary, "bench", "--model", model, "--batch", str(batch), "--seq-len", str(seq_len),
-           "--threads", str(threads), "--json"]
+           "--threads", str(threads), "--precision", precision, "--json"]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"`{' '.join(cmd)}` exited with {proc.returncode}:\n{proc.stderr[-2000:]}")
@@ -75,6 +81,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--steps", type=int, default=3, help="timed PyTorch steps per repeat")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -82,13 +89,14 @@ def main() -> int:
                          capture_output=True, text=True, check=True).stdout.strip()
     print(cpu)
     print(f"{args.model}: batch {args.batch}, seq_len {args.seq_len}, threads {args.threads}; "
-          f"PyTorch {torch.__version__} eager fp32, plain attention (no SDPA), AdamW, no grad clipping")
+          f"PyTorch {torch.__version__} eager {'bf16 autocast' if args.precision == 'bf16' else 'fp32'}, "
+          f"plain attention (no SDPA), AdamW, no grad clipping")
     theirs = statistics.median(torch_tokens_per_s(MODELS[args.model], args.batch, args.seq_len,
-                                                  args.steps, args.repeats))
+                                                  args.steps, args.repeats, args.precision == "bf16"))
     print(f"PyTorch : {theirs:.1f} tokens/s (median of {args.repeats} repeats)", flush=True)
 
     try:
-        runs = [megaton_bench(args.megaton, args.model, args.batch, args.seq_len, args.threads)
+        runs = [megaton_bench(args.megaton, args.model, args.batch, args.seq_len, args.threads, args.precision)
                 for _ in range(args.repeats)]
     except RuntimeError as e:
         print(f"megaton bench failed: {e}")

@@ -24,6 +24,7 @@ namespace {
 
 struct BenchResult {
   double step_s, tokens_per_s, gflops, sgemm_gflops;
+  double gemm_ceiling_gflops;  // square GEMMs in the compute dtype (= sgemm_gflops in fp32)
   MemStats memory;  // peak bytes per category over the timed steps
 };
 
@@ -95,6 +96,8 @@ BenchResult run_bench(const std::string& preset, int64_t B, int64_t T, int steps
   r.tokens_per_s = static_cast<double>(B * T) / r.step_s;
   r.gflops = r.tokens_per_s * model.config().flops_per_token(T) / 1e9;
   r.sgemm_gflops = kernels::measure_sgemm_gflops();
+  r.gemm_ceiling_gflops =
+      precision.compute == DType::F32 ? r.sgemm_gflops : gemm_ceiling_gflops(Device::cpu(), precision.compute);
   return r;
 }
 
@@ -163,14 +166,18 @@ void add_bench_command(CLI::App& app) {
                                          {"achieved_gflops", r.gflops},
                                          {"sgemm_gflops", r.sgemm_gflops},
                                          {"sgemm_fraction", r.gflops / r.sgemm_gflops},
+                                         {"gemm_ceiling_gflops", r.gemm_ceiling_gflops},
+                                         {"ceiling_fraction", r.gflops / r.gemm_ceiling_gflops},
+                                         {"gemm_library", kernels::cpu::gemm_library_name(kernels::cpu::gemm_library(
+                                                              precision_from_name(precision).compute))},
                                          {"peak_memory_mb", peak_mb}}
                               .dump()
                               .c_str());
     } else {
       std::printf("%s %s batch %ld x %ld, %d threads: median step %.3f s | %.0f tokens/s | %.1f GFLOP/s achieved | "
-                  "sgemm ceiling %.1f GFLOP/s | %.1f%% of ceiling\n",
-                  preset.c_str(), precision.c_str(), batch, seq_len, num_threads(), r.step_s, r.tokens_per_s, r.gflops, r.sgemm_gflops,
-                  100.0 * r.gflops / r.sgemm_gflops);
+                  "sgemm ceiling %.1f GFLOP/s | %s GEMM ceiling %.1f GFLOP/s | %.1f%% of that ceiling\n",
+                  preset.c_str(), precision.c_str(), batch, seq_len, num_threads(), r.step_s, r.tokens_per_s, r.gflops,
+                  r.sgemm_gflops, precision.c_str(), r.gemm_ceiling_gflops, 100.0 * r.gflops / r.gemm_ceiling_gflops);
       std::printf("peak memory (MB): %s\n", peak_mb.dump().c_str());
     }
   });

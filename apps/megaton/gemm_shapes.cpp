@@ -59,10 +59,10 @@ Tensor random_tensor(Shape shape, DType dtype, Device device, uint64_t seed, con
   return t;
 }
 
-// The ceiling the per-shape rates are compared with. On the cpu in f32 the measured sgemm rate; in
-// every other case the best of ten square GEMMs through the same linear kernel and dtype (the
-// machine's measured matrix rate, as MFU takes it): 8192^3 on CUDA, 1536^3 on the cpu (the size
-// measure_sgemm_gflops uses; a bf16 GEMM on the cpu runs at the rate of whatever library serves it).
+}  // namespace
+
+// The ceiling the per-shape rates (and `megaton bench`'s achieved rate) are compared with. A bf16
+// GEMM on the cpu runs at the rate of whatever library serves it (kernels/cpu/gemm.h).
 double gemm_ceiling_gflops(Device device, DType dtype) {
   if (device.is_cpu() && dtype == DType::F32) return kernels::measure_sgemm_gflops();
   const int64_t n = device.is_cpu() ? 1536 : 8192;
@@ -78,7 +78,6 @@ double gemm_ceiling_gflops(Device device, DType dtype) {
   return best;
 }
 
-}  // namespace
 
 void print_gemm_shapes(const models::TransformerConfig& cfg, int64_t tokens, int repeats, bool json, Device device,
                        DType dtype) {

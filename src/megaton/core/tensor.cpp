@@ -12,6 +12,36 @@
 
 namespace megaton {
 
+namespace {
+
+template <typename To, typename From, typename F>
+void convert_elements(void* dst, const void* src, int64_t n, F convert) {
+  To* d = static_cast<To*>(dst);
+  const From* s = static_cast<const From*>(src);
+#pragma omp parallel for simd schedule(static) if (n > (1 << 16))
+  for (int64_t i = 0; i < n; ++i) d[i] = convert(s[i]);
+}
+
+// The conversions a mixed-precision step makes every step (compute copies of every weight after the
+// optimizer, bf16 / fp16 logits upcast for the loss and back): elementwise, so split over threads
+// with the same result for any thread count, and written for the compiler to vectorise. Bitwise what
+// float_to_bf16 / float_to_f16 and their inverses give. False for the pairs it does not handle.
+bool convert_float_pair(void* dst, DType to, const void* src, DType from, int64_t n) {
+  if (from == DType::F32 && to == DType::BF16)
+    convert_elements<uint16_t, float>(dst, src, n, [](float f) { return float_to_bf16(f); });
+  else if (from == DType::BF16 && to == DType::F32)
+    convert_elements<float, uint16_t>(dst, src, n, [](uint16_t h) { return bf16_to_float(h); });
+  else if (from == DType::F32 && to == DType::F16)
+    convert_elements<uint16_t, float>(dst, src, n, [](float f) { return float_to_f16(f); });
+  else if (from == DType::F16 && to == DType::F32)
+    convert_elements<float, uint16_t>(dst, src, n, [](uint16_t h) { return f16_to_float(h); });
+  else
+    return false;
+  return true;
+}
+
+}  // namespace
+
 std::string shape_str(const Shape& s) {
   std::ostringstream os;
   os << '[';
@@ -165,7 +195,8 @@ void Tensor::copy_from(const Tensor& src) {
     if (nbytes()) std::memmove(raw(), src.raw(), nbytes());
     return;
   }
-  // Converting copies are rare (load/save, tests); precision through double is exact for
+  if (convert_float_pair(raw(), dtype_, src.raw(), src.dtype_, numel_)) return;
+  // Other converting copies are rare (load/save, tests); precision through double is exact for
   // every supported pair except 64-bit integers above 2^53, which no caller stores.
   for (int64_t i = 0; i < numel_; ++i) store_from_double(raw(), dtype_, i, load_as_double(src.raw(), src.dtype_, i));
 }
