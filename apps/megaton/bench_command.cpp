@@ -1,4 +1,6 @@
 #include <algorithm>
+#include <array>
+#include <iterator>
 #include <chrono>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -22,8 +24,18 @@ namespace megaton::app {
 
 namespace {
 
+// The phases of a timed step, in order; their medians tell where a step's time goes.
+constexpr const char* kPhases[] = {"zero_grads", "refresh_weights", "forward", "backward", "grad_norm", "optimizer"};
+constexpr size_t kNumPhases = std::size(kPhases);
+
+double median_of(std::vector<double> v) {
+  std::nth_element(v.begin(), v.begin() + static_cast<int64_t>(v.size() / 2), v.end());
+  return v[v.size() / 2];
+}
+
 struct BenchResult {
   double step_s, tokens_per_s, gflops, sgemm_gflops;
+  std::array<double, kNumPhases> phase_s;  // median seconds of each phase
   double gemm_ceiling_gflops;  // square GEMMs in the compute dtype (= sgemm_gflops in fp32)
   MemStats memory;  // peak bytes per category over the timed steps
 };
@@ -75,24 +87,40 @@ BenchResult run_bench(const std::string& preset, int64_t B, int64_t T, int steps
     targets.data<int32_t>()[i] = static_cast<int32_t>(rng.uniform_double(2 * i + 1) * V - 0.5);
   }
   std::vector<double> times;
+  std::array<std::vector<double>, kNumPhases> phase_times;
   Allocator::host().reset_peaks();
   for (int s = 0; s < steps + 1; ++s) {  // step 0 warms up caches and the allocator
-    auto t0 = std::chrono::steady_clock::now();
+    const auto t0 = std::chrono::steady_clock::now();
+    auto last = t0;
+    size_t phase = 0;
+    const auto phase_done = [&] {  // closes the current phase
+      const auto now = std::chrono::steady_clock::now();
+      if (s > 0) phase_times[phase].push_back(std::chrono::duration<double>(now - last).count());
+      last = now;
+      ++phase;
+    };
     nn::zero_grads(model.parameters());
+    phase_done();
     model.refresh_compute_weights();  // as a training step does after the optimizer's update
     for (fp8::LinearQuantizer* q : model.fp8_quantizers()) q->next_step();  // delayed scales roll per step
+    phase_done();
     models::ModelCtx ctx;
     const bool fp16 = precision.compute == DType::F16;
     model.forward(ctx, inputs, targets, true, fp16 ? kFp16LossScale : 1.0f);
+    phase_done();
     model.backward(ctx);
     if (fp16) unscale_gradients(model.parameters());
-    opt.step(1e-4, optim::clip_coefficient(optim::global_grad_norm(model.parameters()), 1.0));
-    if (s > 0) times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    phase_done();
+    const double clip = optim::clip_coefficient(optim::global_grad_norm(model.parameters()), 1.0);
+    phase_done();
+    opt.step(1e-4, clip);
+    phase_done();
+    if (s > 0) times.push_back(std::chrono::duration<double>(last - t0).count());
   }
-  std::nth_element(times.begin(), times.begin() + static_cast<int64_t>(times.size() / 2), times.end());
   BenchResult r;
   r.memory = Allocator::host().stats();
-  r.step_s = times[times.size() / 2];
+  r.step_s = median_of(times);
+  for (size_t p = 0; p < kNumPhases; ++p) r.phase_s[p] = median_of(phase_times[p]);
   r.tokens_per_s = static_cast<double>(B * T) / r.step_s;
   r.gflops = r.tokens_per_s * model.config().flops_per_token(T) / 1e9;
   r.sgemm_gflops = kernels::measure_sgemm_gflops();
@@ -154,6 +182,8 @@ void add_bench_command(CLI::App& app) {
     for (size_t c = 0; c < kNumMemCategories; ++c)
       peak_mb[std::string(mem_category_name(static_cast<MemCategory>(c)))] = static_cast<double>(r.memory.peak[c]) / 1e6;
     peak_mb["total"] = static_cast<double>(r.memory.total_peak) / 1e6;
+    nlohmann::json phases;
+    for (size_t p = 0; p < kNumPhases; ++p) phases[kPhases[p]] = r.phase_s[p];
     if (json) {
       std::printf("%s\n", nlohmann::json{{"model", preset},
                                          {"precision", precision},
@@ -170,6 +200,7 @@ void add_bench_command(CLI::App& app) {
                                          {"ceiling_fraction", r.gflops / r.gemm_ceiling_gflops},
                                          {"gemm_library", kernels::cpu::gemm_library_name(kernels::cpu::gemm_library(
                                                               precision_from_name(precision).compute))},
+                                         {"phase_s", phases},
                                          {"peak_memory_mb", peak_mb}}
                               .dump()
                               .c_str());
@@ -178,6 +209,7 @@ void add_bench_command(CLI::App& app) {
                   "sgemm ceiling %.1f GFLOP/s | %s GEMM ceiling %.1f GFLOP/s | %.1f%% of that ceiling\n",
                   preset.c_str(), precision.c_str(), batch, seq_len, num_threads(), r.step_s, r.tokens_per_s, r.gflops,
                   r.sgemm_gflops, precision.c_str(), r.gemm_ceiling_gflops, 100.0 * r.gflops / r.gemm_ceiling_gflops);
+      std::printf("median seconds per phase: %s\n", phases.dump().c_str());
       std::printf("peak memory (MB): %s\n", peak_mb.dump().c_str());
     }
   });

@@ -4,11 +4,13 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <limits>
 
 #include "../support/temp_dir.h"
 #include "finite_diff.h"
 #include "megaton/kernels/cpu/cross_entropy.h"
 #include "megaton/kernels/cpu/embedding.h"
+#include "megaton/kernels/copy.h"
 #include "megaton/kernels/cross_entropy.h"
 #include "megaton/kernels/embedding.h"
 
@@ -96,4 +98,55 @@ TEST(TensorApi, CrossEntropyKernelsEqualTheReference) {
                         "'short_loss'");
   Tensor f32_max = Tensor::zeros({N}, DType::F32, MemCategory::Other, "f32_max");
   EXPECT_ERROR_CONTAINS(kernels::cross_entropy_row_max(cpu, f32_max, L), "'f32_max'");
+}
+
+// 16-bit logits (Megatron's bf16 head): the kernels widen each logit to fp32 as they read it and round
+// the gradient as they write it, so every statistic equals the f32 kernels' on the widened logits bit
+// for bit, and the in-place gradient equals their f32 gradient rounded once. V spans several of the
+// sum's 256-entry chunks; the last columns are padding at -inf (fill_columns), one row is ignored.
+class HalfLogits : public ::testing::TestWithParam<DType> {};
+
+TEST_P(HalfLogits, CrossEntropyEqualsTheF32KernelsOnTheWidenedLogits) {
+  const DType half = GetParam();
+  const int64_t N = 5, V = 700, real_vocab = 690, start = 0;
+  const Tensor targets = ids({3, kernels::kIgnoreIndex, 689, 0, 350}, {N});
+  Tensor L16 = from(fd::random_vector(N * V, 9, -8.0, 8.0), {N, V}, "logits64").to(half);
+  kernels::fill_columns(cpu, L16, real_vocab, -std::numeric_limits<double>::infinity());
+  Tensor L32 = L16.to(DType::F32);  // exact
+  const auto stats = [](const char* name) { return Tensor::zeros({N}, DType::F32, MemCategory::Other, name); };
+  struct Stats {
+    Tensor row_max, sum_exp, target_logit, loss, lse;
+  };
+  const auto run = [&](Tensor& logits) {
+    Stats s{stats("row_max"), stats("sum_exp"), stats("target_logit"), stats("loss"), stats("lse")};
+    kernels::cross_entropy_row_max(cpu, s.row_max, logits);
+    kernels::cross_entropy_sum_exp(cpu, s.sum_exp, s.target_logit, logits, s.row_max, targets, start);
+    kernels::cross_entropy_loss(cpu, s.loss, s.lse, s.row_max, s.sum_exp, s.target_logit, targets);
+    kernels::cross_entropy_backward(cpu, logits, logits, s.lse, targets, start, 0.125);  // in place
+    return s;
+  };
+  const Stats got = run(L16), want = run(L32);
+  for (const auto& [g, w] : {std::pair{&got.row_max, &want.row_max}, {&got.sum_exp, &want.sum_exp},
+                             {&got.target_logit, &want.target_logit}, {&got.loss, &want.loss}, {&got.lse, &want.lse}})
+    EXPECT_EQ(std::memcmp(g->raw(), w->raw(), g->nbytes()), 0) << g->name();
+  const Tensor want16 = L32.to(half);  // the f32 gradient rounded once
+  EXPECT_EQ(std::memcmp(L16.raw(), want16.raw(), L16.nbytes()), 0);
+  EXPECT_GT(got.loss.data<float>()[0], 0.0f);  // a real loss, not zeros on both sides
+  EXPECT_EQ(L16.to(DType::F32).data<float>()[V + 5], 0.0f);  // the ignored row's gradient
+  EXPECT_EQ(L16.to(DType::F32).data<float>()[V - 1], 0.0f);  // a padding column's gradient
+  EXPECT_NE(L16.to(DType::F32).data<float>()[3], 0.0f);
+}
+
+INSTANTIATE_TEST_SUITE_P(Kernels, HalfLogits, ::testing::Values(DType::BF16, DType::F16),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+TEST(TensorApi, FillColumnsChecksItsRange) {
+  Tensor t = Tensor::zeros({2, 4}, DType::F32, MemCategory::Other, "t");
+  kernels::fill_columns(cpu, t, 4, 1.0);  // nothing to fill
+  kernels::fill_columns(cpu, t, 3, 2.5);
+  EXPECT_EQ(t.data<float>()[3], 2.5f);
+  EXPECT_EQ(t.data<float>()[7], 2.5f);
+  EXPECT_EQ(t.data<float>()[6], 0.0f);
+  EXPECT_ERROR_CONTAINS(kernels::fill_columns(cpu, t, 5, 0.0), "'t'");
+  EXPECT_ERROR_CONTAINS(kernels::fill_columns(cpu, t, -1, 0.0), "'t'");
 }

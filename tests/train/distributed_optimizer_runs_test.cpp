@@ -50,12 +50,17 @@ TEST_P(DistributedOptimizerRuns, TwoRanksTrainLikeOneProcess) {
 INSTANTIATE_TEST_SUITE_P(Models, DistributedOptimizerRuns, ::testing::Values("gpt-tiny", "llama-tiny"),
                          [](const auto& info) { return info.param == "gpt-tiny" ? "gpt" : "llama"; });
 
-// Four ranks, one micro-batch of 2 each per step, small buckets: each rank owns a quarter.
+// Four ranks, one micro-batch of 2 each per step, small buckets: each rank owns a quarter. The ranks'
+// GEMMs see micro-batches of 2 sequences where the single process sees 4, so the forward activations round
+// differently too, not only the gradient sums; AdamW turns that into full-size steps on near-zero
+// gradients: 2.0e-5 of gpt-tiny's layer-1 c_proj weight on an AVX-512 Xeon (1e-5 held on AVX2), so
+// the weights get the 1e-4 bound of the split-model tests while losses and grad norms stay at 1e-5.
 TEST(DistributedOptimizer, FourRanksTrainLikeOneProcess) {
   TinyRunDir run("gpt-tiny");
   const Metrics single = run.train_ok("single", kShort);
   const Metrics dp = train_mpi_ok(run, 4, "zero_dp4", kShort + kDistOpt + "--set training.micro_batch_size=2 --set parallel.bucket_size=4000");
-  megaton::testing::expect_close_training(dp, single, run.run_dir("zero_dp4"), run.run_dir("single"), "zero_dp4");
+  megaton::testing::expect_close_training(dp, single, run.run_dir("zero_dp4"), run.run_dir("single"), "zero_dp4",
+                                          1e-4);
 }
 
 TEST(DistributedOptimizer, CheckpointsAreLayoutFreeAndResumeExactly) {

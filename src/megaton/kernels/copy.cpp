@@ -1,6 +1,9 @@
 #include "megaton/kernels/copy.h"
 
+#include <algorithm>
+
 #include "megaton/kernels/cpu/copy.h"
+#include "megaton/kernels/cpu/element.h"
 #ifdef MEGATON_WITH_CUDA
 #include "megaton/kernels/cuda/copy.h"
 #endif
@@ -35,6 +38,21 @@ void copy_rows(const ExecContext& ctx, BlockAt dst, BlockAt src, int64_t rows, i
   dispatch_cpu_float(src.t.dtype(), op, [&]<typename T>(T) {
     cpu::copy_rows(dst.t.data<T>(), dst.t.size(1), dst.t.size(2), dst.row, dst.col, src.t.data<T>(), src.t.size(1),
                    src.t.size(2), src.row, src.col, src.t.size(0), rows, cols);
+  });
+}
+
+void fill_columns(const ExecContext& ctx, const Tensor& t, int64_t from, double value) {
+  constexpr std::string_view op = "fill_columns";
+  expect_on_device(ctx, op, {&t});
+  if (t.dim() != 2 || from < 0 || from > t.size(1))
+    fail("kernel ", op, ": columns from ", from, " of tensor '", t.name(), "' of shape ", shape_str(t.shape()),
+         " (expected a matrix with at least that many columns)");
+  if (ctx.device.is_cuda()) fail_no_backend(ctx, op);
+  const int64_t rows = t.size(0), cols = t.size(1);
+  dispatch_cpu_io(t.dtype(), op, [&]<typename T>(T) {
+    const T v = cpu::store<T>(static_cast<cpu::compute_t<T>>(value));
+    T* d = t.data<T>();
+    for (int64_t r = 0; r < rows; ++r) std::fill(d + r * cols + from, d + (r + 1) * cols, v);
   });
 }
 

@@ -17,4 +17,8 @@ struct BlockAt {
 // Throws naming the op and tensor when a block does not fit or B / dtypes differ.
 void copy_rows(const ExecContext& ctx, BlockAt dst, BlockAt src, int64_t rows, int64_t cols);
 
+// t[r, c] = value for every row r and every column c >= from of a 2-D t (f32, f64, bf16 or fp16 on
+// the cpu; value rounded to t's dtype): the -inf in a padded vocabulary's columns of the logits.
+void fill_columns(const ExecContext& ctx, const Tensor& t, int64_t from, double value);
+
 }  // namespace megaton::kernels

@@ -48,8 +48,8 @@ void cross_entropy_row_max(const ExecContext& ctx, const Tensor& row_max, const 
 #endif
     fail_no_backend(ctx, op);
   }
-  dispatch_cpu_float(logits.dtype(), op, [&]<typename T>(T) {
-    cpu::cross_entropy_row_max(row_max.data<T>(), logits.data<T>(), N, V);
+  dispatch_cpu_io(logits.dtype(), op, [&]<typename L>(L) {
+    cpu::cross_entropy_row_max(row_max.data<cpu::compute_t<L>>(), logits.data<L>(), N, V);
   });
 }
 
@@ -64,9 +64,10 @@ void cross_entropy_sum_exp(const ExecContext& ctx, const Tensor& sum_exp, const 
 #endif
     fail_no_backend(ctx, op);
   }
-  dispatch_cpu_float(logits.dtype(), op, [&]<typename T>(T) {
-    cpu::cross_entropy_sum_exp(sum_exp.data<T>(), target_logit.data<T>(), logits.data<T>(), row_max.data<T>(),
-                                   targets.data<int32_t>(), vocab_start, N, V);
+  dispatch_cpu_io(logits.dtype(), op, [&]<typename L>(L) {
+    using T = cpu::compute_t<L>;
+    cpu::cross_entropy_sum_exp(sum_exp.data<T>(), target_logit.data<T>(), logits.data<L>(), row_max.data<T>(),
+                               targets.data<int32_t>(), vocab_start, N, V);
   });
 }
 
@@ -101,9 +102,10 @@ void cross_entropy_backward(const ExecContext& ctx, const Tensor& dlogits, const
 #endif
     fail_no_backend(ctx, op);
   }
-  dispatch_cpu_float(logits.dtype(), op, [&]<typename T>(T) {
-    cpu::cross_entropy_backward(dlogits.data<T>(), logits.data<T>(), lse.data<T>(), targets.data<int32_t>(),
-                                    vocab_start, static_cast<T>(grad_scale), N, V);
+  dispatch_cpu_io(logits.dtype(), op, [&]<typename L>(L) {
+    using T = cpu::compute_t<L>;
+    cpu::cross_entropy_backward(dlogits.data<L>(), logits.data<L>(), lse.data<T>(), targets.data<int32_t>(),
+                                vocab_start, static_cast<T>(grad_scale), N, V);
   });
 }
 

@@ -1,8 +1,9 @@
 // Softmax cross-entropy over the vocabulary on tensors: the softmax is never materialised; forward
 // keeps the log-sum-exp per row and backward rebuilds probabilities from logits and lse.
 // logits / dlogits [N, V]; every per-row statistic [N], f64 for f64 logits and f32 otherwise;
-// targets i32 [N] (kIgnoreIndex: no loss, zero gradient). Dispatches to kernels::cpu (f32 / f64)
-// or kernels::cuda (logits f32 or bf16).
+// targets i32 [N] (kIgnoreIndex: no loss, zero gradient). Dispatches to kernels::cpu (logits f32,
+// f64, bf16 or fp16; bf16 / fp16 widened to fp32 as read, gradients rounded back as written) or
+// kernels::cuda (logits f32 or bf16).
 //
 // The forward is three kernels with the reduction points between them explicit, so that
 // vocab-parallel cross-entropy (each rank holding vocabulary entries [vocab_start, vocab_start +

@@ -5,6 +5,7 @@
 
 #include "megaton/core/rng.h"
 #include "megaton/kernels/copy.h"
+#include "megaton/kernels/quantized_linear.h"
 #include "megaton/nn/tensor_shards.h"
 
 namespace megaton::models {
@@ -195,6 +196,17 @@ void TransformerModel::set_compute_dtype(DType dtype) {
     else
       nn::add_compute_copy(*p, dtype);
   }
+}
+
+void TransformerModel::quantize_weights(kernels::WeightQuant q) {
+  check_whole("TransformerModel::quantize_weights");
+  if (tp_.active()) fail("quantised inference weights need the whole model in one process (tensor parallelism is on)");
+  const auto quantize = [q](nn::Parameter& p, bool keep_compute) {
+    p.quantized = std::make_shared<const kernels::QuantizedWeight>(kernels::quantize_weight(p.value, q));
+    if (!keep_compute) p.compute = {};
+  };
+  for (nn::Linear* l : layer_linears()) quantize(l->weight, false);
+  quantize(head().weight(), /*keep_compute=*/config_.tie_embeddings);  // a tied one is the embedding's too
 }
 
 std::vector<nn::Linear*> TransformerModel::layer_linears() {

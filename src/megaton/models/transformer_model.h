@@ -15,6 +15,7 @@
 #include <optional>
 #include <vector>
 
+#include "megaton/kernels/quantized_linear.h"
 #include "megaton/models/model_chunk.h"
 #include "megaton/models/stage_layout.h"
 #include "megaton/models/transformer_config.h"
@@ -66,6 +67,12 @@ class TransformerModel {
   // and optimizer state. Gives every weight a linear or the head reads a compute copy in `dtype`;
   // f32 drops them.
   void set_compute_dtype(DType dtype);
+  // Inference with 8-bit weights (kernels/quantized_linear.h): from now on every transformer layer's
+  // linears and the output head read int8 / FP8 codes with block scales, and their compute copies
+  // are dropped (a tied head's is the embedding's, which stays). The embedding lookup, norms, the MoE
+  // router and routed experts keep the compute dtype; the fp32 main weights stay. Forward only;
+  // refused under tensor or pipeline parallelism.
+  void quantize_weights(kernels::WeightQuant q);
   DType compute_dtype() const { return compute_dtype_; }
   // Re-rounds the compute copies from the main weights. Call after the weights change (init, a
   // load, an optimizer step) and before the next forward; nothing to do in f32.

@@ -1,6 +1,7 @@
 #include "megaton/nn/linear.h"
 
 #include "megaton/kernels/fp8_gemm.h"
+#include "megaton/kernels/quantized_linear.h"
 #include "megaton/kernels/linear.h"
 #include "megaton/parallel/tensor_parallel_mappings.h"
 
@@ -47,7 +48,9 @@ Tensor Linear::forward(LinearCtx& ctx, const Tensor& x) {
   // A row-parallel bias is added once to the sum: by rank 0's partial output.
   const Tensor& b = !column && tp_.rank() != 0 ? Tensor() : bias.value;
   const auto exec = kernels::ExecContext::on(xin);
-  if (fp8_) {
+  if (weight.quantized) {
+    kernels::quantized_linear_forward(exec, y, xin, *weight.quantized, b);  // inference: no ctx.x kept
+  } else if (fp8_) {
     fp8::LinearQuantizer::Input in = fp8_->input(xin.view({N, in_}));
     kernels::fp8_gemm(exec, y, in.fprop, fp8_->weight(weight.value, weight.version), false, b);
     ctx.x_fp8 = std::move(in.wgrad);  // backward-W reads the 8-bit x^T; the input itself is not kept
@@ -62,6 +65,7 @@ Tensor Linear::forward(LinearCtx& ctx, const Tensor& x) {
 }
 
 Tensor Linear::backward_input(LinearCtx& ctx, const Tensor& dy) {
+  if (weight.quantized) fail("linear '", weight.name, "': its weight is quantised for inference and cannot train");
   const bool column = parallel_ == LinearParallel::Column;
   const Tensor dyin =
       !column && tp_.splits_sequence() ? parallel::gather_rows(*tp_.group, dy, weight.name + ".dy") : dy;

@@ -7,6 +7,7 @@
 #include "megaton/kernels/copy.h"
 #include "megaton/kernels/cross_entropy.h"
 #include "megaton/kernels/linear.h"
+#include "megaton/kernels/quantized_linear.h"
 #include "megaton/kernels/reduce.h"
 #include "megaton/nn/linear.h"
 #include "megaton/parallel/tensor_parallel_mappings.h"
@@ -39,13 +40,8 @@ OutputHead::OutputHead(int64_t hidden, int64_t vocab, int64_t padded_vocab, Para
 
 void OutputHead::mask_padding(const Tensor& logits) const {
   const int64_t from = std::clamp<int64_t>(vocab_ - vocab_start_, 0, local_vocab_);
-  if (from == local_vocab_) return;
-  MEGATON_CHECK(logits.device().is_cpu() && logits.dtype() == DType::F32, "padded vocabulary logits '", logits.name(),
-                "' must be f32 host tensors");
-  float* l = logits.data<float>();
-  const int64_t rows = rows_of(logits);
-  for (int64_t r = 0; r < rows; ++r)
-    std::fill(l + r * local_vocab_ + from, l + (r + 1) * local_vocab_, -std::numeric_limits<float>::infinity());
+  if (from < local_vocab_)
+    kernels::fill_columns(kernels::ExecContext::on(logits), logits, from, -std::numeric_limits<double>::infinity());
 }
 
 int64_t count_targets(const Tensor& targets) {
@@ -57,6 +53,7 @@ LossSum OutputHead::run(const Tensor& x_in, const Tensor& targets, float grad_sc
   const Tensor x = tp_.splits_sequence() ? parallel::gather_rows(*tp_.group, x_in, "output_layer.x") : x_in;
   const int64_t N = rows_of(x);
   const auto on = kernels::ExecContext::on(x);
+  if (weight().quantized) fail("loss: the output head's weight is quantised for inference (logits only)");
   if (targets.numel() != N) fail("loss: ", targets.numel(), " targets for ", N, " rows of '", x.name(), "'");
   const int64_t bad = kernels::first_out_of_range(on, targets, vocab_, kernels::kIgnoreIndex);
   if (bad >= 0)
@@ -67,16 +64,13 @@ LossSum OutputHead::run(const Tensor& x_in, const Tensor& targets, float grad_sc
   const Tensor& w = weight().weight_in(dt);
   const int64_t chunk = std::min(N, kChunkRows);
   // The GEMM writes logits in x's dtype, into a buffer of every row when W is deferred (each
-  // chunk's dlogits stay there for W) or of one chunk. The cross-entropy always runs in f32 (with
-  // bf16 x, Megatron's upcast of the logits): on an f32 copy of a low-precision chunk, whose f32
-  // dlogits are converted back.
-  const bool low = dt != DType::F32;
+  // chunk's dlogits stay there for W) or of one chunk. The cross-entropy math is fp32 whatever the
+  // logits' dtype (with bf16 x, Megatron's upcast of the logits): its kernels widen each bf16 logit
+  // as they read it and round the gradient as they write it, in place.
   const int64_t V = local_vocab_;
   const Tensor gemm_buf = Tensor::empty({deferred ? N : chunk, V}, dt,
                                         deferred ? MemCategory::Activations : MemCategory::Workspace,
                                         deferred ? "output_layer.dlogits" : "output_layer.logits");
-  const Tensor f32_buf =
-      low ? Tensor::empty({chunk, V}, DType::F32, MemCategory::Workspace, "output_layer.logits_f32") : Tensor();
   const Tensor dxg = dx ? new_activation({N, hidden_}, "output_layer.dx", dt) : Tensor();  // every row's
   const auto per_row = [&](const char* name) { return Tensor::empty({chunk}, DType::F32, MemCategory::Workspace, name); };
   const Tensor losses = per_row("output_layer.losses"), lse = per_row("output_layer.lse");
@@ -87,17 +81,15 @@ LossSum OutputHead::run(const Tensor& x_in, const Tensor& targets, float grad_sc
     const int64_t n = std::min(chunk, N - r0);
     const Tensor xr = x2.slice_rows(r0, r0 + n);
     const int64_t at = deferred ? r0 : 0;  // this chunk's first row in gemm_buf
-    Tensor g = gemm_buf.slice_rows(at, at + n);
-    Tensor lgt = low ? f32_buf.slice_rows(0, n) : g;  // f32 logits
+    const Tensor g = gemm_buf.slice_rows(at, at + n);  // the logits, then their gradient
     const Tensor tg = flat_targets.slice_rows(r0, r0 + n);
     const auto rows = [n](const Tensor& t) { return t.slice_rows(0, n); };
     kernels::linear_forward(on, g, xr, w, Tensor());
-    if (low) lgt.copy_from(g);
-    mask_padding(lgt);
+    mask_padding(g);
     // With the vocabulary split over tensor-parallel ranks: the row max and the sums over the group.
-    kernels::cross_entropy_row_max(on, rows(row_max), lgt);
+    kernels::cross_entropy_row_max(on, rows(row_max), g);
     if (tp_.active()) parallel::reduce_from_region(*tp_.group, rows(row_max), parallel::ReduceOp::Max);
-    kernels::cross_entropy_sum_exp(on, rows(sum_exp), rows(target_logit), lgt, rows(row_max), tg, vocab_start_);
+    kernels::cross_entropy_sum_exp(on, rows(sum_exp), rows(target_logit), g, rows(row_max), tg, vocab_start_);
     if (tp_.active()) {
       parallel::reduce_from_region(*tp_.group, rows(sum_exp));
       parallel::reduce_from_region(*tp_.group, rows(target_logit));
@@ -106,8 +98,7 @@ LossSum OutputHead::run(const Tensor& x_in, const Tensor& targets, float grad_sc
     total.sum += kernels::sum(on, rows(losses));
     total.count += count_targets(tg);
     if (!dx) continue;
-    kernels::cross_entropy_backward(on, lgt, lgt, rows(lse), tg, vocab_start_, grad_scale);
-    if (low) g.copy_from(lgt);
+    kernels::cross_entropy_backward(on, g, g, rows(lse), tg, vocab_start_, grad_scale);
     kernels::linear_backward_input(on, dxg.slice_rows(r0, r0 + n), g, w);
     if (!deferred) kernels::linear_backward_weight(on, weight().grad, Tensor(), g, xr);
   }
@@ -152,7 +143,10 @@ Tensor OutputHead::logits(const Tensor& x) {
   const int64_t N = rows_of(x);
   const auto on = kernels::ExecContext::on(x);
   Tensor out = new_activation({N, local_vocab_}, "output_layer.logits", x.dtype());
-  kernels::linear_forward(on, out, x, weight().weight_in(x.dtype()), Tensor());
+  if (weight().quantized)
+    kernels::quantized_linear_forward(on, out, x, *weight().quantized, Tensor());
+  else
+    kernels::linear_forward(on, out, x, weight().weight_in(x.dtype()), Tensor());
   out = as_dtype(out, DType::F32);  // sampling reads f32 logits
   if (local_vocab_ == vocab_) return out;
   Tensor real = new_activation({N, vocab_}, "output_layer.logits");  // without the padding columns

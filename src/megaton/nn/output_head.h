@@ -53,7 +53,7 @@ class OutputHead {
 
  private:
   LossSum run(const Tensor& x, const Tensor& targets, float grad_scale, Tensor* dx, HeadCtx* deferred);
-  void mask_padding(const Tensor& logits) const;  // -inf in the padding columns of f32 logits
+  void mask_padding(const Tensor& logits) const;  // -inf in the padding columns of the logits
   int64_t hidden_, vocab_;
   int64_t local_vocab_, vocab_start_;  // this rank's rows of the padded vocabulary
   TensorParallel tp_;

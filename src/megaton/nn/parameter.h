@@ -5,10 +5,15 @@
 // is sharded across a parallel group.
 #pragma once
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "megaton/core/tensor.h"
+
+namespace megaton::kernels {
+struct QuantizedWeight;
+}
 
 namespace megaton::nn {
 
@@ -63,6 +68,9 @@ struct Parameter {
   // Bumped by refresh_compute_copies, i.e. whenever the main weight may have changed: copies derived
   // from it outside `compute` (FP8 weights) compare it to know when to remake themselves.
   uint64_t version = 0;
+  // Inference only: the weight as 8-bit codes with block scales (kernels/quantized_linear.h), which a
+  // Linear or the output head then reads instead of `value` / `compute`; such a layer cannot train.
+  std::shared_ptr<const kernels::QuantizedWeight> quantized;
   ShardSpec shard;
   // Modules that accumulate into `grad` per micro-batch: 2 for a word embedding tied to the output
   // head. The gradient buffer waits for all of them before it calls this gradient final.

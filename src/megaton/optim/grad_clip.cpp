@@ -16,6 +16,27 @@ struct Chunk {
   int64_t size;
 };
 
+// Sum of squares in double over 16 interleaved partial sums, added up at the end: one running sum
+// is a chain of dependent adds (~4 cycles an element, ~5x slower than reading the gradients); 16
+// independent ones vectorise. The order is fixed by the data alone, not by threads.
+double chunk_sum_of_squares(const float* data, int64_t n) {
+  constexpr int64_t kLanes = 16;
+  double lanes[kLanes] = {};
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes)
+    for (int64_t l = 0; l < kLanes; ++l) {
+      const double x = data[j + l];
+      lanes[l] += x * x;
+    }
+  for (; j < n; ++j) {
+    const double x = data[j];
+    lanes[0] += x * x;
+  }
+  double s = 0;
+  for (double lane : lanes) s += lane;
+  return s;
+}
+
 }  // namespace
 
 double global_grad_norm(const nn::ParameterList& params) {
@@ -36,14 +57,7 @@ double sum_of_squares(const std::vector<Tensor>& grads) {
   std::vector<double> partial(chunks.size());
   const int64_t num_chunks = static_cast<int64_t>(chunks.size());
 #pragma omp parallel for schedule(static)
-  for (int64_t c = 0; c < num_chunks; ++c) {
-    double s = 0;
-    for (int64_t j = 0; j < chunks[c].size; ++j) {
-      const double x = chunks[c].data[j];
-      s += x * x;
-    }
-    partial[c] = s;
-  }
+  for (int64_t c = 0; c < num_chunks; ++c) partial[c] = chunk_sum_of_squares(chunks[c].data, chunks[c].size);
   double total = 0;
   for (double s : partial) total += s;
   return total;

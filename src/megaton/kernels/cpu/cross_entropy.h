@@ -8,18 +8,23 @@
 #pragma once
 #include <cstdint>
 
+#include "megaton/kernels/cpu/element.h"
 #include "megaton/kernels/ignore_index.h"
 
 namespace megaton::kernels::cpu {
 
+// L, the logits' storage: f32 or f64, or bf16 / fp16 (Megatron's upcast: each logit is widened to
+// fp32 as it is read, the statistics T = compute_t<L> are fp32, and the gradient is rounded to L as
+// it is written, so no fp32 copy of the logits exists).
+
 // row_max[n] = max_v logits[n, v].
-template <typename T>
-void cross_entropy_row_max(T* row_max, const T* logits, int64_t N, int64_t V);
+template <typename L, typename T = compute_t<L>>
+void cross_entropy_row_max(T* row_max, const L* logits, int64_t N, int64_t V);
 
 // sum_exp[n] = sum_v exp(logits[n, v] - row_max[n]); target_logit[n] = logits[n, target[n] -
 // vocab_start] when the target falls in this shard, else 0.
-template <typename T>
-void cross_entropy_sum_exp(T* sum_exp, T* target_logit, const T* logits, const T* row_max, const int32_t* targets,
+template <typename L, typename T = compute_t<L>>
+void cross_entropy_sum_exp(T* sum_exp, T* target_logit, const L* logits, const T* row_max, const int32_t* targets,
                            int64_t vocab_start, int64_t N, int64_t V);
 
 // lse[n] = row_max[n] + log(sum_exp[n]); loss[n] = lse[n] - target_logit[n]; both 0 for ignored rows.
@@ -29,8 +34,8 @@ void cross_entropy_loss(T* loss, T* lse, const T* row_max, const T* sum_exp, con
 
 // dlogits[n, :] = grad_scale * (softmax(logits[n]) - onehot(target[n] - vocab_start)); zero for
 // ignored rows. dlogits may alias logits (in-place backward).
-template <typename T>
-void cross_entropy_backward(T* dlogits, const T* logits, const T* lse, const int32_t* targets, int64_t vocab_start,
+template <typename L, typename T = compute_t<L>>
+void cross_entropy_backward(L* dlogits, const L* logits, const T* lse, const int32_t* targets, int64_t vocab_start,
                             T grad_scale, int64_t N, int64_t V);
 
 }  // namespace megaton::kernels::cpu
