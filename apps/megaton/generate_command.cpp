@@ -19,7 +19,7 @@ std::vector<int32_t> prompt_ids;
 infer::SamplingOptions opts;
 int threads = 0;
 bool json = false;
-std::string precision = "fp32";
+std::string precision = "fp32", weights_dtype = "auto";
 
 // Tokens per second, or null when nothing was timed (e.g. the first token was the stop token).
 nlohmann::json rate(int64_t tokens, double seconds) {
@@ -39,6 +39,7 @@ void print_json(models::TransformerModel& model, const data::Tokenizer& tok, con
                               {"decode_tokens_per_s", rate(stats.decode_tokens, stats.decode_s)},
                               {"threads", num_threads()},
                               {"precision", precision},
+                              {"weights_dtype", weights_dtype},
                               {"text", tok.decode(ids)},
                               {"ids", ids}};
   // A byte-level continuation may end inside a UTF-8 character: replace, never throw.
@@ -76,17 +77,14 @@ void add_generate_command(CLI::App& app) {
       ->capture_default_str()->check(in_range(-2.0, 2.0));
   cmd->add_option("--seed", opts.seed, "Sampling seed")->capture_default_str()->check(in_range<uint64_t>(0));
   cmd->add_option("--threads", threads, "CPU threads")->check(in_range(0, 4096));
-  cmd->add_option("--precision", precision,
-                 "Weights and activations in fp32, or bf16 (bf16 copies of the weights: half the bytes per token)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"fp32", "bf16"}));
+  add_inference_dtype_options(cmd, precision, weights_dtype);
   cmd->add_flag("--json", json,
                 "Print one JSON object instead of streaming text: load_s, prompt and generated token counts, "
                 "prefill_tokens_per_s, decode_tokens_per_s, text, ids");
   cmd->callback([text_opt, ids_opt] {
     if (text_opt->count() == 0 && ids_opt->count() == 0) fail("generate needs --prompt TEXT or --prompt-ids IDS");
     set_num_threads(threads);
-    InferenceModel loaded = load_inference_model(model_dir, tokenizer, precision);
+    InferenceModel loaded = load_inference_model(model_dir, tokenizer, precision, weights_dtype);
     auto& model = loaded.model;
     auto& tok = loaded.tokenizer;
     for (int32_t id : prompt_ids)

@@ -14,7 +14,7 @@ namespace megaton::app {
 void add_serve_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("serve", "Serve an HF-format model over an OpenAI-compatible HTTP API "
                                           "(/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics)");
-  static std::string model_dir, tokenizer = "byte", precision = "fp32";
+  static std::string model_dir, tokenizer = "byte", precision = "fp32", weights_dtype = "auto";
   static int threads = 0;
   static infer::ServerOptions o;
   cmd->add_option("--model", model_dir, "HF model folder (config.json + model.safetensors)")->required();
@@ -36,8 +36,7 @@ void add_serve_command(CLI::App& app) {
       ->capture_default_str()->check(in_range<int64_t>(0, int64_t{1} << 24));
   cmd->add_option("--max-request-bytes", o.max_request_bytes, "The largest request body accepted (HTTP 413 above)")
       ->capture_default_str()->check(in_range<int64_t>(1024, int64_t{1} << 30));
-  cmd->add_option("--precision", precision, "Weights and activations in fp32, or bf16")->capture_default_str()
-      ->check(CLI::IsMember({"fp32", "bf16"}));
+  add_inference_dtype_options(cmd, precision, weights_dtype);
   cmd->add_option("--threads", threads, "CPU threads")->check(in_range(0, 4096));
   cmd->callback([] {
     // SIGINT / SIGTERM stop the server cleanly: blocked in every thread (the OpenMP and HTTP threads
@@ -52,7 +51,7 @@ void add_serve_command(CLI::App& app) {
       if (const char* key = std::getenv("MEGATON_API_KEY")) o.api_key = key;
     if (o.model_name.empty()) o.model_name = std::filesystem::path(model_dir).lexically_normal().filename().string();
     if (o.model_name.empty()) o.model_name = std::filesystem::absolute(model_dir).parent_path().filename().string();
-    InferenceModel m = load_inference_model(model_dir, tokenizer, precision);
+    InferenceModel m = load_inference_model(model_dir, tokenizer, precision, weights_dtype);
     infer::CompletionServer server(*m.model, *m.tokenizer, o);
     const int port = server.bind();
     std::thread([&server, stop_signals] {

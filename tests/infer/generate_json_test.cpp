@@ -10,6 +10,7 @@
 #include "../support/tiny_model.h"
 #include "megaton/data/tokenizer.h"
 #include "megaton/infer/generate.h"
+#include "megaton/kernels/quantized_linear.h"
 #include "megaton/models/hf_format.h"
 
 using namespace megaton;
@@ -127,4 +128,38 @@ TEST(GenerateJson, PrecisionBf16UsesTheBf16Weights) {
   const auto bf16 = infer::generate(*loaded, prompt, o);
   ASSERT_NE(fp32, bf16) << "pick a model whose bf16 greedy ids differ from fp32's";
   EXPECT_EQ(j["ids"].get<std::vector<int32_t>>(), bf16);
+}
+
+// --weights-dtype int8 / fp8-block decode on 8-bit weights: the ids of in-process generation with
+// the same quantisation, which differ from fp32's for this model (the flag cannot be ignored).
+TEST(GenerateJson, WeightsDtypeQuantisesTheWeights) {
+  megaton::testing::TempDir dir;
+  auto config = megaton::testing::tiny_config("llama-tiny");
+  config.init_method_std = 0.05;  // flat enough that quantisation changes some greedy picks
+  models::TransformerModel m(config);
+  m.init_weights(9);
+  models::save_hf_model(m, dir.file("model"));
+  infer::SamplingOptions o;
+  o.temperature = 0;
+  o.max_new_tokens = 40;
+  o.stop_token = data::make_tokenizer("byte")->eod();
+  const auto prompt = data::make_tokenizer("byte")->encode("Hello");
+  const auto fp32 = infer::generate(*models::load_hf_model(dir.file("model")), prompt, o);
+  for (const char* dtype : {"int8", "fp8-block"}) {
+    const auto r = megaton::testing::run_command(std::string(MEGATON_BINARY) + " generate --model " + dir.file("model") +
+                                                 " --prompt Hello --max-new-tokens 40 --temperature 0 --json --weights-dtype " +
+                                                 dtype);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const auto j = nlohmann::json::parse(r.output);
+    EXPECT_EQ(j["weights_dtype"], dtype);
+    auto loaded = models::load_hf_model(dir.file("model"));
+    loaded->quantize_weights(kernels::weight_quant_from_name(dtype));
+    const auto quantised = infer::generate(*loaded, prompt, o);
+    ASSERT_NE(fp32, quantised) << "pick a model whose " << dtype << " greedy ids differ from fp32's";
+    EXPECT_EQ(j["ids"].get<std::vector<int32_t>>(), quantised) << dtype;
+  }
+  const auto bad = megaton::testing::run_command(std::string(MEGATON_BINARY) + " generate --model " + dir.file("model") +
+                                                 " --prompt Hello --weights-dtype int4");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("--weights-dtype"), std::string::npos) << bad.output;
 }
