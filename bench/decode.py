@@ -4,7 +4,8 @@
 For random Llama weights of the stories110M and stories15M shapes (fp32, tied embeddings, as the
 llama2.c checkpoints), this writes an HF folder (config.json + model.safetensors) and the same
 weights as a llama2.c checkpoint, then times greedy decoding from a lone BOS (id 1) with:
-  - megaton (this build: GEMV + decode attention for one token per step), fp32 and bf16,
+  - megaton (this build: GEMV + decode attention for one token per step), fp32 and bf16 weights,
+    and 8-bit weights (--weights-dtype int8 / fp8-block, fp32 activations),
   - optionally a megaton built before them (--before: every step on the GEMM path),
   - optionally llama2.c's run.c (--llama2c-run, built by you in /tmp; never part of this repo),
 and measures a streaming-read memory bandwidth in the same run (a small C program, 2 threads).
@@ -127,9 +128,17 @@ def write_llama2c(path, t, dim, layers, heads, vocab, hidden):
         f.write(np.zeros(SEQ_LEN * (dim // heads), np.float32).tobytes())  # the unused rope tables
 
 
-def weight_bytes_per_token(t):
-    """Every matrix a decode step multiplies: the layers' and the (tied) classifier; fp32."""
-    return sum(a.nbytes for n, a in t.items() if a.ndim == 2)
+def weight_bytes_per_token(t, kind="fp32"):
+    """Every matrix a decode step multiplies: the layers' and the (tied) classifier, as stored for
+    `kind`: fp32, bf16, int8 (a byte per weight + an fp32 scale per row) or fp8-block (a byte per
+    weight + an fp32 scale per 128 x 128 block)."""
+    def stored(rows, cols):
+        if kind == "int8":
+            return rows * cols + 4 * rows
+        if kind == "fp8-block":
+            return rows * cols + 4 * -(-rows // 128) * -(-cols // 128)
+        return rows * cols * (2 if kind == "bf16" else 4)
+    return sum(stored(*a.shape) for a in t.values() if a.ndim == 2)
 
 
 def stream_read_gbps(work, threads):
@@ -164,12 +173,13 @@ def measure(name, command_for, repeats, env):
     return rate, outputs
 
 
-def megaton_command(binary, folder, tokenizer, threads, before=False, precision="fp32"):
+def megaton_command(binary, folder, tokenizer, threads, before=False, precision="fp32", weights="auto"):
     # run.c -n N runs N forwards from the BOS and prints N tokens; megaton's prefill of the BOS yields the
     # first new token, so --max-new-tokens N is the same N forwards and N tokens. A binary from
     # before the decode kernels has neither --prompt-ids nor --json: a one-character text prompt and
     # plain output instead (the rate is a difference of wall times, which does not need them).
-    prompt = ["--prompt", "O"] if before else ["--prompt-ids", "1", "--json", "--precision", precision]
+    prompt = ["--prompt", "O"] if before else ["--prompt-ids", "1", "--json", "--precision", precision,
+                                               "--weights-dtype", weights]
     return lambda steps: [binary, "generate", "--model", folder, "--temperature", "0", "--max-new-tokens",
                           str(steps), "--threads", str(threads), "--tokenizer", tokenizer] + prompt
 
@@ -226,6 +236,14 @@ def main():
             print(f"    megaton bf16 --json: decode_tokens_per_s {j16['decode_tokens_per_s']:.1f}, "
                   f"load_s {j16['load_s']:.3f}")
             row["megaton bf16"] = {"rate": rate, "limit": 2 * limit}  # half the weight bytes
+            for kind in ("int8", "fp8-block"):
+                rate, out = measure(f"megaton {kind}", megaton_command(args.megaton, folder, tokenizer, args.threads,
+                                                                      weights=kind), args.repeats, env)
+                jq = json.loads(out[LONG])
+                print(f"    megaton {kind} --json: decode_tokens_per_s {jq['decode_tokens_per_s']:.1f}, "
+                      f"load_s {jq['load_s']:.3f}")
+                row[f"megaton {kind}"] = {"rate": rate,
+                                          "limit": bandwidth * 1e9 / weight_bytes_per_token(tensors, kind)}
             if args.before:
                 rate, _ = measure("megaton before (GEMM path)",
                                   megaton_command(args.before, folder, tokenizer, args.threads, before=True), args.repeats, env)

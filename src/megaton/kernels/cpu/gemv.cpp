@@ -25,7 +25,7 @@ bool gemv_simd_compiled() { return gemv_detail::simd_compiled(); }
 template <typename T, typename W, typename B>
 void gemv(T* y, const T* x, const W* w, const B* bias, int64_t in_f, int64_t out_f, GemvPath path) {
   if (path == GemvPath::Simd && !gemv_simd_compiled())
-    fail("gemv: the AVX2/FMA/F16C path was not compiled in (build for a CPU with AVX2, MEGATON_NATIVE=ON)");
+    fail("gemv: the AVX2/FMA path was not compiled in (build for a CPU with AVX2, MEGATON_NATIVE=ON)");
   const bool simd = path != GemvPath::Portable && gemv_simd_compiled();
   // x is read by every row: widen it once (a bf16 x) so the inner loops load fp32 from L1.
   std::vector<float> xf(static_cast<size_t>(in_f));

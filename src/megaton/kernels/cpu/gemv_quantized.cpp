@@ -56,7 +56,7 @@ template <typename T, typename B>
 void gemv_quantized(T* y, const T* x, const QuantizedRows& w, const B* bias, int64_t in_f, int64_t out_f,
                     GemvPath path) {
   if (path == GemvPath::Simd && !gemv_simd_compiled())
-    fail("quantized gemv: the AVX2/FMA/F16C path was not compiled in (build for such a CPU, MEGATON_NATIVE=ON)");
+    fail("quantized gemv: the AVX2/FMA path was not compiled in (build for such a CPU, MEGATON_NATIVE=ON)");
   if (w.block_rows < 1 || w.block_cols < 1) fail("quantized gemv: block sizes must be positive");
   const bool simd = path != GemvPath::Portable && gemv_simd_compiled();
   std::vector<float> xf(static_cast<size_t>(in_f));  // x widened once: every row reads it
