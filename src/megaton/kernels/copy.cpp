@@ -35,7 +35,7 @@ void copy_rows(const ExecContext& ctx, BlockAt dst, BlockAt src, int64_t rows, i
     fail_no_backend(ctx, op);
   }
   expect_dtype(src.t.dtype(), op, {&dst.t});
-  dispatch_cpu_float(src.t.dtype(), op, [&]<typename T>(T) {
+  dispatch_cpu_io(src.t.dtype(), op, [&]<typename T>(T) {
     cpu::copy_rows(dst.t.data<T>(), dst.t.size(1), dst.t.size(2), dst.row, dst.col, src.t.data<T>(), src.t.size(1),
                    src.t.size(2), src.row, src.col, src.t.size(0), rows, cols);
   });

@@ -1,7 +1,7 @@
 // Strided block copies on tensors: a rectangle of rows x cols per batch row from one [B, R, C]
 // layout into another. What the KV cache append (k / v columns of the fused QKV rows into the
 // cache at its current length) and the last-position gather of generation are made of.
-// Dispatches to kernels::cpu (f32 / f64) or kernels::cuda (any dtype, dst and src the same).
+// Dispatches to kernels::cpu (f32, f64, bf16, fp16) or kernels::cuda (any dtype, dst and src the same).
 #pragma once
 #include "megaton/kernels/exec_context.h"
 

@@ -296,10 +296,10 @@ Tensor TransformerModel::forward_cached(std::vector<nn::KVCache>& caches, const 
   check_whole("incremental decoding");
   Tensor h = embedding_->forward(tokens, caches.at(0).len, compute_dtype_);
   for (size_t i = 0; i < layers_.size(); ++i) h = layers_[i]->forward_cached(caches[i], h, B, T);
-  // Only the last position of each sequence needs logits.
-  Tensor last = nn::new_activation({B, C}, "last_hidden");
-  const Tensor hf = nn::as_dtype(h, DType::F32);  // the gather (and so the head) in f32
-  kernels::copy_rows(kernels::ExecContext::on(hf), {last.view({B, 1, C}), 0, 0}, {hf.view({B, T, C}), T - 1, 0}, 1, C);
+  // Only the last position of each sequence needs logits; the gather and the head run in the compute
+  // dtype (a bf16 model reads the head's bf16 copy: half the bytes of its largest weight per token).
+  Tensor last = nn::new_activation({B, C}, "last_hidden", h.dtype());
+  kernels::copy_rows(kernels::ExecContext::on(h), {last.view({B, 1, C}), 0, 0}, {h.view({B, T, C}), T - 1, 0}, 1, C);
   nn::NormCtx scratch;
   return head_->logits(final_norm_->forward(scratch, last));
 }

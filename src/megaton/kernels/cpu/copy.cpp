@@ -1,5 +1,7 @@
 #include "megaton/kernels/cpu/copy.h"
 
+#include "megaton/core/dtype.h"
+
 #include <algorithm>
 
 namespace megaton::kernels::cpu {
@@ -18,6 +20,10 @@ void copy_rows(T* dst, int64_t dst_R, int64_t dst_C, int64_t dst_row, int64_t ds
 template void copy_rows<float>(float*, int64_t, int64_t, int64_t, int64_t, const float*, int64_t, int64_t, int64_t,
                                int64_t, int64_t, int64_t, int64_t);
 template void copy_rows<double>(double*, int64_t, int64_t, int64_t, int64_t, const double*, int64_t, int64_t, int64_t,
+                                int64_t, int64_t, int64_t, int64_t);
+template void copy_rows<BFloat16>(BFloat16*, int64_t, int64_t, int64_t, int64_t, const BFloat16*, int64_t, int64_t, int64_t,
+                                int64_t, int64_t, int64_t, int64_t);
+template void copy_rows<Float16>(Float16*, int64_t, int64_t, int64_t, int64_t, const Float16*, int64_t, int64_t, int64_t,
                                 int64_t, int64_t, int64_t, int64_t);
 
 }  // namespace megaton::kernels::cpu

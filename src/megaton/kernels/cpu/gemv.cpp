@@ -1,5 +1,6 @@
 #include "megaton/kernels/cpu/gemv.h"
 
+#include <type_traits>
 #include <vector>
 
 #include "megaton/core/error.h"
@@ -11,8 +12,8 @@ namespace {
 // Below this many weight elements one thread finishes before a parallel region would start.
 constexpr int64_t kParallelMin = 1 << 15;
 
-template <typename T, typename W, typename B>
-void gemv_rows(T* y, const float* x, const W* w, const B* bias, int64_t in_f, int64_t out_f, bool simd) {
+template <typename T, typename W, typename B, typename X>
+void gemv_rows(T* y, const X* x, const W* w, const B* bias, int64_t in_f, int64_t out_f, bool simd) {
 #pragma omp parallel for schedule(static) if (out_f * in_f >= kParallelMin)
   for (int64_t r = 0; r < out_f; ++r)
     y[r] = store<T>(gemv_detail::dot(w + r * in_f, x, in_f, simd) + (bias ? static_cast<float>(load(bias[r])) : 0.0f));
@@ -27,6 +28,10 @@ void gemv(T* y, const T* x, const W* w, const B* bias, int64_t in_f, int64_t out
   if (path == GemvPath::Simd && !gemv_simd_compiled())
     fail("gemv: the AVX2/FMA path was not compiled in (build for a CPU with AVX2, MEGATON_NATIVE=ON)");
   const bool simd = path != GemvPath::Portable && gemv_simd_compiled();
+  if constexpr (std::is_same_v<T, BFloat16> && std::is_same_v<W, BFloat16> && gemv_detail::bf16_pairs_compiled()) {
+    // bf16 x bf16 on a CPU with AVX512-BF16: both stay 16-bit (cpu/gemv_dot.h, dot of BFloat16 pairs).
+    if (simd) return gemv_rows(y, x, w, bias, in_f, out_f, true);
+  }
   // x is read by every row: widen it once (a bf16 x) so the inner loops load fp32 from L1.
   std::vector<float> xf(static_cast<size_t>(in_f));
   for (int64_t i = 0; i < in_f; ++i) xf[static_cast<size_t>(i)] = load(x[i]);
