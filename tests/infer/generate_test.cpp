@@ -26,6 +26,24 @@ Tensor ids(const std::vector<int32_t>& v) {
   return t;
 }
 
+// 40 greedy tokens after a 4-token prompt, and the sequence the model saw to pick them (the prompt
+// and every generated token but the last), and each generated token's row in that sequence.
+struct GreedyRun {
+  std::vector<int32_t> prompt = {72, 101, 108, 108}, generated, seq;
+  int64_t row_of(size_t i) const { return static_cast<int64_t>(prompt.size() + i) - 1; }
+};
+GreedyRun greedy_run(models::TransformerModel& m) {
+  GreedyRun run;
+  infer::SamplingOptions o;
+  o.temperature = 0;
+  o.max_new_tokens = 40;
+  run.generated = infer::generate(m, run.prompt, o);
+  EXPECT_EQ(run.generated.size(), 40u);
+  run.seq = run.prompt;
+  if (!run.generated.empty()) run.seq.insert(run.seq.end(), run.generated.begin(), run.generated.end() - 1);
+  return run;
+}
+
 }  // namespace
 
 class KVCache : public ::testing::TestWithParam<std::string> {};
@@ -185,20 +203,14 @@ TEST_P(GreedyDecode, EqualsTheTrainingForwardsArgmaxAtEveryPosition) {
   models::TransformerModel m(tiny(preset));
   m.init_weights(5);
   m.set_compute_dtype(dtype);
-  infer::SamplingOptions o;
-  o.temperature = 0;
-  o.max_new_tokens = 40;
-  const std::vector<int32_t> prompt = {72, 101, 108, 108};
-  const auto generated = infer::generate(m, prompt, o);
-  ASSERT_EQ(generated.size(), 40u);
-  std::vector<int32_t> seq = prompt;
-  seq.insert(seq.end(), generated.begin(), generated.end() - 1);
-  const int64_t T = static_cast<int64_t>(seq.size());
+  const GreedyRun run = greedy_run(m);
+  const auto& generated = run.generated;
+  const int64_t T = static_cast<int64_t>(run.seq.size());
   models::ChunkCtx ctx;
-  const Tensor logits = m.head().logits(m.chunk(0).forward(ctx, ids(seq), 1, T));
+  const Tensor logits = m.head().logits(m.chunk(0).forward(ctx, ids(run.seq), 1, T));
   const int64_t V = m.config().vocab_size;
   for (size_t i = 0; i < generated.size(); ++i) {
-    const float* row = logits.data<float>() + (static_cast<int64_t>(prompt.size() + i) - 1) * V;
+    const float* row = logits.data<float>() + run.row_of(i) * V;
     for (int64_t v = 0; v < V; ++v) ASSERT_TRUE(std::isfinite(row[v])) << "position " << i << " id " << v;
     EXPECT_EQ(generated[i], std::max_element(row, row + V) - row) << "generated token " << i;
   }
@@ -242,14 +254,9 @@ TEST_P(QuantizedDecode, EqualsItsOwnForwardsArgmaxAndTheDequantisedModel) {
   models::TransformerModel fp32(tiny(preset)), dequantised(tiny(preset)), m(tiny(preset));
   for (auto* model : {&fp32, &dequantised, &m}) model->init_weights(5);
   m.quantize_weights(q);
-  infer::SamplingOptions o;
-  o.temperature = 0;
-  o.max_new_tokens = 40;
-  const std::vector<int32_t> prompt = {72, 101, 108, 108};
-  const auto generated = infer::generate(m, prompt, o);
-  ASSERT_EQ(generated.size(), 40u);
-  std::vector<int32_t> seq = prompt;
-  seq.insert(seq.end(), generated.begin(), generated.end() - 1);
+  const GreedyRun run = greedy_run(m);
+  const auto& generated = run.generated;
+  const auto& seq = run.seq;
   const int64_t T = static_cast<int64_t>(seq.size()), V = m.config().vocab_size;
   const auto hidden_of = [&](models::TransformerModel& model) {
     models::ChunkCtx ctx;
@@ -272,7 +279,7 @@ TEST_P(QuantizedDecode, EqualsItsOwnForwardsArgmaxAndTheDequantisedModel) {
   EXPECT_GT(rel, 1e-4) << "the weights were not quantised";
   EXPECT_LT(rel, q == kernels::WeightQuant::Int8Row ? 0.06 : 0.25) << kernels::weight_quant_name(q);
   for (size_t i = 0; i < generated.size(); ++i) {
-    const float* row = got.data<float>() + (static_cast<int64_t>(prompt.size() + i) - 1) * V;
+    const float* row = got.data<float>() + run.row_of(i) * V;
     EXPECT_EQ(generated[i], std::max_element(row, row + V) - row) << "generated token " << i;
   }
   // Training a quantised layer is refused, not run on weights that no longer exist.

@@ -16,7 +16,13 @@
 #include "megaton/kernels/cpu/element.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
+// GCC 12's AVX-512 intrinsics start from _mm512_undefined_*() and trip its own -Wuninitialized /
+// -Wmaybe-uninitialized once inlined (GCC bug 105593, fixed in 13): silenced for these headers only.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
+#pragma GCC diagnostic pop
 #define MEGATON_GEMV_SIMD 1
 #if defined(__AVX512F__)
 #define MEGATON_GEMV_AVX512 1
@@ -98,41 +104,58 @@ inline __m512 load16(const Float8E4M3* p) {
   return _mm512_mul_ps(_mm512_castsi512_ps(bits), _mm512_set1_ps(0x1p120f));
 }
 
-// Four accumulators of sixteen lanes: 64 weights per iteration.
-template <typename W>
-float dot_simd(const W* w, const float* x, int64_t n) {
-  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-  int64_t i = 0;
-  for (; i + 64 <= n; i += 64) {
-    a0 = _mm512_fmadd_ps(load16(w + i), _mm512_loadu_ps(x + i), a0);
-    a1 = _mm512_fmadd_ps(load16(w + i + 16), _mm512_loadu_ps(x + i + 16), a1);
-    a2 = _mm512_fmadd_ps(load16(w + i + 32), _mm512_loadu_ps(x + i + 32), a2);
-    a3 = _mm512_fmadd_ps(load16(w + i + 48), _mm512_loadu_ps(x + i + 48), a3);
-  }
-  for (; i + 16 <= n; i += 16) a0 = _mm512_fmadd_ps(load16(w + i), _mm512_loadu_ps(x + i), a0);
-  float tail = 0;
-  for (; i < n; ++i) tail += load(w[i]) * x[i];
-  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3))) + tail;
-}
+// One register width of the SIMD loop: how many weights a step takes, and the operations on a
+// register of fp32 lanes.
+struct Lanes16 {
+  using V = __m512;
+  static constexpr int64_t kWeights = 16;
+  static V zero() { return _mm512_setzero_ps(); }
+  template <typename W>
+  static V weights(const W* p) { return load16(p); }
+  static V xs(const float* p) { return _mm512_loadu_ps(p); }
+  static V fma(V w, V x, V acc) { return _mm512_fmadd_ps(w, x, acc); }
+  static V add(V a, V b) { return _mm512_add_ps(a, b); }
+  static float sum(V v) { return _mm512_reduce_add_ps(v); }
+};
+using SimdLanes = Lanes16;
 #else
-// Four accumulators of eight lanes: 32 weights per iteration, four independent FMA chains to
-// cover the FMA latency.
+struct Lanes8 {
+  using V = __m256;
+  static constexpr int64_t kWeights = 8;
+  static V zero() { return _mm256_setzero_ps(); }
+  template <typename W>
+  static V weights(const W* p) { return load8(p); }
+  static V xs(const float* p) { return _mm256_loadu_ps(p); }
+  static V fma(V w, V x, V acc) { return _mm256_fmadd_ps(w, x, acc); }
+  static V add(V a, V b) { return _mm256_add_ps(a, b); }
+  static float sum(V v) { return hsum(v); }
+};
+using SimdLanes = Lanes8;
+#endif  // MEGATON_GEMV_AVX512
+
+// Four accumulators (four independent chains cover the FMA latency), 4 x L::kWeights weights per
+// iteration, then single steps, then a scalar tail; the four are added pairwise at the end.
+template <typename L, typename W, typename X>
+float dot_lanes(const W* w, const X* x, int64_t n) {
+  constexpr int64_t k = L::kWeights;
+  typename L::V a0 = L::zero(), a1 = a0, a2 = a0, a3 = a0;
+  int64_t i = 0;
+  for (; i + 4 * k <= n; i += 4 * k) {
+    a0 = L::fma(L::weights(w + i), L::xs(x + i), a0);
+    a1 = L::fma(L::weights(w + i + k), L::xs(x + i + k), a1);
+    a2 = L::fma(L::weights(w + i + 2 * k), L::xs(x + i + 2 * k), a2);
+    a3 = L::fma(L::weights(w + i + 3 * k), L::xs(x + i + 3 * k), a3);
+  }
+  for (; i + k <= n; i += k) a0 = L::fma(L::weights(w + i), L::xs(x + i), a0);
+  float tail = 0;
+  for (; i < n; ++i) tail += load(w[i]) * load(x[i]);
+  return L::sum(L::add(L::add(a0, a1), L::add(a2, a3))) + tail;
+}
+
 template <typename W>
 float dot_simd(const W* w, const float* x, int64_t n) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-  int64_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    a0 = _mm256_fmadd_ps(load8(w + i), _mm256_loadu_ps(x + i), a0);
-    a1 = _mm256_fmadd_ps(load8(w + i + 8), _mm256_loadu_ps(x + i + 8), a1);
-    a2 = _mm256_fmadd_ps(load8(w + i + 16), _mm256_loadu_ps(x + i + 16), a2);
-    a3 = _mm256_fmadd_ps(load8(w + i + 24), _mm256_loadu_ps(x + i + 24), a3);
-  }
-  for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(load8(w + i), _mm256_loadu_ps(x + i), a0);
-  float tail = 0;
-  for (; i < n; ++i) tail += load(w[i]) * x[i];
-  return hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3))) + tail;
+  return dot_lanes<SimdLanes>(w, x, n);
 }
-#endif  // MEGATON_GEMV_AVX512
 #endif
 
 #ifdef MEGATON_GEMV_BF16_PAIRS
@@ -141,21 +164,17 @@ float dot_simd(const W* w, const float* x, int64_t n) {
 // lane, one rounding after each (bf16 products are exact in fp32), as two FMAs on the widened
 // values would; only bf16 subnormals (below 1e-38) are read as zero. No widening instructions at
 // all: the loop is a stream of loads and dot products.
-inline float dot_bf16_pairs(const BFloat16* w, const BFloat16* x, int64_t n) {
-  const auto pairs = [](const BFloat16* p) { return reinterpret_cast<__m512bh>(_mm512_loadu_si512(p)); };
-  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-  int64_t i = 0;
-  for (; i + 128 <= n; i += 128) {
-    a0 = _mm512_dpbf16_ps(a0, pairs(w + i), pairs(x + i));
-    a1 = _mm512_dpbf16_ps(a1, pairs(w + i + 32), pairs(x + i + 32));
-    a2 = _mm512_dpbf16_ps(a2, pairs(w + i + 64), pairs(x + i + 64));
-    a3 = _mm512_dpbf16_ps(a3, pairs(w + i + 96), pairs(x + i + 96));
-  }
-  for (; i + 32 <= n; i += 32) a0 = _mm512_dpbf16_ps(a0, pairs(w + i), pairs(x + i));
-  float tail = 0;
-  for (; i < n; ++i) tail += load(w[i]) * load(x[i]);
-  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3))) + tail;
-}
+struct Bf16Pairs {
+  using V = __m512;
+  static constexpr int64_t kWeights = 32;
+  static V zero() { return _mm512_setzero_ps(); }
+  static __m512bh weights(const BFloat16* p) { return reinterpret_cast<__m512bh>(_mm512_loadu_si512(p)); }
+  static __m512bh xs(const BFloat16* p) { return weights(p); }
+  static V fma(__m512bh w, __m512bh x, V acc) { return _mm512_dpbf16_ps(acc, w, x); }
+  static V add(V a, V b) { return _mm512_add_ps(a, b); }
+  static float sum(V v) { return _mm512_reduce_add_ps(v); }
+};
+inline float dot_bf16_pairs(const BFloat16* w, const BFloat16* x, int64_t n) { return dot_lanes<Bf16Pairs>(w, x, n); }
 
 // bf16 weights and a bf16 x: only the pair path has this overload (gemv.cpp reaches it only there).
 inline float dot(const BFloat16* w, const BFloat16* x, int64_t n, bool /*simd*/) { return dot_bf16_pairs(w, x, n); }
