@@ -47,7 +47,8 @@ const std::vector<std::pair<int64_t, int64_t>> kShapes = {{1, 1},   {7, 1},    {
 template <typename T, typename W, typename B>
 void expect_matches_double(GemvPath path) {
   for (auto [in, out] : kShapes) {
-    const auto x = random_as<T>(in, 1), bias = random_as<B>(out, 3);
+    const auto x = random_as<T>(in, 1);
+    const auto bias = random_as<B>(out, 3);
     const auto w = random_as<W>(in * out, 2);
     std::vector<T> y(out);
     gemv(y.data(), x.data(), w.data(), bias.data(), in, out, path);
