@@ -78,10 +78,10 @@ TEST(Bf16Model, ComputeCopiesFollowTheMainWeightsWhenRefreshed) {
   models::TransformerModel m(megaton::testing::tiny_config("llama-tiny"));
   m.init_weights(5);
   m.set_compute_dtype(DType::BF16);
-  auto [in, tg] = megaton::testing::tiny_batch(2, 32);
+  const auto batch = megaton::testing::tiny_batch(2, 32);  // not a structured binding: clang 14 cannot capture one
   auto loss = [&] {
     models::ModelCtx ctx;
-    return m.forward(ctx, in, tg, false).loss;
+    return m.forward(ctx, batch.first, batch.second, false).loss;
   };
   const double before = loss();
   for (nn::Parameter* p : m.parameters())  // scale every matrix: the loss must move

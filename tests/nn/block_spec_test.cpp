@@ -112,7 +112,8 @@ TEST(BlockSpec, ARegisteredMlpKindTrainsInsideAnUnchangedBlock) {
 
   // The gradient the block routes through the kind's B and W equals the loss's directional
   // derivative (central differences) along it: along g / |g| that derivative is |g|.
-  auto [in, tg] = megaton::testing::tiny_batch(2, 16);
+  const auto batch = megaton::testing::tiny_batch(2, 16);  // named, not bound: clang 14 cannot capture a binding
+  const Tensor &in = batch.first, &tg = batch.second;
   nn::zero_grads(m.parameters());
   models::ModelCtx ctx;
   m.forward(ctx, in, tg, true);

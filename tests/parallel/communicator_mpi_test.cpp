@@ -128,8 +128,9 @@ TEST(MpiCommunicator, Bf16SumsInF32) {
 TEST(MpiCommunicator, ReduceScatter) {
   const int n = W().size(), me = W().rank();
   const int64_t block = 5;
-  for (auto [dt, op] : {std::pair{DType::F32, ReduceOp::Sum}, std::pair{DType::BF16, ReduceOp::Sum},
-                        std::pair{DType::I64, ReduceOp::Max}, std::pair{DType::F64, ReduceOp::Min}}) {
+  for (const auto& [dt, bound_op] : {std::pair{DType::F32, ReduceOp::Sum}, std::pair{DType::BF16, ReduceOp::Sum},
+                                    std::pair{DType::I64, ReduceOp::Max}, std::pair{DType::F64, ReduceOp::Min}}) {
+    const ReduceOp op = bound_op;  // a variable the lambdas below can capture (clang 14 cannot capture a binding)
     Tensor in = filled(
         dt, block * n, [&](int64_t i) { return value(me, i); }, "in");
     Tensor out = Tensor::zeros({block}, dt, MemCategory::Other, "out");
