@@ -43,11 +43,18 @@ inline T exp_saturating(T x) {
   constexpr T kRound = T(1.5) * static_cast<T>(Bits{1} << kMantissaBits);
 
   x = std::min(std::max(x, kLow), kHigh);
-  const T n = (x * std::numbers::log2e_v<T> + kRound) - kRound;
+  const T shifted = x * std::numbers::log2e_v<T> + kRound;  // n sits in its low mantissa bits
+  const T n = shifted - kRound;
   const T r = (x - n * Ln2Split<T>::hi) - n * Ln2Split<T>::lo;
   T p = T(1);  // Horner form of the Taylor series: 1 + r (1 + r/2 (1 + r/3 (...)))
   for (int k = kTerms; k >= 1; --k) p = T(1) + p * r * (T(1) / static_cast<T>(k));
-  const Bits two_to_n = (static_cast<Bits>(n) + kExponentBias) << kMantissaBits;
+  // 2^n from the integer in shifted's bits rather than a float -> int conversion of n: the same
+  // value for every finite x, and a NaN x (whose p is NaN, so the result is) converts nothing, which
+  // would be undefined behaviour (UBSan's finding).
+  // Unsigned, so that the NaN case's arbitrary bits wrap instead of overflowing.
+  using UBits = std::make_unsigned_t<Bits>;
+  const UBits n_bits = std::bit_cast<UBits>(shifted) - std::bit_cast<UBits>(kRound);
+  const UBits two_to_n = (n_bits + static_cast<UBits>(kExponentBias)) << kMantissaBits;
   return p * std::bit_cast<T>(two_to_n);
 }
 
