@@ -177,7 +177,8 @@ void add_bench_command(CLI::App& app) {
       print_gemm_shapes(models::preset(preset), batch * seq_len, steps, json, device, dtype);
       return;
     }
-    BenchResult r = run_bench(preset, batch, seq_len, steps, precision_from_name(precision));
+    const Precision parsed = precision_from_name(precision);
+    BenchResult r = run_bench(preset, batch, seq_len, steps, parsed);
     nlohmann::json peak_mb;
     for (size_t c = 0; c < kNumMemCategories; ++c)
       peak_mb[std::string(mem_category_name(static_cast<MemCategory>(c)))] = static_cast<double>(r.memory.peak[c]) / 1e6;
@@ -198,8 +199,8 @@ void add_bench_command(CLI::App& app) {
                                          {"sgemm_fraction", r.gflops / r.sgemm_gflops},
                                          {"gemm_ceiling_gflops", r.gemm_ceiling_gflops},
                                          {"ceiling_fraction", r.gflops / r.gemm_ceiling_gflops},
-                                         {"gemm_library", kernels::cpu::gemm_library_name(kernels::cpu::gemm_library(
-                                                              precision_from_name(precision).compute))},
+                                         {"gemm_library", kernels::cpu::gemm_library_name(
+                                                              kernels::cpu::gemm_library(parsed.compute))},
                                          {"phase_s", phases},
                                          {"peak_memory_mb", peak_mb}}
                               .dump()

@@ -78,7 +78,6 @@ double gemm_ceiling_gflops(Device device, DType dtype) {
   return best;
 }
 
-
 void print_gemm_shapes(const models::TransformerConfig& cfg, int64_t tokens, int repeats, bool json, Device device,
                        DType dtype) {
   const double ceiling = gemm_ceiling_gflops(device, dtype);

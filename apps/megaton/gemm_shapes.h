@@ -12,12 +12,12 @@
 
 namespace megaton::app {
 
-// Prints one line per (linear, pass) or, with json, one JSON object per line. f32 or bf16 against
-// the measured square GEMM rate of the same dtype (on the cpu in f32: the sgemm rate).
 // The machine's measured matrix rate in `dtype` (GFLOP/s): on the cpu in f32 the sgemm ceiling, else
 // the best of ten square GEMMs through the model's own linear kernel (1536^3 on the cpu, 8192^3 on CUDA).
 double gemm_ceiling_gflops(Device device, DType dtype);
 
+// Prints one line per (linear, pass) or, with json, one JSON object per line. f32 or bf16 against
+// the measured square GEMM rate of the same dtype (on the cpu in f32: the sgemm rate).
 void print_gemm_shapes(const models::TransformerConfig& cfg, int64_t tokens, int repeats, bool json, Device device,
                        DType dtype);
 

@@ -23,7 +23,7 @@ void convert_elements(void* dst, const void* src, int64_t n, F convert) {
 }
 
 // The conversions a mixed-precision step makes every step (compute copies of every weight after the
-// optimizer, bf16 / fp16 logits upcast for the loss and back): elementwise, so split over threads
+// optimizer, attention's qkv widened to f32 and its output rounded back): elementwise, so split over threads
 // with the same result for any thread count, and written for the compiler to vectorise. Bitwise what
 // float_to_bf16 / float_to_f16 and their inverses give. False for the pairs it does not handle.
 bool convert_float_pair(void* dst, DType to, const void* src, DType from, int64_t n) {

@@ -1,7 +1,5 @@
 #include "megaton/kernels/copy.h"
 
-#include <algorithm>
-
 #include "megaton/kernels/cpu/copy.h"
 #include "megaton/kernels/cpu/element.h"
 #ifdef MEGATON_WITH_CUDA
@@ -48,11 +46,8 @@ void fill_columns(const ExecContext& ctx, const Tensor& t, int64_t from, double 
     fail("kernel ", op, ": columns from ", from, " of tensor '", t.name(), "' of shape ", shape_str(t.shape()),
          " (expected a matrix with at least that many columns)");
   if (ctx.device.is_cuda()) fail_no_backend(ctx, op);
-  const int64_t rows = t.size(0), cols = t.size(1);
   dispatch_cpu_io(t.dtype(), op, [&]<typename T>(T) {
-    const T v = cpu::store<T>(static_cast<cpu::compute_t<T>>(value));
-    T* d = t.data<T>();
-    for (int64_t r = 0; r < rows; ++r) std::fill(d + r * cols + from, d + (r + 1) * cols, v);
+    cpu::fill_columns(t.data<T>(), t.size(0), t.size(1), from, cpu::store<T>(static_cast<cpu::compute_t<T>>(value)));
   });
 }
 

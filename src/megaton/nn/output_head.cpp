@@ -49,11 +49,11 @@ int64_t count_targets(const Tensor& targets) {
 }
 
 LossSum OutputHead::run(const Tensor& x_in, const Tensor& targets, float grad_scale, Tensor* dx, HeadCtx* deferred) {
+  if (weight().quantized) fail("loss: the output head's weight is quantised for inference (logits only)");
   // Sequence parallelism: the loss needs every row (the targets are the whole micro-batch's).
   const Tensor x = tp_.splits_sequence() ? parallel::gather_rows(*tp_.group, x_in, "output_layer.x") : x_in;
   const int64_t N = rows_of(x);
   const auto on = kernels::ExecContext::on(x);
-  if (weight().quantized) fail("loss: the output head's weight is quantised for inference (logits only)");
   if (targets.numel() != N) fail("loss: ", targets.numel(), " targets for ", N, " rows of '", x.name(), "'");
   const int64_t bad = kernels::first_out_of_range(on, targets, vocab_, kernels::kIgnoreIndex);
   if (bad >= 0)

@@ -1,8 +1,8 @@
 #include "megaton/kernels/cpu/copy.h"
 
-#include "megaton/core/dtype.h"
-
 #include <algorithm>
+
+#include "megaton/core/dtype.h"
 
 namespace megaton::kernels::cpu {
 
@@ -17,6 +17,11 @@ void copy_rows(T* dst, int64_t dst_R, int64_t dst_C, int64_t dst_row, int64_t ds
     }
 }
 
+template <typename T>
+void fill_columns(T* t, int64_t rows, int64_t cols, int64_t from, T value) {
+  for (int64_t r = 0; r < rows; ++r) std::fill(t + r * cols + from, t + (r + 1) * cols, value);
+}
+
 template void copy_rows<float>(float*, int64_t, int64_t, int64_t, int64_t, const float*, int64_t, int64_t, int64_t,
                                int64_t, int64_t, int64_t, int64_t);
 template void copy_rows<double>(double*, int64_t, int64_t, int64_t, int64_t, const double*, int64_t, int64_t, int64_t,
@@ -25,5 +30,10 @@ template void copy_rows<BFloat16>(BFloat16*, int64_t, int64_t, int64_t, int64_t,
                                 int64_t, int64_t, int64_t, int64_t);
 template void copy_rows<Float16>(Float16*, int64_t, int64_t, int64_t, int64_t, const Float16*, int64_t, int64_t, int64_t,
                                 int64_t, int64_t, int64_t, int64_t);
+
+template void fill_columns<float>(float*, int64_t, int64_t, int64_t, float);
+template void fill_columns<double>(double*, int64_t, int64_t, int64_t, double);
+template void fill_columns<BFloat16>(BFloat16*, int64_t, int64_t, int64_t, BFloat16);
+template void fill_columns<Float16>(Float16*, int64_t, int64_t, int64_t, Float16);
 
 }  // namespace megaton::kernels::cpu

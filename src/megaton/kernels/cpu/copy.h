@@ -10,4 +10,8 @@ template <typename T>
 void copy_rows(T* dst, int64_t dst_R, int64_t dst_C, int64_t dst_row, int64_t dst_col, const T* src, int64_t src_R,
                int64_t src_C, int64_t src_row, int64_t src_col, int64_t B, int64_t rows, int64_t cols);
 
+// For r < rows, c in [from, cols): t[r, c] = value, with t [rows, cols] row-major.
+template <typename T>
+void fill_columns(T* t, int64_t rows, int64_t cols, int64_t from, T value);
+
 }  // namespace megaton::kernels::cpu

@@ -50,8 +50,7 @@ inline T exp_saturating(T x) {
   for (int k = kTerms; k >= 1; --k) p = T(1) + p * r * (T(1) / static_cast<T>(k));
   // 2^n from the integer in shifted's bits rather than a float -> int conversion of n: the same
   // value for every finite x, and a NaN x (whose p is NaN, so the result is) converts nothing, which
-  // would be undefined behaviour (UBSan's finding).
-  // Unsigned, so that the NaN case's arbitrary bits wrap instead of overflowing.
+  // would be undefined behaviour (UBSan's finding). Unsigned, so a NaN's arbitrary bits wrap.
   using UBits = std::make_unsigned_t<Bits>;
   const UBits n_bits = std::bit_cast<UBits>(shifted) - std::bit_cast<UBits>(kRound);
   const UBits two_to_n = (n_bits + static_cast<UBits>(kExponentBias)) << kMantissaBits;
