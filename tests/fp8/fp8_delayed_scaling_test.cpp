@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <limits>
+#include <vector>
 
 
 namespace megaton::fp8 {
@@ -15,7 +16,7 @@ constexpr float kInf = std::numeric_limits<float>::infinity();
 
 TEST(Fp8DelayedScaling, ScaleFromTheHistoryThenRoll) {
   DelayedScaling s(Format::E4M3, {.margin = 0, .history_len = 3, .algo = AmaxAlgo::Max});
-  EXPECT_EQ(s.scale(), 1.0f);
+  EXPECT_FALSE(s.scale());  // none before an amax has been seen (the linear calibrates)
   s.record(2.0f);
   s.record(4.0f);  // several quantisations in a step: the step's max
   s.update();
@@ -59,6 +60,29 @@ TEST(Fp8DelayedScaling, KeepsThePreviousScaleOnZeroInfOrNaN) {
   s.set_newest_amax(14.0f);  // what the group's max-reduction writes back
   s.update();
   EXPECT_EQ(s.scale(), 32.0f);
+}
+
+// Before a valid amax there is no scale, however many steps pass (a linear that has seen only
+// zeros keeps calibrating); a checkpoint taken then says so and loads as such.
+TEST(Fp8DelayedScaling, NoScaleUntilAValidAmax) {
+  const DelayedScalingConfig c{.margin = 0, .history_len = 2, .algo = AmaxAlgo::MostRecent};
+  DelayedScaling s(Format::E5M2, c);
+  for (float bad : {0.0f, kInf, kNaN}) {
+    s.record(bad);
+    s.update();
+    EXPECT_FALSE(s.scale()) << bad;
+  }
+  DelayedScaling restored(Format::E5M2, c);
+  restored.load_state(s.state());
+  EXPECT_FALSE(restored.scale());
+  s.record(57344.0f / 8);
+  s.update();
+  EXPECT_EQ(s.scale(), 8.0f);
+  restored.load_state(s.state());
+  EXPECT_EQ(restored.scale(), 8.0f);
+  std::vector<float> negative = s.state();
+  negative[0] = -1.0f;
+  EXPECT_THROW(restored.load_state(negative), std::exception);
 }
 
 TEST(Fp8DelayedScaling, StateRoundTripsBitwise) {

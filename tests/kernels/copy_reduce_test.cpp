@@ -1,7 +1,9 @@
 // Strided block copies and whole-tensor reductions against loops written out here.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <numeric>
 
 #include "../support/temp_dir.h"
@@ -87,4 +89,30 @@ TEST(Reduce, CountsAndFindsTheFirstIdOutOfRange) {
   many[170000] = -2;
   EXPECT_EQ(kernels::first_out_of_range(cpu, ids(many), 5), 150001);
   EXPECT_EQ(kernels::count_not_equal(cpu, ids(many), 1), 2);
+}
+
+// FP8 delayed scaling's calibration amax: the largest magnitude, in every dtype the linears read,
+// wherever it sits among several chunks and threads; a NaN anywhere is reported, never dropped.
+TEST(Reduce, AbsMaxFindsTheLargestMagnitudeAndReportsNaN) {
+  std::vector<float> v = fd::random_vector<float>(200003, 5, -1.0, 1.0);
+  v[170001] = -3.5f;  // in a later chunk, negative
+  for (DType dtype : {DType::F32, DType::F64, DType::BF16, DType::F16}) {
+    Tensor f = Tensor::empty({static_cast<int64_t>(v.size())}, DType::F32, MemCategory::Other, "x");
+    std::copy(v.begin(), v.end(), f.data<float>());
+    Tensor x = f.to(dtype);
+    float one = 0, two = 0;
+    fd::with_threads(1, [&] { one = kernels::abs_max(cpu, x); });
+    fd::with_threads(2, [&] { two = kernels::abs_max(cpu, x); });
+    EXPECT_EQ(one, 3.5f) << dtype_name(dtype);
+    EXPECT_EQ(two, 3.5f) << dtype_name(dtype);
+    EXPECT_EQ(kernels::abs_max(cpu, x.slice_rows(5, 5)), 0.0f);
+  }
+  for (size_t at : {size_t{0}, size_t{100000}, v.size() - 1}) {
+    std::vector<float> w = v;
+    w[at] = std::numeric_limits<float>::quiet_NaN();
+    Tensor x = Tensor::empty({static_cast<int64_t>(w.size())}, DType::F32, MemCategory::Other, "x");
+    std::copy(w.begin(), w.end(), x.data<float>());
+    fd::with_threads(2, [&] { EXPECT_TRUE(std::isnan(kernels::abs_max(cpu, x))) << at; });
+  }
+  EXPECT_THROW(kernels::abs_max(cpu, ids({1, 2})), Error);
 }

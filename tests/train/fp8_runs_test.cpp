@@ -4,12 +4,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 
 #include "tiny_run.h"
 
 using megaton::testing::Metrics;
 using megaton::testing::TinyRunDir;
 using megaton::testing::CommandResult;
+using megaton::Tensor;
 
 TEST(Fp8Runs, EveryRecipeTrainsCloseToFp32) {
   for (const std::string preset : {"gpt-tiny", "llama-tiny"}) {
@@ -26,6 +28,37 @@ TEST(Fp8Runs, EveryRecipeTrainsCloseToFp32) {
       // 60 steps of a tiny model: FP8 rounding moves the validation loss by a few percent at most.
       EXPECT_NEAR(fp8.final_val_loss, f32.final_val_loss, 0.03 * f32.final_val_loss) << recipe;
       EXPECT_NE(fp8.final_val_loss, f32.final_val_loss) << recipe << " did not run in FP8";
+    }
+  }
+}
+
+// Delayed scaling has no scales before its first amaxes, so its first step calibrates: the linears
+// run in the compute precision (fp32, or bf16 as Megatron's FP8 runs do) and record amaxes, so that
+// step is bit for bit the run without FP8; the second quantises. (Planted: quantising at scale 1 in
+// step 1, as TransformerEngine starts, makes step 1 differ.)
+TEST(Fp8Runs, DelayedScalingCalibratesInItsFirstStep) {
+  TinyRunDir run("gpt-tiny");
+  const std::string fp8 = "--set precision.fp8=hybrid --set precision.fp8_recipe=delayed ";
+  for (const std::string compute : {"f32", "bf16"}) {
+    for (int steps : {1, 2}) {
+      const std::string n = compute + "_" + std::to_string(steps);
+      SCOPED_TRACE(n);
+      const std::string args = "--set training.train_iters=" + std::to_string(steps) +
+                               " --set optimizer.lr_warmup_iters=0 --set optimizer.lr_decay_iters=10 --set "
+                               "logging.save_interval=0 " + (compute == "bf16" ? "--set precision.bf16=true " : "");
+      const Metrics a = run.train_ok("plain_" + n, args), b = run.train_ok("fp8_" + n, args + fp8);
+      ASSERT_FALSE(a.losses.empty());
+      ASSERT_EQ(a.losses.size(), b.losses.size());
+      EXPECT_EQ(a.losses.begin()->second, b.losses.begin()->second);  // step 1's loss, unquantised in both
+      const auto wa = megaton::testing::final_weights(run.run_dir("plain_" + n));
+      const auto wb = megaton::testing::final_weights(run.run_dir("fp8_" + n));
+      if (steps == 1) {
+        megaton::testing::expect_bitwise_equal(wa, wb);
+      } else {
+        size_t differ = 0;
+        for (const auto& [name, t] : wa) differ += std::memcmp(t.raw(), wb.at(name).raw(), t.nbytes()) != 0;
+        EXPECT_GT(differ, 0u) << "step 2 did not quantise";
+      }
     }
   }
 }

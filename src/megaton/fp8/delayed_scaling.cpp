@@ -38,7 +38,7 @@ void DelayedScaling::update() {
 }
 
 std::vector<float> DelayedScaling::state() const {
-  std::vector<float> s{scale_};
+  std::vector<float> s{scale_.value_or(0.0f)};
   for (size_t i = 1; i <= history_.size(); ++i) s.push_back(history_[(head_ + i) % history_.size()]);
   return s;
 }
@@ -47,8 +47,8 @@ void DelayedScaling::load_state(const std::vector<float>& state) {
   if (state.size() != history_.size() + 1)
     fail("FP8 delayed-scaling state has ", state.size() - (state.empty() ? 0 : 1), " amax history entries, the run uses ",
          history_.size(), " (fp8_amax_history_len)");
-  if (!(std::isfinite(state[0]) && state[0] > 0.0f)) fail("FP8 delayed-scaling state holds an invalid scale ", state[0]);
-  scale_ = state[0];
+  if (!(std::isfinite(state[0]) && state[0] >= 0.0f)) fail("FP8 delayed-scaling state holds an invalid scale ", state[0]);
+  scale_ = state[0] > 0.0f ? std::optional<float>(state[0]) : std::nullopt;
   std::copy(state.begin() + 1, state.end(), history_.begin());
   head_ = history_.size() - 1;
 }

@@ -8,9 +8,15 @@
 //   3. update(): amax = max over the history ("max") or the newest slot ("most_recent");
 //      scale = (fp8_max / amax) / 2^margin, the previous scale kept when amax is 0, inf or NaN;
 //      then the history rolls by one and the new newest slot starts at 0.
+// Until an update has seen a valid amax there is no scale (TransformerEngine starts every scale at
+// 1 instead): the linear calibrates, running its GEMMs in the compute precision while recording
+// amaxes (LinearQuantizer::calibrating). A scale of 1 would flush most E5M2 gradients of a freshly
+// initialised model (|g| ~ 1e-5, below E5M2's smallest normal 6.1e-5) to zero in step 1, and that
+// first step's near-empty Adam moments cost several percent of validation loss on short runs.
 // Megatron's names: fp8_margin, fp8_amax_history_len, fp8_amax_compute_algo.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string_view>
 #include <vector>
 
@@ -33,8 +39,8 @@ class DelayedScaling {
   DelayedScaling(Format format, DelayedScalingConfig config);
 
   Format format() const { return format_; }
-  float scale() const { return scale_; }
-  float scale_inv() const { return 1.0f / scale_; }
+  // None until an update has seen a valid amax.
+  std::optional<float> scale() const { return scale_; }
   // Step 1: fold an observed amax into the newest slot (NaN sticks until update() sees it).
   void record(float amax);
   float newest_amax() const { return history_[head_]; }
@@ -43,8 +49,8 @@ class DelayedScaling {
   // Step 3.
   void update();
 
-  // The whole state (scale, then the history oldest to newest) for checkpoints; load restores it
-  // bitwise and checks the history length.
+  // The whole state (scale, 0 for none yet, then the history oldest to newest) for checkpoints;
+  // load restores it bitwise and checks the history length.
   std::vector<float> state() const;
   void load_state(const std::vector<float>& state);
 
@@ -53,7 +59,7 @@ class DelayedScaling {
   DelayedScalingConfig config_;
   std::vector<float> history_;  // a ring; head_ is the newest slot
   size_t head_ = 0;
-  float scale_ = 1.0f;
+  std::optional<float> scale_;
 };
 
 }  // namespace megaton::fp8

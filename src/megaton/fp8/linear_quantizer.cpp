@@ -1,5 +1,7 @@
 #include "megaton/fp8/linear_quantizer.h"
 
+#include "megaton/kernels/reduce.h"
+
 namespace megaton::fp8 {
 
 namespace {
@@ -24,7 +26,10 @@ kernels::Fp8Matrix LinearQuantizer::quantize(Role& role, const Tensor& t, bool t
                                 .pow2_scales = config_.pow2_scales,
                                 .transpose = transpose,
                                 .category = cat};
-  if (role.delayed) o.scale = role.delayed->scale();
+  if (role.delayed) {
+    if (!role.delayed->scale()) fail(name, ": delayed FP8 scaling has no scale yet; the linear must calibrate first");
+    o.scale = *role.delayed->scale();
+  }
   kernels::Fp8Matrix q = kernels::fp8_quantize(t, o, name);
   if (role.delayed) role.delayed->record(q.amax);
   return q;
@@ -65,6 +70,16 @@ kernels::Fp8Matrix LinearQuantizer::grad_output(const Tensor& dy) {
 
 kernels::Fp8Matrix LinearQuantizer::grad_output_transposed(const Tensor& dy) {
   return quantize(grad_, dy, true, grad_.name + "_t", MemCategory::Activations);
+}
+
+bool LinearQuantizer::calibrating() const {
+  for (const Role* r : {&input_, &weight_, &grad_})
+    if (r->delayed && !r->delayed->scale()) return true;
+  return false;
+}
+
+void LinearQuantizer::observe(Role& role, const Tensor& t) {
+  role.delayed->record(kernels::abs_max(kernels::ExecContext::on(t), t));
 }
 
 void LinearQuantizer::next_step() {

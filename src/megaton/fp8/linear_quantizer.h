@@ -8,7 +8,8 @@
 // The weight's two layouts are made once per weight version (nn::Parameter::version, bumped when the
 // main weight may have changed) and reused by every micro-batch in between. Under delayed scaling
 // every quantisation records its amax into its tensor's history and uses the scale of earlier
-// steps; next_step() rolls the histories once per training step.
+// steps; next_step() rolls the histories once per training step. Until every role has a scale the
+// linear calibrates: it runs its GEMMs unquantised and only records amaxes (observe_*).
 #pragma once
 #include <optional>
 #include <string>
@@ -33,6 +34,14 @@ class LinearQuantizer {
   kernels::Fp8Matrix grad_output(const Tensor& dy);              // dgrad operand
   kernels::Fp8Matrix grad_output_transposed(const Tensor& dy);   // wgrad operand
 
+  // Delayed scaling before its first scales (delayed_scaling.h): the linear's GEMMs run in the
+  // compute precision and report their operands here. Changes only in next_step(), so a
+  // micro-batch's forward and backward agree.
+  bool calibrating() const;
+  void observe_input(const Tensor& x) { observe(input_, x); }
+  void observe_weight(const Tensor& w) { observe(weight_, w); }
+  void observe_grad_output(const Tensor& dy) { observe(grad_, dy); }
+
   // Once per training step, before its first forward: delayed scales updated from the (already
   // group-reduced) histories, which then roll.
   void next_step();
@@ -51,6 +60,7 @@ class LinearQuantizer {
     std::optional<DelayedScaling> delayed;
   };
   kernels::Fp8Matrix quantize(Role& role, const Tensor& t, bool transpose, const std::string& name, MemCategory cat);
+  static void observe(Role& role, const Tensor& t);
 
   Fp8Config config_;
   Role input_, weight_, grad_;

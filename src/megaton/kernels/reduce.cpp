@@ -21,6 +21,15 @@ double sum(const ExecContext& ctx, const Tensor& x) {
   return s;
 }
 
+float abs_max(const ExecContext& ctx, const Tensor& x) {
+  constexpr std::string_view op = "abs_max";
+  expect_on_device(ctx, op, {&x});
+  if (ctx.device.is_cuda()) fail_no_backend(ctx, op);
+  float m = 0;
+  dispatch_cpu_io(x.dtype(), op, [&]<typename T>(T) { m = cpu::abs_max(x.data<T>(), x.numel()); });
+  return m;
+}
+
 int64_t count_not_equal(const ExecContext& ctx, const Tensor& ids, int32_t value) {
   constexpr std::string_view op = "count_not_equal";
   expect_on_device(ctx, op, {&ids});

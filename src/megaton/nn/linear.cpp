@@ -50,11 +50,15 @@ Tensor Linear::forward(LinearCtx& ctx, const Tensor& x) {
   const auto exec = kernels::ExecContext::on(xin);
   if (weight.quantized) {
     kernels::quantized_linear_forward(exec, y, xin, *weight.quantized, b);  // inference: no ctx.x kept
-  } else if (fp8_) {
+  } else if (fp8_ && !fp8_->calibrating()) {
     fp8::LinearQuantizer::Input in = fp8_->input(xin.view({N, in_}));
     kernels::fp8_gemm(exec, y, in.fprop, fp8_->weight(weight.value, weight.version), false, b);
     ctx.x_fp8 = std::move(in.wgrad);  // backward-W reads the 8-bit x^T; the input itself is not kept
   } else {
+    if (fp8_) {
+      fp8_->observe_input(xin);
+      fp8_->observe_weight(weight.value);
+    }
     kernels::linear_forward(exec, y, xin, weight.weight_in(x.dtype()), b);
     ctx.x = xin;
   }
@@ -72,10 +76,12 @@ Tensor Linear::backward_input(LinearCtx& ctx, const Tensor& dy) {
   const int64_t N = rows_of(dyin);
   Tensor dx = new_activation({N, in_}, weight.name + ".dx", dy.dtype());
   const auto exec = kernels::ExecContext::on(dyin);
-  if (fp8_)
+  if (fp8_ && !fp8_->calibrating()) {
     kernels::fp8_gemm(exec, dx, fp8_->grad_output(dyin.view({N, out_})), fp8_->weight_transposed(weight.value, weight.version));
-  else
+  } else {
+    if (fp8_) fp8_->observe_grad_output(dyin);
     kernels::linear_backward_input(exec, dx, dyin, weight.weight_in(dy.dtype()));
+  }
   ctx.dy = dyin;
   if (!column || !tp_.active()) return dx;
   if (tp_.sequence_parallel) return parallel::reduce_scatter_rows(*tp_.group, dx, weight.name + ".dx");

@@ -1,7 +1,11 @@
 #include "megaton/kernels/cpu/reduce.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <vector>
+
+#include "megaton/kernels/cpu/element.h"
 
 namespace megaton::kernels::cpu {
 
@@ -24,6 +28,21 @@ double sum(const T* x, int64_t n) {
   return total;
 }
 
+template <typename T>
+float abs_max(const T* x, int64_t n) {
+  float m = 0;
+  bool nan = false;
+  // max is exact and order-free, so the OpenMP reduction gives the same value for any thread
+  // count; a NaN is tracked apart because std::max would drop it depending on its position.
+#pragma omp parallel for reduction(max : m) reduction(|| : nan) schedule(static) if (n >= 4 * kChunk)
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = std::fabs(static_cast<float>(load(x[i])));
+    nan = nan || std::isnan(v);
+    m = std::max(m, v);
+  }
+  return nan ? std::numeric_limits<float>::quiet_NaN() : m;
+}
+
 int64_t count_not_equal(const int32_t* ids, int64_t n, int32_t value) {
   int64_t count = 0;
 #pragma omp parallel for reduction(+ : count) schedule(static) if (n >= 4 * kChunk)
@@ -41,5 +60,9 @@ int64_t first_out_of_range(const int32_t* ids, int64_t n, int64_t limit, const i
 
 template double sum<float>(const float*, int64_t);
 template double sum<double>(const double*, int64_t);
+template float abs_max<float>(const float*, int64_t);
+template float abs_max<double>(const double*, int64_t);
+template float abs_max<BFloat16>(const BFloat16*, int64_t);
+template float abs_max<Float16>(const Float16*, int64_t);
 
 }  // namespace megaton::kernels::cpu
