@@ -72,11 +72,13 @@ void unscale_gradients(const nn::ParameterList& params) {
 }
 
 // Full training steps (forward, backward, clip, AdamW) on random tokens; median step time.
-BenchResult run_bench(const std::string& preset, int64_t B, int64_t T, int steps, const Precision& precision) {
+BenchResult run_bench(const std::string& preset, int64_t B, int64_t T, int steps, const Precision& precision,
+                      const nn::RecomputeConfig& recompute) {
   models::TransformerModel model(models::preset(preset));
   model.init_weights(1);
   model.set_compute_dtype(precision.compute);
   if (precision.fp8) model.enable_fp8(*precision.fp8);
+  model.set_recompute(recompute);
   optim::AdamW opt(model.parameters(), {});
   Tensor inputs = Tensor::empty({B, T}, DType::I32, MemCategory::Activations, "inputs");
   Tensor targets = Tensor::empty({B, T}, DType::I32, MemCategory::Activations, "targets");
@@ -141,6 +143,7 @@ void add_bench_command(CLI::App& app) {
   static int steps = 5, threads = 0;
   static bool json = false, gemm_shapes = false, cpu_only = false;
   static std::string device_name = "cpu", dtype_text = "f32", cpu_gemm = "auto", precision = "fp32";
+  static std::string recompute = "none", recompute_modules = "core_attn";
   cmd->add_option("--model", preset, "Model preset")->capture_default_str();
   cmd->add_option("--batch", batch, "Batch size")->capture_default_str()->check(in_range<int64_t>(1, 1 << 20));
   cmd->add_option("--seq-len", seq_len, "Sequence length")->capture_default_str()->check(in_range<int64_t>(1, 1 << 24));
@@ -162,6 +165,14 @@ void add_bench_command(CLI::App& app) {
                   "DeepSeek-V3's 1x128 / 128x128 E4M3; mxfp8: 1x32 blocks with E8M0 scales)")
       ->capture_default_str()
       ->check(CLI::IsMember({"fp32", "bf16", "fp16", "fp8-delayed", "fp8-tensorwise", "fp8-blockwise", "mxfp8"}));
+  cmd->add_option("--recompute", recompute,
+                  "Activation recompute (Megatron's --recompute-granularity): none, full (every layer recomputed "
+                  "on its own: method uniform, 1 layer) or selective (the --recompute-modules)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"none", "full", "selective"}));
+  cmd->add_option("--recompute-modules", recompute_modules,
+                  "With --recompute selective: comma-separated core_attn, mlp")
+      ->capture_default_str();
   cmd->add_flag("--cpu-info", cpu_only, "Only print the CPU line (model, features, threads) every benchmark starts with");
   cmd->callback([] {
     set_num_threads(threads);
@@ -180,7 +191,9 @@ void add_bench_command(CLI::App& app) {
       return;
     }
     const Precision parsed = precision_from_name(precision);
-    BenchResult r = run_bench(preset, batch, seq_len, steps, parsed);
+    const nn::RecomputeConfig rc = nn::recompute_config_from_names(recompute == "none" ? "" : recompute, "uniform", 1,
+                                                                   recompute_modules);
+    BenchResult r = run_bench(preset, batch, seq_len, steps, parsed, rc);
     nlohmann::json peak_mb;
     for (size_t c = 0; c < kNumMemCategories; ++c)
       peak_mb[std::string(mem_category_name(static_cast<MemCategory>(c)))] = static_cast<double>(r.memory.peak[c]) / 1e6;
@@ -190,6 +203,7 @@ void add_bench_command(CLI::App& app) {
     if (json) {
       std::printf("%s\n", nlohmann::json{{"model", preset},
                                          {"precision", precision},
+                                         {"recompute", recompute == "selective" ? "selective:" + recompute_modules : recompute},
                                          {"batch", batch},
                                          {"seq_len", seq_len},
                                          {"threads", num_threads()},

@@ -1,5 +1,7 @@
 #include "megaton/models/model_chunk.h"
 
+#include <algorithm>
+
 namespace megaton::models {
 
 ModelChunk::ModelChunk(nn::Embedding* embedding, Layers layers, nn::Norm* final_norm, nn::OutputHead* head)
@@ -16,8 +18,32 @@ Tensor ModelChunk::forward(ChunkCtx& ctx, const Tensor& input, int64_t B, int64_
     ctx.tokens = input;
     h = embedding_->forward(input, 0, compute_dtype_);
   }
-  for (size_t i = 0; i < layers_.size(); ++i) h = layers_[i]->forward(ctx.blocks[i], h, B, T);
+  if (recompute_.full()) ctx.unit_inputs.assign(layers_.size(), Tensor());
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const auto [first, end] = recompute_unit(i);
+    if (end > first && first == i) ctx.unit_inputs[i] = h;
+    h = layers_[i]->forward(ctx.blocks[i], h, B, T);
+    if (end > first) ctx.blocks[i] = {};  // only the unit's input is kept
+  }
   return is_last() ? final_norm_->forward(ctx.final_norm, h) : h;
+}
+
+std::pair<size_t, size_t> ModelChunk::recompute_unit(size_t i) const {
+  if (!recompute_.full()) return {0, 0};
+  const auto k = static_cast<size_t>(recompute_.num_layers);
+  if (recompute_.method == nn::RecomputeMethod::Block) return i < k ? std::pair{i, i + 1} : std::pair<size_t, size_t>{0, 0};
+  const size_t first = i / k * k;
+  return {first, std::min(first + k, layers_.size())};
+}
+
+void ModelChunk::rebuild_unit(ChunkCtx& ctx, size_t i) {
+  const auto [first, end] = recompute_unit(i);
+  if (end == first || i + 1 != end) return;
+  MEGATON_CHECK(ctx.unit_inputs.size() == layers_.size() && ctx.unit_inputs[first].defined(),
+                "recompute of layers ", first, "..", end - 1, " without their forward's saved input");
+  Tensor h = ctx.unit_inputs[first];
+  ctx.unit_inputs[first] = {};
+  for (size_t j = first; j < end; ++j) h = layers_[j]->forward(ctx.blocks[j], h, ctx.B, ctx.T);
 }
 
 nn::LossSum ModelChunk::loss(ChunkCtx& ctx, const Tensor& output, const Tensor& targets, bool compute_grad,
@@ -40,7 +66,10 @@ Tensor ModelChunk::output_grad(ChunkCtx& ctx, const Tensor& doutput, const char*
 
 Tensor ModelChunk::backward_input(ChunkCtx& ctx, const Tensor& doutput) {
   Tensor d = output_grad(ctx, doutput, "backward_input");
-  for (size_t i = layers_.size(); i-- > 0;) d = layers_[i]->backward_input(ctx.blocks[i], d, ctx.B, ctx.T);
+  for (size_t i = layers_.size(); i-- > 0;) {
+    rebuild_unit(ctx, i);
+    d = layers_[i]->backward_input(ctx.blocks[i], d, ctx.B, ctx.T);
+  }
   ctx.input_grads_done = true;
   if (!is_first()) return d;
   ctx.dembed = d;
@@ -65,6 +94,7 @@ Tensor ModelChunk::backward(ChunkCtx& ctx, const Tensor& doutput) {
   Tensor d = output_grad(ctx, doutput, "backward");
   if (is_last()) last_weight_grads(ctx);
   for (size_t i = layers_.size(); i-- > 0;) {
+    rebuild_unit(ctx, i);
     d = layers_[i]->backward_input(ctx.blocks[i], d, ctx.B, ctx.T);
     layers_[i]->backward_weight(ctx.blocks[i]);
   }

@@ -8,10 +8,12 @@
 #pragma once
 #include <memory>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "megaton/nn/embedding.h"
 #include "megaton/nn/output_head.h"
+#include "megaton/nn/recompute.h"
 #include "megaton/nn/transformer_block.h"
 
 namespace megaton::models {
@@ -20,6 +22,10 @@ struct ChunkCtx {
   int64_t B = 0, T = 0;
   Tensor tokens;  // first chunk: the input ids, which the embedding's W needs
   std::vector<nn::BlockCtx> blocks;
+  // Full recompute: the input of each recomputed unit, at the index of its first layer, kept from F
+  // until the unit's forward runs again right before its B (the units' block contexts are empty
+  // in between).
+  std::vector<Tensor> unit_inputs;
   nn::NormCtx final_norm;  // last chunk
   nn::HeadCtx head;        // last chunk, when the loss deferred the head's weight gradient
   Tensor dloss;            // last chunk: gradient at the final norm's output, from the loss op
@@ -35,6 +41,8 @@ class ModelChunk {
 
   // The dtype the embedding output is converted to and every layer then computes in.
   void set_compute_dtype(DType dtype) { compute_dtype_ = dtype; }
+  // Full recompute's units (nn/recompute.h); selective recompute is the blocks' own.
+  void set_recompute(const nn::RecomputeConfig& config) { recompute_ = config; }
   bool is_first() const { return embedding_ != nullptr; }
   bool is_last() const { return head_ != nullptr; }
   size_t num_layers() const { return layers_.size(); }
@@ -62,12 +70,18 @@ class ModelChunk {
   Tensor output_grad(ChunkCtx& ctx, const Tensor& doutput, const char* op);
   // The last chunk's W after its layers': the head's (when deferred), then the final norm's.
   void last_weight_grads(ChunkCtx& ctx);
+  // The layers [first, end) of the recomputed unit holding layer i, or {0, 0} when i is kept.
+  std::pair<size_t, size_t> recompute_unit(size_t i) const;
+  // Before layer i's B: when i is the last layer of a recomputed unit, runs the unit's forward
+  // again from its saved input, rebuilding its layers' contexts.
+  void rebuild_unit(ChunkCtx& ctx, size_t i);
 
   nn::Embedding* embedding_;
   Layers layers_;
   nn::Norm* final_norm_;
   nn::OutputHead* head_;
   DType compute_dtype_ = DType::F32;
+  nn::RecomputeConfig recompute_;
 };
 
 }  // namespace megaton::models

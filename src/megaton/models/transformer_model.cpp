@@ -198,6 +198,11 @@ void TransformerModel::set_compute_dtype(DType dtype) {
   }
 }
 
+void TransformerModel::set_recompute(const nn::RecomputeConfig& config) {
+  for (ModelChunk& c : chunks_) c.set_recompute(config);
+  for (auto& l : layers_) l->set_recompute(config);
+}
+
 void TransformerModel::quantize_weights(kernels::WeightQuant q) {
   check_whole("TransformerModel::quantize_weights");
   if (tp_.active()) fail("quantised inference weights need the whole model in one process (tensor parallelism is on)");

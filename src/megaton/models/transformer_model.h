@@ -67,6 +67,9 @@ class TransformerModel {
   // and optimizer state. Gives every weight a linear or the head reads a compute copy in `dtype`;
   // f32 drops them.
   void set_compute_dtype(DType dtype);
+  // Activation recompute (nn/recompute.h) for training from now on: full recompute's units in each
+  // model chunk, selective recompute's modules in each block.
+  void set_recompute(const nn::RecomputeConfig& config);
   // Inference with 8-bit weights (kernels/quantized_linear.h): from now on every transformer layer's
   // linears and the output head read int8 / FP8 codes with block scales, and their compute copies
   // are dropped (a tied head's is the embedding's, which stays). The embedding lookup, norms, the MoE

@@ -68,14 +68,24 @@ Tensor SelfAttention::forward(SublayerCtx& c, const Tensor& x, int64_t B, int64_
   // attention): a bf16 qkv is converted, and the output converted back for the projection.
   const Tensor qkv_x = qkv.forward(ctx.qkv_ctx, x);
   const Tensor q32 = rotated_f32(qkv_x, B, T);
+  ctx.out = as_dtype(core_forward(ctx, q32, B, T), x.dtype());
+  ctx.qkv = x.dtype() == DType::F32 ? q32 : qkv_x;
+  Tensor y = proj.forward(ctx.proj_ctx, ctx.out);
+  if (recompute_core_) {  // rebuilt by backward_input; the projection's W gets its input back then
+    ctx.out = {};
+    ctx.lse = {};
+    ctx.proj_ctx.x = {};
+  }
+  return y;
+}
+
+Tensor SelfAttention::core_forward(AttentionCtx& ctx, const Tensor& q32, int64_t B, int64_t T) const {
   Tensor out32 = new_activation({B * T, shape_.q_size()}, qkv.weight.name + ".attn_out");
   ctx.lse = new_activation({B, shape_.heads, T}, qkv.weight.name + ".lse");
   kernels::attention_forward(kernels::ExecContext::on(q32), out32, ctx.lse, q32, {q32, shape_.k_offset()},
                              {q32, shape_.v_offset()}, B, T, shape_.heads, shape_.groups, shape_.head_dim,
                              fused_strides(), fused_strides(), scale_);
-  ctx.out = as_dtype(out32, x.dtype());
-  ctx.qkv = x.dtype() == DType::F32 ? q32 : qkv_x;
-  return proj.forward(ctx.proj_ctx, ctx.out);
+  return out32;
 }
 
 Tensor SelfAttention::rotated_f32(const Tensor& qkv_x, int64_t B, int64_t T) const {
@@ -90,6 +100,10 @@ Tensor SelfAttention::backward_input(SublayerCtx& c, const Tensor& dy, int64_t B
   Tensor dqkv = new_activation({B * T, shape_.qkv_size()}, qkv.weight.name + ".dqkv");
   const int64_t ko = shape_.k_offset(), vo = shape_.v_offset();
   const Tensor q32 = ctx.qkv.dtype() == DType::F32 ? ctx.qkv : rotated_f32(ctx.qkv, B, T);
+  if (!ctx.out.defined()) {  // core_attn recompute: the same kernel on the same q, k, v
+    ctx.out = as_dtype(core_forward(ctx, q32, B, T), dy.dtype());
+    if (!ctx.proj_ctx.x_fp8) ctx.proj_ctx.x = ctx.out;  // what the projection's forward read
+  }
   const Tensor out32 = as_dtype(ctx.out, DType::F32);
   kernels::attention_backward(kernels::ExecContext::on(q32), dqkv, {dqkv, ko}, {dqkv, vo}, dout, out32, ctx.lse, q32,
                               {q32, ko}, {q32, vo}, B, T, shape_.heads, shape_.groups, shape_.head_dim, fused_strides(),

@@ -59,6 +59,7 @@ class SelfAttention final : public AttentionLayer {
   void backward_weight(SublayerCtx& ctx) override;
   Tensor forward_cached(KVCache& cache, const Tensor& x, int64_t B, int64_t T) override;
   KVCache new_cache(int64_t B, int64_t max_len) const override;
+  void set_recompute_core(bool on) override { recompute_core_ = on; }
   void parameters(ParameterList& out) override;
   void gemm_weights(ParameterList& out) override;
   void linears(std::vector<Linear*>& out) override { out.insert(out.end(), {&qkv, &proj}); }
@@ -72,9 +73,12 @@ class SelfAttention final : public AttentionLayer {
   // converted into a new tensor and rotated there.
   Tensor rotated_f32(const Tensor& qkv_x, int64_t B, int64_t T) const;
   kernels::HeadStrides fused_strides() const;  // q, k and v heads in the fused QKV rows
+  // The core: attention of rotated f32 q32 into a new f32 output, the statistics into ctx.lse.
+  Tensor core_forward(AttentionCtx& ctx, const Tensor& q32, int64_t B, int64_t T) const;
   AttentionShape shape_;  // this rank's heads and groups
   const RopeTables* rope_;
   double scale_;
+  bool recompute_core_ = false;
 };
 
 }  // namespace megaton::nn

@@ -58,6 +58,9 @@ class AttentionLayer : public Sublayer {
   virtual KVCache new_cache(int64_t B, int64_t max_len) const = 0;
   // Inference: x holds T new tokens per sequence at positions cache.len ...; appends to the cache.
   virtual Tensor forward_cached(KVCache& cache, const Tensor& x, int64_t B, int64_t T) = 0;
+  // Selective recompute's "core_attn": the core's output and softmax statistics are dropped after
+  // F and computed again from q, k, v before B.
+  virtual void set_recompute_core(bool on) = 0;
 };
 
 using MlpLayer = Sublayer;

@@ -30,11 +30,21 @@ Tensor TransformerBlock::forward(BlockCtx& ctx, const Tensor& x, int64_t B, int6
   ctx.attn = attention->new_ctx();
   ctx.mlp = mlp->new_ctx();
   Tensor h = add_into(attention->forward(*ctx.attn, input_norm.forward(ctx.norm1, x), B, T), x);
-  Tensor m = mlp->forward(*ctx.mlp, pre_mlp_norm.forward(ctx.norm2, h), B, T);
+  const Tensor n2 = pre_mlp_norm.forward(ctx.norm2, h);
+  Tensor m = mlp->forward(*ctx.mlp, n2, B, T);
+  if (recompute_mlp_) {  // rebuilt by backward_input from its input
+    ctx.mlp_input = n2;
+    ctx.mlp.reset();
+  }
   return add_into(m, h);
 }
 
 Tensor TransformerBlock::backward_input(BlockCtx& ctx, const Tensor& dy, int64_t B, int64_t T) {
+  if (ctx.mlp_input.defined()) {
+    ctx.mlp = mlp->new_ctx();
+    (void)mlp->forward(*ctx.mlp, ctx.mlp_input, B, T);
+    ctx.mlp_input = {};
+  }
   // dy flows into both the residual and the MLP branch; dh = dy + dMLP/dh.
   Tensor dh = pre_mlp_norm.backward_input(ctx.norm2, mlp->backward_input(existing(ctx.mlp, "backward_input"), dy, B, T));
   add_into(dh, dy);
@@ -57,6 +67,12 @@ Tensor TransformerBlock::forward_cached(KVCache& cache, const Tensor& x, int64_t
   auto m = mlp->new_ctx();
   Tensor h = add_into(attention->forward_cached(cache, input_norm.forward(n1, x), B, T), x);
   return add_into(mlp->forward(*m, pre_mlp_norm.forward(n2, h), B, T), h);
+}
+
+void TransformerBlock::set_recompute(const RecomputeConfig& config) {
+  const bool selective = config.granularity == RecomputeGranularity::Selective;
+  recompute_mlp_ = selective && config.mlp;
+  attention->set_recompute_core(selective && config.core_attn);
 }
 
 void TransformerBlock::parameters(ParameterList& out) {

@@ -6,6 +6,7 @@
 #include "megaton/nn/block_spec.h"
 #include "megaton/nn/mlp.h"
 #include "megaton/nn/norm.h"
+#include "megaton/nn/recompute.h"
 
 namespace megaton::nn {
 
@@ -14,6 +15,7 @@ namespace megaton::nn {
 struct BlockCtx {
   NormCtx norm1, norm2;
   std::unique_ptr<SublayerCtx> attn, mlp;
+  Tensor mlp_input;  // selective recompute of the MLP: its input, kept instead of its context
 };
 
 class TransformerBlock {
@@ -23,6 +25,9 @@ class TransformerBlock {
   Tensor backward_input(BlockCtx& ctx, const Tensor& dy, int64_t B, int64_t T);
   void backward_weight(BlockCtx& ctx);
   Tensor forward_cached(KVCache& cache, const Tensor& x, int64_t B, int64_t T);
+  // Selective recompute of this block's modules (core_attn, mlp); other granularities leave the
+  // block as it is (full recompute is the model chunk's).
+  void set_recompute(const RecomputeConfig& config);
   void parameters(ParameterList& out);
   void gemm_weights(ParameterList& out);
   void linears(std::vector<Linear*>& out);
@@ -40,6 +45,7 @@ class TransformerBlock {
 
  private:
   std::string name_;
+  bool recompute_mlp_ = false;
 };
 
 }  // namespace megaton::nn

@@ -139,6 +139,10 @@ const std::vector<Field>& fields() {
       field("training.seed", &TC::seed),
       field("training.threads", &TC::threads),
       field("training.exit_interval", &TC::exit_interval),
+      field("training.recompute_granularity", &TC::recompute_granularity),
+      field("training.recompute_method", &TC::recompute_method),
+      field("training.recompute_num_layers", &TC::recompute_num_layers),
+      field("training.recompute_modules", &TC::recompute_modules),
       field("parallel.tensor_model_parallel_size", &TC::tensor_model_parallel_size),
       field("parallel.pipeline_model_parallel_size", &TC::pipeline_model_parallel_size),
       field("parallel.virtual_pipeline_model_parallel_size", &TC::virtual_pipeline_model_parallel_size),
@@ -512,7 +516,13 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   // (a loaded model's layers are counted when it is loaded).
   if (fp8_config(c) && c.load.empty()) fp8_layer_range(c, c.model.num_layers);
   loss_scaler_config(c);
+  recompute_config(c);
   return c;
+}
+
+nn::RecomputeConfig recompute_config(const TrainConfig& c) {
+  return nn::recompute_config_from_names(c.recompute_granularity, c.recompute_method, c.recompute_num_layers,
+                                         c.recompute_modules, "config key training.");
 }
 
 int64_t pipeline_chunks_per_rank(const TrainConfig& c) {

@@ -12,6 +12,7 @@
 #include "megaton/fp8/recipe.h"
 #include "megaton/optim/loss_scaler.h"
 #include "megaton/models/transformer_config.h"
+#include "megaton/nn/recompute.h"
 
 namespace megaton::train {
 
@@ -42,6 +43,13 @@ struct TrainConfig {
   int64_t train_iters = 100;
   int64_t seed = 1234;
   int64_t threads = 0;  // 0: OMP_NUM_THREADS or all cores
+  // Activation recompute (Megatron's --recompute-*, nn/recompute.h): granularity "" (off), "full" or
+  // "selective"; full's method "uniform" | "block" and num_layers; selective's modules, a comma- or
+  // space-separated list of core_attn, mlp.
+  std::string recompute_granularity;
+  std::string recompute_method = "uniform";
+  int64_t recompute_num_layers = 1;
+  std::string recompute_modules = "core_attn";
 
   // [parallel]: Megatron's names. The world is tp x cp x dp x pp processes (rank order tp fastest);
   // dp is derived from the world size. `--set tp=2` (also pp, cp, ep, dp) is short for these keys.
@@ -153,6 +161,8 @@ std::string to_toml(const TrainConfig& c);
 void resolve_parallel_layout(TrainConfig& c, int64_t world_size);
 // The FP8 recipe of [precision] (nullopt when fp8 is off); errors name the key.
 std::optional<fp8::Fp8Config> fp8_config(const TrainConfig& c);
+// The activation recompute of [training]; errors name the key.
+nn::RecomputeConfig recompute_config(const TrainConfig& c);
 // The loss scaling of [precision] fp16 (nullopt without fp16); errors name the key.
 std::optional<optim::LossScalerConfig> loss_scaler_config(const TrainConfig& c);
 // The transformer layers [first, end) whose linears run in FP8 in a model of num_layers: all, or

@@ -85,6 +85,7 @@ Trainer::Trainer(TrainConfig config, RunOptions options)
   }
   if (cfg_.bf16) model_->set_compute_dtype(DType::BF16);
   if (cfg_.fp16) model_->set_compute_dtype(DType::F16);
+  model_->set_recompute(recompute_config(cfg_));
   if (const auto fp8 = fp8_config(cfg_)) {
     const auto [first, end] = fp8_layer_range(cfg_, model_->config().num_layers);
     model_->enable_fp8(*fp8, first, end);
@@ -219,6 +220,7 @@ TrainSummary Trainer::run() {
     if (cfg_.data_parallel_size > 1)
       s += " | data parallel " + std::to_string(cfg_.data_parallel_size) + " ranks" +
            (cfg_.use_distributed_optimizer ? ", distributed optimizer" : "");
+    if (const std::string r = nn::describe(recompute_config(cfg_)); !r.empty()) s += " | activation recompute " + r;
     return s;
   };
   if (primary_)
