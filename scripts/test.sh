@@ -6,6 +6,9 @@
 # Arguments go to the first ctest (e.g. -R regex).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# ccache keys on paths relative to the checkout, so a fresh clone elsewhere (CI's) reuses the cache;
+# the checking build's line tables would otherwise hash the build directory too.
+export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=1
 scripts/setup.sh
 (cd build && ctest --output-on-failure -j"$(nproc)" "$@")
 

@@ -4,6 +4,7 @@
 // activations kept between F and B fall in the expected order (none > selective > full).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 
 #include "../support/temp_dir.h"
@@ -36,6 +37,12 @@ struct Outcome {
 Outcome run(const std::string& preset, const nn::RecomputeConfig& rc, DType dtype, bool split_backward) {
   models::TransformerModel m(three_layers(preset));
   m.init_weights(5);
+  // Norm weights start at one and biases at zero, which would make every norm the same function
+  // and hide a rebuild through the wrong one: give each its own.
+  int64_t k = 0;
+  for (nn::Parameter* p : m.parameters())
+    if (p->name.find("norm") != std::string::npos)
+      for (int64_t i = 0; i < p->value.numel(); ++i) p->value.data<float>()[i] += 0.2f * std::sin(static_cast<float>(++k));
   m.set_compute_dtype(dtype);
   m.set_recompute(rc);
   m.refresh_compute_weights();
@@ -78,7 +85,9 @@ TEST(Recompute, EveryOptionGivesBitwiseTheGradientsOfNone) {
       {"full block 2", named("full", "block", 2)},
       {"selective core_attn", named("selective", "uniform", 1, "core_attn")},
       {"selective mlp", named("selective", "uniform", 1, "mlp")},
-      {"selective both", named("selective", "uniform", 1, "core_attn,mlp")}};
+      {"selective both", named("selective", "uniform", 1, "core_attn,mlp")},
+      {"selective layernorm", named("selective", "uniform", 1, "layernorm")},
+      {"selective all", named("selective", "uniform", 1, "core_attn mlp layernorm")}};
   for (const std::string preset : {"gpt-tiny", "llama-tiny", "mixtral-tiny"})
     for (DType dtype : {DType::F32, DType::BF16})
       for (bool split : {false, true}) {
@@ -102,6 +111,8 @@ TEST(Recompute, KeptActivationsFallFromNoneToSelectiveToFull) {
     const int64_t core = kept_after_forward(preset, named("selective", "uniform", 1, "core_attn"));
     const int64_t mlp = kept_after_forward(preset, named("selective", "uniform", 1, "mlp"));
     const int64_t both = kept_after_forward(preset, named("selective", "uniform", 1, "core_attn,mlp"));
+    const int64_t norms = kept_after_forward(preset, named("selective", "uniform", 1, "layernorm"));
+    const int64_t all = kept_after_forward(preset, named("selective", "uniform", 1, "core_attn,mlp,layernorm"));
     const int64_t block1 = kept_after_forward(preset, named("full", "block", 1));
     const int64_t full1 = kept_after_forward(preset, named("full"));
     const int64_t full3 = kept_after_forward(preset, named("full", "uniform", 3));
@@ -113,6 +124,9 @@ TEST(Recompute, KeptActivationsFallFromNoneToSelectiveToFull) {
     EXPECT_LT(mlp, none) << none << " " << mlp;
     EXPECT_LT(both, core);
     EXPECT_LT(both, mlp);
+    // layernorm drops both norms' outputs; with mlp on, the MLP's saved input is the second one.
+    EXPECT_LE(norms, none - 2 * layers * rows * cfg.hidden_size * 4) << none << " " << norms;
+    EXPECT_LE(all, both - layers * rows * cfg.hidden_size * 4) << both << " " << all;
     EXPECT_LT(block1, none);
     EXPECT_LT(full1, both);
     EXPECT_LT(full1, block1);

@@ -13,7 +13,7 @@ using megaton::testing::TinyRunDir;
 namespace {
 const std::string kShort = "--set training.train_iters=6 --set logging.save_interval=0 --set logging.log_interval=1 ";
 const std::string kFull = "--set training.recompute_granularity=full --set training.recompute_method=uniform ";
-const std::string kSelective = "--set training.recompute_granularity=selective --set training.recompute_modules=core_attn,mlp ";
+const std::string kSelective = "--set training.recompute_granularity=selective --set training.recompute_modules=core_attn,mlp,layernorm ";
 
 // A run that must succeed and print `banner`: its metrics.
 Metrics train_printing(const TinyRunDir& run, const std::string& name, const std::string& args,
@@ -40,7 +40,7 @@ TEST(RecomputeRuns, TrainBitwiseLikeNoRecompute) {
                   train_printing(run, "full", kShort + kFull, "| activation recompute full (uniform, 1 layer per unit)"),
                   "full");
   expect_same_run(run, plain, "plain",
-                  train_printing(run, "selective", kShort + kSelective, "| activation recompute selective (core_attn, mlp)"),
+                  train_printing(run, "selective", kShort + kSelective, "| activation recompute selective (core_attn, mlp, layernorm)"),
                   "selective");
 }
 

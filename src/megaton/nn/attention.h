@@ -60,6 +60,7 @@ class SelfAttention final : public AttentionLayer {
   Tensor forward_cached(KVCache& cache, const Tensor& x, int64_t B, int64_t T) override;
   KVCache new_cache(int64_t B, int64_t max_len) const override;
   void set_recompute_core(bool on) override { recompute_core_ = on; }
+  Tensor* kept_input(SublayerCtx& ctx) override { return &ctx_as<AttentionCtx>(ctx).qkv_ctx.x; }
   void parameters(ParameterList& out) override;
   void gemm_weights(ParameterList& out) override;
   void linears(std::vector<Linear*>& out) override { out.insert(out.end(), {&qkv, &proj}); }

@@ -28,6 +28,7 @@ class Mlp final : public MlpLayer {
   void parameters(ParameterList& out) override;
   void gemm_weights(ParameterList& out) override;
   void linears(std::vector<Linear*>& out) override { out.insert(out.end(), {&fc1, &fc2}); }
+  Tensor* kept_input(SublayerCtx& ctx) override { return &ctx_as<MlpCtx>(ctx).fc1_ctx.x; }
 
   Linear fc1;
   Linear fc2;

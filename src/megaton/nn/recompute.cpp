@@ -17,6 +17,7 @@ std::string describe(const RecomputeConfig& c) {
     case RecomputeGranularity::Selective: {
       std::string modules = c.core_attn ? "core_attn" : "";
       if (c.mlp) modules += modules.empty() ? "mlp" : ", mlp";
+      if (c.layernorm) modules += modules.empty() ? "layernorm" : ", layernorm";
       return "selective (" + modules + ")";
     }
   }
@@ -52,10 +53,13 @@ RecomputeConfig recompute_config_from_names(const std::string& granularity, cons
       c.core_attn = true;
     else if (m == "mlp")
       c.mlp = true;
+    else if (m == "layernorm")
+      c.layernorm = true;
     else
-      fail(key_prefix, "recompute_modules: '", m, "' is not one of core_attn, mlp");
+      fail(key_prefix, "recompute_modules: '", m, "' is not one of core_attn, mlp, layernorm");
   }
-  if (!c.core_attn && !c.mlp) fail(key_prefix, "recompute_modules is empty: selective recompute needs core_attn and/or mlp");
+  if (!c.core_attn && !c.mlp && !c.layernorm)
+    fail(key_prefix, "recompute_modules is empty: selective recompute needs some of core_attn, mlp, layernorm");
   return c;
 }
 

@@ -6,8 +6,11 @@
 //     "block" recomputes the first num_layers layers of each chunk one by one and keeps the rest.
 //   - selective: only the listed modules drop their activations after F and rebuild them from the
 //     inputs they keep anyway (or one saved input) before their B: "core_attn" (the attention
-//     output and its softmax statistics, rebuilt from q, k, v) and "mlp" (the whole dense or MoE
-//     MLP, rebuilt from its input: fc1's output and the activation are not kept).
+//     output and its softmax statistics, rebuilt from q, k, v), "mlp" (the whole dense or MoE
+//     MLP, rebuilt from its input: fc1's output and the activation are not kept) and "layernorm"
+//     (the two norms' outputs, rebuilt from the norms' inputs, which their backward keeps anyway;
+//     only where the next GEMM reads the norm's output itself: not under sequence parallelism,
+//     whose linears keep the gathered rows, nor for FP8 linears or MoE, which keep their own copies).
 // Recomputing runs the same kernels on the same inputs, so gradients are bitwise those of no
 // recompute.
 #pragma once
@@ -25,6 +28,7 @@ struct RecomputeConfig {
   int64_t num_layers = 1;  // full: layers per unit (uniform) or recomputed layers per chunk (block)
   bool core_attn = false;  // selective modules
   bool mlp = false;
+  bool layernorm = false;
   bool full() const { return granularity == RecomputeGranularity::Full; }
 };
 
@@ -33,7 +37,7 @@ struct RecomputeConfig {
 std::string describe(const RecomputeConfig& config);
 
 // From Megatron's names: granularity "" (off) | "full" | "selective"; method "uniform" | "block";
-// modules a comma- or space-separated list of core_attn, mlp (selective only). Errors name the
+// modules a comma- or space-separated list of core_attn, mlp, layernorm (selective only). Errors name the
 // key (key_prefix + "recompute_method", ...) and the bad value, and list the accepted ones;
 // num_layers must be >= 1.
 RecomputeConfig recompute_config_from_names(const std::string& granularity, const std::string& method,

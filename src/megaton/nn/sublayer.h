@@ -45,6 +45,10 @@ class Sublayer {
   virtual void gemm_weights(ParameterList& out) = 0;
   // The Linear layers whose GEMMs may run in FP8 (Linear::enable_fp8).
   virtual void linears(std::vector<Linear*>& out) = 0;
+  // Where ctx keeps this sublayer's input as its first GEMM read it (undefined when it kept none,
+  // e.g. FP8's 8-bit copy), for selective recompute of the norm before it; nullptr for kinds that
+  // keep their own copies (MoE).
+  virtual Tensor* kept_input(SublayerCtx& ctx) { return nullptr; }
 };
 
 // Keys and values of the tokens seen so far, for incremental decoding: [B, max_len, groups*head_dim].

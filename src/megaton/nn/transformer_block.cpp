@@ -24,17 +24,36 @@ SublayerCtx& existing(const std::unique_ptr<SublayerCtx>& ctx, const char* op) {
   MEGATON_CHECK(ctx != nullptr, op, " on a block context without a forward");
   return *ctx;
 }
+
+// Selective "layernorm" recompute after a sublayer's forward: drops the sublayer's kept input when
+// it is the norm's output itself (not a gathered or 8-bit copy, which the norm cannot rebuild).
+bool drop_norm_output(Sublayer& sublayer, SublayerCtx& ctx, const Tensor& norm_out) {
+  Tensor* kept = sublayer.kept_input(ctx);
+  if (!kept || !kept->defined() || kept->raw() != norm_out.raw()) return false;
+  *kept = {};
+  return true;
+}
+
+// Before the sublayer's B: the norm's output again, from the input its context saved.
+void rebuild_norm_output(Norm& norm, const NormCtx& saved, Sublayer& sublayer, SublayerCtx& ctx) {
+  NormCtx scratch;  // the saved statistics stay as they are for the norm's own backward
+  *sublayer.kept_input(ctx) = norm.forward(scratch, saved.x);
+}
 }  // namespace
 
 Tensor TransformerBlock::forward(BlockCtx& ctx, const Tensor& x, int64_t B, int64_t T) {
   ctx.attn = attention->new_ctx();
   ctx.mlp = mlp->new_ctx();
-  Tensor h = add_into(attention->forward(*ctx.attn, input_norm.forward(ctx.norm1, x), B, T), x);
+  const Tensor n1 = input_norm.forward(ctx.norm1, x);
+  Tensor h = add_into(attention->forward(*ctx.attn, n1, B, T), x);
+  if (recompute_norm_) ctx.norm1_out_dropped = drop_norm_output(*attention, *ctx.attn, n1);
   const Tensor n2 = pre_mlp_norm.forward(ctx.norm2, h);
   Tensor m = mlp->forward(*ctx.mlp, n2, B, T);
   if (recompute_mlp_) {  // rebuilt by backward_input from its input
     ctx.mlp_input = n2;
     ctx.mlp.reset();
+  } else if (recompute_norm_) {
+    ctx.norm2_out_dropped = drop_norm_output(*mlp, *ctx.mlp, n2);
   }
   return add_into(m, h);
 }
@@ -45,6 +64,9 @@ Tensor TransformerBlock::backward_input(BlockCtx& ctx, const Tensor& dy, int64_t
     (void)mlp->forward(*ctx.mlp, ctx.mlp_input, B, T);
     ctx.mlp_input = {};
   }
+  if (ctx.norm2_out_dropped) rebuild_norm_output(pre_mlp_norm, ctx.norm2, *mlp, existing(ctx.mlp, "backward_input"));
+  if (ctx.norm1_out_dropped) rebuild_norm_output(input_norm, ctx.norm1, *attention, existing(ctx.attn, "backward_input"));
+  ctx.norm1_out_dropped = ctx.norm2_out_dropped = false;
   // dy flows into both the residual and the MLP branch; dh = dy + dMLP/dh.
   Tensor dh = pre_mlp_norm.backward_input(ctx.norm2, mlp->backward_input(existing(ctx.mlp, "backward_input"), dy, B, T));
   add_into(dh, dy);
@@ -72,6 +94,7 @@ Tensor TransformerBlock::forward_cached(KVCache& cache, const Tensor& x, int64_t
 void TransformerBlock::set_recompute(const RecomputeConfig& config) {
   const bool selective = config.granularity == RecomputeGranularity::Selective;
   recompute_mlp_ = selective && config.mlp;
+  recompute_norm_ = selective && config.layernorm;
   attention->set_recompute_core(selective && config.core_attn);
 }
 

@@ -16,6 +16,9 @@ struct BlockCtx {
   NormCtx norm1, norm2;
   std::unique_ptr<SublayerCtx> attn, mlp;
   Tensor mlp_input;  // selective recompute of the MLP: its input, kept instead of its context
+  // Selective recompute of the norms: the sublayer's kept input was the norm's output and was
+  // dropped; B rebuilds it from the norm's saved input.
+  bool norm1_out_dropped = false, norm2_out_dropped = false;
 };
 
 class TransformerBlock {
@@ -45,7 +48,7 @@ class TransformerBlock {
 
  private:
   std::string name_;
-  bool recompute_mlp_ = false;
+  bool recompute_mlp_ = false, recompute_norm_ = false;
 };
 
 }  // namespace megaton::nn

@@ -45,7 +45,7 @@ struct TrainConfig {
   int64_t threads = 0;  // 0: OMP_NUM_THREADS or all cores
   // Activation recompute (Megatron's --recompute-*, nn/recompute.h): granularity "" (off), "full" or
   // "selective"; full's method "uniform" | "block" and num_layers; selective's modules, a comma- or
-  // space-separated list of core_attn, mlp.
+  // space-separated list of core_attn, mlp, layernorm.
   std::string recompute_granularity;
   std::string recompute_method = "uniform";
   int64_t recompute_num_layers = 1;
