@@ -27,7 +27,7 @@ cmake --build build-sanitize -j"$(nproc)"
 cd build-sanitize
 export ASAN_SYMBOLIZER_PATH=/usr/lib/llvm-14/bin/llvm-symbolizer UBSAN_OPTIONS=print_stacktrace=1
 export LSAN_OPTIONS="suppressions=$(realpath ../scripts/lsan.supp)"
-SLOW='^(py_|bench_)|_np[0-9]+$|^(DataParallel|DpResilience|DistributedOptimizer|AbortJob|CrashRestart|Determinism|Models/|MoeParallelRuns|PipelineParallel|TensorParallel)|^Fp8Runs[.]DelayedScaling(Agrees|Resumes)|FiniteDifferences'
+SLOW='^(py_|bench_)|_np[0-9]+$|^(DataParallel|DpResilience|DistributedOptimizer|AbortJob|CrashRestart|Determinism|Models/|MoeParallelRuns|PipelineParallel|TensorParallel)|^Fp8Runs[.]DelayedScaling(Agrees|Resumes)|^RecomputeRuns[.]TensorAndSequenceParallel|FiniteDifferences'
 ctest --output-on-failure -j"$(nproc)" -LE fuzz -E "$SLOW"
 ctest --output-on-failure -j"$(nproc)" -L fuzz
 # Executions per harness, from libFuzzer's final statistics.
