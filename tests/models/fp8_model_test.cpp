@@ -78,15 +78,7 @@ INSTANTIATE_TEST_SUITE_P(Recipes, Fp8Model,
                                            Case{"mxfp8", fp8::Recipe::Mxfp8, false}),
                          [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
-// Live activation bytes after a forward pass (what is kept for backward).
-int64_t kept_activations(models::TransformerModel& m) {
-  auto [in, tg] = megaton::testing::tiny_batch(2, 32);
-  m.refresh_compute_weights();
-  const int64_t before = Allocator::host().stats().live[static_cast<size_t>(MemCategory::Activations)];
-  models::ModelCtx ctx;
-  m.forward(ctx, in, tg, true);
-  return Allocator::host().stats().live[static_cast<size_t>(MemCategory::Activations)] - before;
-}
+using megaton::testing::kept_activations;
 
 TEST(Fp8ModelMemory, InputsKeptForBackwardAreOneBytePerElement) {
   const auto cfg = megaton::testing::tiny_config("llama-tiny");

@@ -68,12 +68,7 @@ int64_t kept_after_forward(const std::string& preset, const nn::RecomputeConfig&
   models::TransformerModel m(three_layers(preset));
   m.init_weights(5);
   m.set_recompute(rc);
-  auto [in, tg] = megaton::testing::tiny_batch(2, 32);
-  const auto live = [] { return Allocator::host().stats().live[static_cast<size_t>(MemCategory::Activations)]; };
-  const int64_t before = static_cast<int64_t>(live());
-  models::ModelCtx ctx;
-  m.forward(ctx, in, tg, true);
-  return static_cast<int64_t>(live()) - before;
+  return megaton::testing::kept_activations(m);
 }
 
 }  // namespace

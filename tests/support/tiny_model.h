@@ -6,8 +6,9 @@
 #include <utility>
 #include <vector>
 
+#include "megaton/core/allocator.h"
 #include "megaton/core/tensor.h"
-#include "megaton/models/transformer_config.h"
+#include "megaton/models/transformer_model.h"
 #include "megaton/nn/parameter.h"
 
 namespace megaton::testing {
@@ -48,6 +49,18 @@ inline std::pair<Tensor, Tensor> tiny_batch(int64_t B, int64_t T) {
     tg.data<int32_t>()[i] = static_cast<int32_t>((i * 13 + 5) % 257);
   }
   return {in, tg};
+}
+
+// Activation bytes still alive after a training forward of tiny_batch(2, 32): what m keeps for
+// backward.
+inline int64_t kept_activations(models::TransformerModel& m) {
+  auto [in, tg] = tiny_batch(2, 32);
+  m.refresh_compute_weights();
+  const auto live = [] { return Allocator::host().stats().live[static_cast<size_t>(MemCategory::Activations)]; };
+  const int64_t before = static_cast<int64_t>(live());
+  models::ModelCtx ctx;
+  m.forward(ctx, in, tg, true);
+  return static_cast<int64_t>(live()) - before;
 }
 
 }  // namespace megaton::testing
