@@ -3,6 +3,7 @@
 #include "megaton/ckpt/checkpoint_dir.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 
@@ -108,8 +109,15 @@ TEST(CheckpointDir, RetentionLatestAndTornSaves) {
   EXPECT_TRUE(fs::exists(root + "/step_000025.tmp"));
   EXPECT_EQ(ckpt::list_checkpoints(root).size(), 2u);
   EXPECT_EQ(read_bytes(root + "/latest"), "step_000020\n");
-  EXPECT_EQ(ckpt::remove_torn_checkpoints(root), std::vector<std::string>{root + "/step_000025.tmp"});
+  // A process killed while replacing `latest` leaves latest.<its pid>.tmp: removed once that
+  // process is gone (pid 2^31-1 is beyond any pid_max), kept while it lives (it may still commit).
+  const std::string dead = root + "/latest.2147483647.tmp", live = root + "/latest." + std::to_string(::getpid()) + ".tmp";
+  write_bytes(dead, "step_0000"), write_bytes(live, "step_0000");
+  EXPECT_EQ(ckpt::remove_torn_checkpoints(root), (std::vector<std::string>{root + "/step_000025.tmp", dead}));
   EXPECT_FALSE(fs::exists(root + "/step_000025.tmp"));
+  EXPECT_FALSE(fs::exists(dead));
+  EXPECT_TRUE(fs::exists(live));
+  fs::remove(live);
 
   // Saving a step again (a resumed run after a fallback) replaces the older directory, and
   // `latest` wins over higher steps when listing.

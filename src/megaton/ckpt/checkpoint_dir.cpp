@@ -98,6 +98,8 @@ std::vector<std::string> remove_torn_checkpoints(const std::string& root) {
       removed.push_back(e.path().string());
   }
   for (const std::string& p : removed) fs::remove_all(p);
+  // A process killed while replacing ROOT/latest leaves its latest.<pid>.tmp.
+  for (std::string& p : remove_abandoned_temporaries(root)) removed.push_back(std::move(p));
   return removed;
 }
 

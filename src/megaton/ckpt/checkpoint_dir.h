@@ -29,7 +29,8 @@ void commit_checkpoint(const std::string& root, int64_t step, const std::functio
 // the highest step down.
 std::vector<std::string> list_checkpoints(const std::string& root);
 
-// Removes ROOT/*.tmp directories left by an interrupted save; returns their paths.
+// Removes ROOT/*.tmp directories left by an interrupted save, and ROOT/latest.<pid>.tmp files
+// whose process died replacing ROOT/latest; returns their paths.
 std::vector<std::string> remove_torn_checkpoints(const std::string& root);
 
 // Renames checkpoint directory `dir` to DIR.corrupt (DIR.corrupt.2, ... when taken) and returns the

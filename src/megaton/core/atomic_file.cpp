@@ -1,6 +1,7 @@
 #include "megaton/core/atomic_file.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -58,6 +59,27 @@ void AtomicFile::commit() {
     fail("cannot rename ", tmp_, " to ", path_, ": ", std::strerror(errno));
   committed_ = true;
   fsync_directory_of(path_);
+}
+
+std::vector<std::string> remove_abandoned_temporaries(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> removed;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (!e.is_regular_file() || !name.ends_with(".tmp")) continue;
+    const std::string stem = name.substr(0, name.size() - 4);
+    const size_t dot = stem.rfind('.');
+    if (dot == std::string::npos || dot + 1 == stem.size() || stem.size() - dot > 11) continue;
+    if (stem.find_first_not_of("0123456789", dot + 1) != std::string::npos) continue;
+    const long pid = std::stol(stem.substr(dot + 1));
+    // kill(pid, 0) probes without signalling: ESRCH means no such process. A pid the kernel
+    // cannot hold (above pid_t's range) belongs to no process either.
+    if (pid <= 0 || (pid <= INT32_MAX && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH))) continue;
+    removed.push_back(e.path().string());
+  }
+  for (const std::string& p : removed) fs::remove(p, ec);
+  return removed;
 }
 
 }  // namespace megaton

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 namespace megaton {
 
@@ -30,5 +31,10 @@ class AtomicFile {
   uint64_t written_ = 0;
   bool committed_ = false;
 };
+
+// Removes the PATH.<pid>.tmp files in DIR (not below it) whose writing process no longer exists:
+// what a process killed between opening and committing an AtomicFile leaves. A live process's
+// temporaries (this one's included) may still be committed, so they stay. Returns the removed paths.
+std::vector<std::string> remove_abandoned_temporaries(const std::string& dir);
 
 }  // namespace megaton
