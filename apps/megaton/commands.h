@@ -13,5 +13,6 @@ void add_data_command(CLI::App& app);
 void add_tokenizer_command(CLI::App& app);
 void add_schedule_command(CLI::App& app);
 void add_serve_command(CLI::App& app);
+void add_convert_command(CLI::App& app);
 
 }  // namespace megaton::app

@@ -108,7 +108,7 @@ TEST(Fp8Runs, DelayedScalingAgreesAcrossParallelLayouts) {
   }
 }
 
-// The delayed-scaling scales and amax histories are checkpointed (fp8_state.safetensors): a run
+// The delayed-scaling scales and amax histories are checkpointed ("fp8/" tensors): a run
 // stopped at step 4 and resumed trains bit for bit like the uninterrupted one (planted: the state
 // not loaded on resume, so the histories restart; the losses after step 4 then differ).
 TEST(Fp8Runs, DelayedScalingResumesBitwise) {
@@ -117,14 +117,13 @@ TEST(Fp8Runs, DelayedScalingResumesBitwise) {
       "--set precision.fp8=hybrid --set precision.fp8_recipe=delayed --set precision.fp8_amax_history_len=4 "
       "--set precision.fp8_amax_compute_algo=max --set training.train_iters=8 --set logging.save_interval=0 ";
   megaton::testing::expect_resumes_bitwise(run, "pp1", fp8);
-  // At pp2 each stage holds its layers' states; the checkpoint holds every stage's (summed over the
-  // pipeline group on capture) and each stage resumes its own, bit for bit (planted: no sum, so
-  // rank 0 writes only its stage's and rank 1's resume finds its states missing, caught).
+  // At pp2 each stage holds its layers' states and writes them in its shard; each stage resumes
+  // its own, bit for bit.
   megaton::testing::expect_resumes_bitwise(run, "pp2", fp8 + "--set pp=2 ", 2, "pipeline parallel 2");
-  // Resuming with another history length is refused naming the file and the key.
+  // Resuming with another history length is refused naming the checkpoint and the key.
   EXPECT_EQ(run.train_ok("other_len", fp8 + "--set training.exit_interval=4").losses.size(), 4u);
   const CommandResult r = run.train("other_len", fp8 + "--set precision.fp8_amax_history_len=2 --resume auto");
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.output.find("fp8_state.safetensors"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("checkpoints/step_000004: FP8 state 'fp8/"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("fp8_amax_history_len"), std::string::npos) << r.output;
 }

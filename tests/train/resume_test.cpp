@@ -62,10 +62,10 @@ TEST(Resume, CorruptCheckpointsAreReportedByNameAndThePreviousOneIsUsed) {
   const std::string ckpts = d.run_dir("run") + "/checkpoints";
   ASSERT_EQ(read_bytes(ckpts + "/latest"), "step_000030\n");
 
-  // step 30: a truncated optimizer state; step 20: one flipped bit in the weights.
-  const std::string truncated = ckpts + "/step_000030/optimizer.safetensors";
+  // step 30: a truncated shard; step 20: one flipped bit in another.
+  const std::string truncated = ckpts + "/step_000030/shard_00000.safetensors";
   fs::resize_file(truncated, fs::file_size(truncated) - 100);
-  const std::string flipped = ckpts + "/step_000020/model.safetensors";
+  const std::string flipped = ckpts + "/step_000020/shard_00000.safetensors";
   std::string bytes = read_bytes(flipped);
   bytes[bytes.size() / 2] ^= 0x10;
   write_bytes(flipped, bytes);

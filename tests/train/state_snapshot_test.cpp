@@ -1,6 +1,6 @@
 // The state snapshot is both the rewind point and the source every checkpoint is written from,
 // so its copies must hold every byte of the weights and AdamW moments: restored in memory, and
-// written to a checkpoint and loaded back. Checked per tensor and per byte, so that a single
+// written to a (one-rank) sharded checkpoint and loaded back. Checked per tensor and per byte, so that a single
 // byte lost in a copy names its tensor (the end-to-end resume tests would only see other losses).
 #include "megaton/train/state_snapshot.h"
 
@@ -14,7 +14,8 @@
 #include <vector>
 
 #include "../support/temp_dir.h"
-#include "megaton/ckpt/safetensors.h"
+#include "megaton/ckpt/sharded_checkpoint.h"
+#include "megaton/models/hf_format.h"
 #include "megaton/optim/adamw.h"
 
 using namespace megaton;
@@ -96,8 +97,8 @@ TEST(StateSnapshot, RestoreAndCheckpointFilesGiveBackEveryByte) {
   // Files written from the second capture, loaded into a fresh model and optimizer.
   const std::string ckpt = dir.file("ckpt");
   std::filesystem::create_directories(ckpt);
-  snap.write_model(ckpt);
-  snap.write_optimizer_and_state(ckpt);
+  snap.write(ckpt, 0, true);
+  ckpt::merge_shard_indexes(ckpt, 1, 10);
   models::TransformerModel loaded(cfg.model);
   optim::AdamW loaded_opt(loaded.parameters(), optim::AdamWConfig{});
   const train::TrainProgress back = train::load_checkpoint(ckpt, loaded, loaded_opt, cfg);
@@ -108,32 +109,21 @@ TEST(StateSnapshot, RestoreAndCheckpointFilesGiveBackEveryByte) {
   EXPECT_EQ(back.consumed_samples, progress.consumed_samples);
 }
 
-// Optimizer files from before the per-query-group linear_qkv layout carry no version: their
-// linear_qkv moments would load without complaint into the wrong rows, so loading refuses them,
-// naming the file and the way out, before it touches the model.
-TEST(StateSnapshot, UnversionedOptimizerStateIsRefused) {
+// A checkpoint of the whole-model format older builds wrote (model.safetensors beside
+// optimizer.safetensors, no metadata.json) is refused before it touches the model, naming the way
+// to keep its weights.
+TEST(StateSnapshot, WholeModelCheckpointsOfOlderBuildsAreRefused) {
   TempDir dir;
   const auto cfg = train::load_train_config(
       "", {"model.preset=\"llama-tiny\"", "model.num_layers=1", "model.hidden_size=48", "model.num_attention_heads=6",
            "model.num_query_groups=2", "model.ffn_hidden_size=80"});
   models::TransformerModel model(cfg.model);
   model.init_weights(1);
-  optim::AdamW opt(model.parameters(), optim::AdamWConfig{});
-  train::StateSnapshot snap(model, opt);
-  snap.capture(model, opt, train::TrainProgress{}, cfg);
   const std::string ckpt = dir.file("ckpt");
-  std::filesystem::create_directories(ckpt);
-  snap.write_model(ckpt);
-  snap.write_optimizer_and_state(ckpt);
-  const std::string optimizer_file = ckpt + "/optimizer.safetensors";
-  std::map<std::string, std::string> metadata;
-  const auto moments = ckpt::load_safetensors(optimizer_file, &metadata);
-  ASSERT_EQ(metadata.erase("version"), 1u);  // what older builds wrote
-  ckpt::save_safetensors(optimizer_file, {moments.begin(), moments.end()}, metadata);
-
+  models::save_hf_model(model, ckpt);
   models::TransformerModel fresh(cfg.model);
+  optim::AdamW opt(fresh.parameters(), optim::AdamWConfig{});
   const StateBytes before = state_bytes(fresh, opt);
-  EXPECT_ERROR_CONTAINS(train::load_checkpoint(ckpt, fresh, opt, cfg), optimizer_file, "version 1", "per-query-group",
-                        "model.load=" + ckpt);
+  EXPECT_ERROR_CONTAINS(train::load_checkpoint(ckpt, fresh, opt, cfg), ckpt, "whole-model format", "model.load=" + ckpt);
   EXPECT_TRUE(same_state(state_bytes(fresh, opt), before));
 }

@@ -3,11 +3,12 @@
 // relative, final weights within 1e-5): tp2, tp2 with sequence parallelism, dp2 x tp2 on four
 // ranks with and without the distributed optimizer. The tiny models' vocabulary of 257 does not
 // divide by 2, so every run also pads the vocabulary (258 rows, the padding never predicted and
-// not exported). kv heads fewer than the ranks are replicated; a tp2 checkpoint resumes in one
-// process and the reverse; bad layouts are refused naming the sizes.
+// not exported). kv heads fewer than the ranks are replicated; sharded checkpoints reshard between
+// layouts and convert to an HF folder; bad layouts are refused naming the sizes.
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <set>
 
 #include "megaton/ckpt/safetensors.h"
 #include "tiny_run.h"
@@ -75,20 +76,50 @@ TEST(TensorParallel, VocabularyPaddingIsNeverPredicted) {
   expect_like(run, padded, "padded", plain, "plain");
 }
 
-// Checkpoints hold the global tensors: a tp2 checkpoint (with sequence parallelism) continues in one
-// process, and a single process's checkpoint continues at tp2, like the uninterrupted run.
-TEST(TensorParallel, CheckpointsResumeAcrossLayouts) {
+// Checkpoints are sharded: every rank writes its pieces of the global tensors, the second
+// data-parallel replica nothing. A checkpoint saved at tp2 x dp2 (four ranks, sequence parallel)
+// continues at tp1 x dp4 and in one process, and a single process's continues at tp2, like the
+// uninterrupted run. `megaton convert` assembles a tp2 checkpoint into the very weights the run
+// exports (bitwise).
+TEST(TensorParallel, ShardedCheckpointsReshardAcrossLayouts) {
   namespace fs = std::filesystem;
   TinyRunDir run("llama-tiny");
   const Metrics straight = run.train_ok("straight", kShort);
   const std::string stop = "--set training.exit_interval=5 ";
   const std::string tp2 = "--set tp=2 --set parallel.sequence_parallel=true ";
-  EXPECT_EQ(run.train_mpi_ok(2, "from_tp2", kShort + tp2 + stop, "tensor parallel").losses.size(), 5u);
-  const Metrics at_tp1 = run.train_ok("from_tp2", kShort + "--resume auto");
-  expect_like(run, at_tp1, "from_tp2", straight, "straight");
+  EXPECT_EQ(run.train_mpi_ok(4, "tp2_dp2", kShort + tp2 + stop, "data parallel 2 ranks").losses.size(), 5u);
+  const std::string ckpt = run.run_dir("tp2_dp2") + "/checkpoints/step_000005";
+  const auto metadata = nlohmann::json::parse(megaton::testing::read_bytes(ckpt + "/metadata.json"));
+  EXPECT_EQ(metadata["world_size"], 4);
+  std::set<std::string> files;
+  for (const auto& [name, t] : metadata["tensors"].items())
+    for (const auto& piece : t["pieces"]) files.insert(piece["file"].get<std::string>());
+  EXPECT_EQ(files, (std::set<std::string>{"shard_00000.safetensors", "shard_00001.safetensors"}));
+  for (const auto& [name, layout] : std::vector<std::pair<std::string, std::string>>{
+           {"at_dp4", "--set parallel.use_distributed_optimizer=true --set training.micro_batch_size=2 "}, {"at_dp1", ""}}) {
+    SCOPED_TRACE(name);
+    fs::copy(run.run_dir("tp2_dp2"), run.run_dir(name), fs::copy_options::recursive);
+    const Metrics resumed = name == "at_dp4" ? run.train_mpi_ok(4, name, kShort + layout + "--resume auto", "data parallel 4")
+                                             : run.train_ok(name, kShort + "--resume auto");
+    expect_like(run, resumed, name, straight, "straight");
+  }
   EXPECT_EQ(run.train_ok("from_tp1", kShort + stop).losses.size(), 5u);
   const Metrics at_tp2 = run.train_mpi_ok(2, "from_tp1", kShort + tp2 + "--resume auto", "tensor parallel");
   expect_like(run, at_tp2, "from_tp1", straight, "straight");
+
+  // The tp2 run's last checkpoint, converted, is its exported final/ byte for byte.
+  run.train_mpi_ok(2, "tp2", kShort + tp2 + "--set logging.save_interval=10", "tensor parallel");
+  const std::string hf = run.run_dir("converted");
+  const auto converted = megaton::testing::run_command(std::string(MEGATON_BINARY) + " convert --input " +
+                                                       run.run_dir("tp2") + "/checkpoints --output " + hf);
+  ASSERT_EQ(converted.exit_code, 0) << converted.output;
+  megaton::testing::expect_bitwise_equal(megaton::ckpt::load_safetensors(hf + "/model.safetensors"),
+                                         megaton::testing::final_weights(run.run_dir("tp2")));
+  // Never over something that exists.
+  const auto again = megaton::testing::run_command(std::string(MEGATON_BINARY) + " convert --input " +
+                                                   run.run_dir("tp2") + "/checkpoints --output " + hf);
+  EXPECT_NE(again.exit_code, 0);
+  EXPECT_NE(again.output.find("already exists"), std::string::npos) << again.output;
 }
 
 TEST(TensorParallel, BadLayoutsNameTheSizes) {

@@ -45,15 +45,24 @@ std::string checkpoint_name(int64_t step) {
   return buf;
 }
 
+std::string prepare_checkpoint(const std::string& root, int64_t step) {
+  const fs::path tmp_dir = fs::path(root) / (checkpoint_name(step) + std::string(kTmpSuffix));
+  fs::remove_all(tmp_dir);
+  fs::create_directories(tmp_dir);
+  return tmp_dir.string();
+}
+
 void commit_checkpoint(const std::string& root, int64_t step, const std::function<void(const std::string&)>& write_files,
                        int64_t keep_last) {
+  write_files(prepare_checkpoint(root, step));
+  finish_checkpoint(root, step, {}, keep_last);
+}
+
+void finish_checkpoint(const std::string& root, int64_t step, const std::vector<FileDigest>& known, int64_t keep_last) {
   const std::string name = checkpoint_name(step);
   const fs::path final_dir = fs::path(root) / name;
   const fs::path tmp_dir = fs::path(root) / (name + std::string(kTmpSuffix));
-  fs::remove_all(tmp_dir);
-  fs::create_directories(tmp_dir);
-  write_files(tmp_dir.string());
-  write_manifest(tmp_dir.string());
+  write_manifest(tmp_dir.string(), known);
   // rename() cannot replace a non-empty directory; an existing one of the same step is an older
   // save (a resumed run repeating steps after a fallback), so it goes first.
   fs::remove_all(final_dir);

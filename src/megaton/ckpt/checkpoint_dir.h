@@ -11,17 +11,24 @@
 #include <string>
 #include <vector>
 
+#include "megaton/ckpt/manifest.h"
+
 namespace megaton::ckpt {
 
 inline constexpr const char* kLatestName = "latest";
 
 std::string checkpoint_name(int64_t step);  // "step_000123"
 
-// Creates ROOT/step_N.tmp/, lets write_files fill it, adds the manifest, renames the directory to
-// ROOT/step_N (replacing an older one of that step), points ROOT/latest at it (atomic replace),
-// then removes all but the newest keep_last checkpoints (0: keep all; checkpoints moved aside are
-// not counted and never removed). Safe to call again after a failure: a leftover temporary
-// directory is cleared first.
+// The two halves of a save that several processes write into: prepare_checkpoint creates
+// ROOT/step_N.tmp/ afresh (a leftover of an interrupted save of that step is cleared) and returns
+// it; once every file is in it, finish_checkpoint adds the manifest (files in `known` with the
+// digests given), renames the directory to ROOT/step_N (replacing an older one of that step),
+// points ROOT/latest at it (atomic replace), then removes all but the newest keep_last
+// checkpoints (0: keep all; checkpoints moved aside are not counted and never removed).
+std::string prepare_checkpoint(const std::string& root, int64_t step);
+void finish_checkpoint(const std::string& root, int64_t step, const std::vector<FileDigest>& known, int64_t keep_last);
+// Both, with write_files filling the directory in between: a save by one process. Safe to call
+// again after a failure.
 void commit_checkpoint(const std::string& root, int64_t step, const std::function<void(const std::string&)>& write_files,
                        int64_t keep_last);
 

@@ -56,14 +56,15 @@ FileDigest digest_file(const std::string& path) {
   return d;
 }
 
-void write_manifest(const std::string& dir) {
+void write_manifest(const std::string& dir, const std::vector<FileDigest>& known) {
   std::vector<std::string> names;
   for (const auto& e : fs::directory_iterator(dir))
     if (e.is_regular_file() && e.path().filename() != kManifestName) names.push_back(e.path().filename().string());
   std::sort(names.begin(), names.end());
   nlohmann::ordered_json files = nlohmann::ordered_json::object();
   for (const std::string& name : names) {
-    const FileDigest d = digest_file((fs::path(dir) / name).string());
+    const auto k = std::find_if(known.begin(), known.end(), [&](const FileDigest& d) { return d.name == name; });
+    const FileDigest d = k != known.end() ? *k : digest_file((fs::path(dir) / name).string());
     files[name] = {{"bytes", d.bytes}, {"xxh3_64", hex64(d.xxh3)}};
   }
   const std::string text = nlohmann::ordered_json{{"format", "megaton-checkpoint"}, {"files", files}}.dump(2) + "\n";

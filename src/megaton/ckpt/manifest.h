@@ -19,8 +19,9 @@ struct FileDigest {
 // Size and XXH3-64 of one file, read in full; the error names the file.
 FileDigest digest_file(const std::string& path);
 
-// Digests every regular file in `dir` and writes DIR/manifest.json atomically.
-void write_manifest(const std::string& dir);
+// Digests every regular file in `dir` and writes DIR/manifest.json atomically. Files named in
+// `known` take the digest given there (their writer computed it) instead of being read again.
+void write_manifest(const std::string& dir, const std::vector<FileDigest>& known = {});
 
 // Checks every file the manifest lists (present, same size, same checksum) and that the manifest
 // itself parses. Throws an Error naming the directory and the first file at fault.

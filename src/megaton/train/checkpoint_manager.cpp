@@ -11,6 +11,12 @@ namespace megaton::train {
 
 namespace fs = std::filesystem;
 
+namespace {
+// How long rank 0 waits for the other ranks' shards of a checkpoint: they write theirs at the
+// same time as it does, so only a rank that hangs (a dead one takes the whole job down) runs out.
+constexpr double kShardWaitSeconds = 600;
+}  // namespace
+
 CheckpointManager::CheckpointManager(const TrainConfig& cfg, FaultInjector& faults, parallel::Communicator& world)
     : cfg_(cfg), faults_(faults), world_(world), writes_(world.rank() == 0), writer_(cfg.async_save, static_cast<int>(cfg.write_attempts)) {}
 
@@ -61,8 +67,9 @@ std::string CheckpointManager::newest_checkpoint() const {
 }
 
 void CheckpointManager::start(MetricsLog& metrics, const models::TransformerModel& model,
-                              const optim::Optimizer& optimizer) {
+                              const optim::Optimizer& optimizer, bool replica) {
   metrics_ = &metrics;
+  replica_ = replica;
   // Checkpoint buffers up front: the first save then stalls no longer than the others, and a
   // machine short of memory for them fails now rather than at the first save. Every rank has them:
   // every rank captures (a distributed optimizer's state is gathered by all of its ranks).
@@ -92,35 +99,32 @@ void CheckpointManager::start(MetricsLog& metrics, const models::TransformerMode
 void CheckpointManager::save(const models::TransformerModel& model, const optim::Optimizer& optimizer,
                              const TrainProgress& progress) {
   const auto t0 = std::chrono::steady_clock::now();
-  if (writes_) {
-    writer_.wait();  // at most one save in flight: its buffers are free again once it is written
-    log_finished_writes();
-  }
+  writer_.wait();  // at most one save in flight: its buffers are free again once it is written
+  log_finished_writes();
   // A stop signal saves without checkpointing being on: its buffers are allocated then.
   if (!save_buffers_) save_buffers_ = std::make_unique<StateSnapshot>(model, optimizer);
-  // On every rank: capturing a distributed optimizer's state is collective. Rank 0 alone writes.
+  // On every rank: capturing a distributed optimizer's state is collective.
   save_buffers_->capture(model, optimizer, progress, cfg_);
-  if (!writes_) {
-    last_saved_step_ = progress.step;
-    return;
-  }
   const int64_t step = progress.step;
   const std::string name = ckpt::checkpoint_name(step);
+  // Every rank writes its shard into the directory rank 0 has just made (afresh: a leftover of an
+  // interrupted save of this step is cleared first, before any rank writes into it).
+  if (writes_) ckpt::prepare_checkpoint(checkpoints_dir(), step);
+  world_.barrier();
+  const std::string dir = (fs::path(checkpoints_dir()) / (name + ".tmp")).string();
   pending_saves_[name] = {{"event", "checkpoint"},
                           {"step", step},
                           {"path", (fs::path(checkpoints_dir()) / name).string()},
                           {"async", cfg_.async_save}};
-  writer_.submit(name, [this, step] {
+  writer_.submit(name, [this, step, dir] {
     if (faults_.save_delay_s() > 0) std::this_thread::sleep_for(std::chrono::duration<double>(faults_.save_delay_s()));
-    ckpt::commit_checkpoint(
-        checkpoints_dir(), step,
-        [&](const std::string& dir) {
-          if (faults_.fire(Fault::FailSave, step)) fail("injected fault fail@save: cannot write ", dir);
-          save_buffers_->write_model(dir);
-          if (faults_.fire(Fault::CrashInSave, step)) FaultInjector::crash("crash@save while writing " + dir);
-          save_buffers_->write_optimizer_and_state(dir);
-        },
-        cfg_.keep_last);
+    if (faults_.fire(Fault::FailSave, step)) fail("injected fault fail@save: cannot write ", dir);
+    save_buffers_->write(dir, world_.rank(), replica_);
+    if (!writes_) return;
+    if (faults_.fire(Fault::CrashInSave, step)) FaultInjector::crash("crash@save while writing " + dir);
+    // The other ranks write theirs at the same time; a rank that died takes the job down with it.
+    const std::vector<ckpt::FileDigest> shards = ckpt::merge_shard_indexes(dir, world_.size(), kShardWaitSeconds);
+    ckpt::finish_checkpoint(checkpoints_dir(), step, shards, cfg_.keep_last);
   });
   // What the step paid: the copy, plus the whole write when saving synchronously.
   pending_saves_[name]["stall_s"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -136,6 +140,7 @@ void CheckpointManager::log_finished_writes() {
     rec["write_start"] = r.start_time;
     rec["write_end"] = r.end_time;
     rec["attempts"] = r.attempts;
+    if (!writes_) continue;  // rank 0 reports every rank's save (it finishes last)
     if (metrics_) metrics_->write(rec);
     std::printf("checkpoint %s saved (write %.2f s%s, step stalled %.3f s)\n", rec["path"].get<std::string>().c_str(),
                 r.end_time - r.start_time, cfg_.async_save ? " in the background" : "", rec["stall_s"].get<double>());

@@ -20,9 +20,10 @@ namespace megaton::train {
 
 class CheckpointManager {
  public:
-  // world: every process of the run. With more than one, the model is replicated (data
-  // parallelism) and the optimizer state replicated or sharded (distributed optimizer); every rank
-  // captures each checkpoint (gathering a sharded state), rank 0 alone writes it, every rank reads it.
+  // world: every process of the run. Every rank captures each checkpoint (gathering a
+  // distributed optimizer's moment shards over its data-parallel group) and writes its shard of it
+  // (state_snapshot.h); rank 0 then completes it (metadata, manifest, rename). Every rank reads its
+  // own pieces of a checkpoint back.
   CheckpointManager(const TrainConfig& cfg, FaultInjector& faults, parallel::Communicator& world);
   std::string checkpoints_dir() const;
 
@@ -37,7 +38,10 @@ class CheckpointManager {
                                       optim::Optimizer& optimizer);
   // Opens for business once the metrics file exists: removes torn checkpoints, logs them, the
   // checkpoints resume() rejected and the resume itself; allocates the save buffers when saving is on.
-  void start(MetricsLog& metrics, const models::TransformerModel& model, const optim::Optimizer& optimizer);
+  // replica: this rank is in the first data-parallel (and context-parallel) replica of the model,
+  // whose ranks write the weights and moments (the other replicas hold the same ones).
+  void start(MetricsLog& metrics, const models::TransformerModel& model, const optim::Optimizer& optimizer,
+             bool replica);
 
   // A full checkpoint of the current state: the step pays for the copy into the buffers (allocated
   // by start() when logging.save_interval or training.exit_interval ask for saves, else by the first
@@ -67,7 +71,8 @@ class CheckpointManager {
   const TrainConfig& cfg_;
   FaultInjector& faults_;
   parallel::Communicator& world_;
-  bool writes_;  // rank 0
+  bool writes_;  // rank 0: completes each checkpoint, owns the checkpoint directory
+  bool replica_ = true;
   MetricsLog* metrics_ = nullptr;
   std::unique_ptr<StateSnapshot> rewind_point_;  // rewind.snapshot_interval > 0
   std::unique_ptr<StateSnapshot> save_buffers_;  // what the checkpoint writer writes from

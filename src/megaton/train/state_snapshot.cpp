@@ -5,11 +5,10 @@
 #include <filesystem>
 #include <map>
 
-#include "megaton/ckpt/safetensors.h"
+#include "megaton/ckpt/sharded_checkpoint.h"
 #include "megaton/core/atomic_file.h"
 #include "megaton/core/regular_file.h"
 #include "megaton/models/hf_format.h"
-#include "megaton/models/parallel_weights.h"
 #include "megaton/nn/tensor_shards.h"
 
 namespace megaton::train {
@@ -18,12 +17,11 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr const char* kOptimizerFile = "optimizer.safetensors";
 constexpr const char* kStateFile = "state.json";
-// The moments have each parameter's Megaton layout (model.safetensors is HF's, whatever Megaton's
-// is). Version 2: linear_qkv's rows in Megatron's per-query-group layout; files without a version
-// hold them as [all q | all k | all v] and must not be loaded as if they were per group.
-constexpr const char* kOptimizerVersion = "2";
+constexpr const char* kConfigFile = "config.json";
+constexpr const char* kModelPrefix = "model/";
+constexpr const char* kOptimizerPrefix = "optim/";
+constexpr const char* kFp8Prefix = "fp8/";
 
 // memcpy in 1 MiB chunks across threads: one thread does not saturate memory bandwidth, and
 // this copy is what a save stalls the step for.
@@ -45,74 +43,73 @@ const nn::Parameter& moment_param(const models::TransformerModel& model, const s
   fail("optimizer state '", state_name, "' belongs to no parameter of the model");
 }
 
+// One piece of a global tensor that a local tensor of p's layout holds: the global indices
+// [start, start + view.size(dim)) along dim are `view`, a window of the local tensor.
+struct LocalPiece {
+  int dim;
+  int64_t start;
+  Tensor view;
+  bool first_holder;  // no lower tensor-parallel rank holds the same piece
+};
+
+// The pieces of `local` (p's value, gradient or moment), padding left out. A split along dim 0
+// gives windows of rows; along another dim a rank holds one whole piece (a row-parallel weight).
+std::vector<LocalPiece> local_pieces(const nn::Parameter& p, const Tensor& local, int tp_rank) {
+  if (nn::holds_global(p) || p.shard.replicated()) return {{0, 0, local, tp_rank == 0}};
+  const int dim = p.shard.partition_dim;
+  const auto& mine = p.shard.mine();
+  MEGATON_CHECK(dim == 0 || (mine.size() == 1 && mine[0].start + mine[0].length <= p.shard.global_size),
+                "'", p.name, "': a split along dim ", dim, " must be one unpadded piece per rank");
+  const int64_t row = local.numel() / local.size(0);
+  std::vector<LocalPiece> out;
+  int64_t offset = 0;
+  for (const nn::ShardPiece& piece : mine) {
+    const int64_t real = std::min(piece.length, p.shard.global_size - piece.start);  // past it: padding
+    bool first = true;
+    for (int r = 0; r < p.shard.rank; ++r) {
+      const auto& theirs = p.shard.pieces[static_cast<size_t>(r)];
+      first = first && std::find(theirs.begin(), theirs.end(), piece) == theirs.end();
+    }
+    if (real > 0) {
+      Shape shape = local.shape();
+      shape[0] = real;
+      out.push_back({dim, piece.start, dim == 0 ? local.window(offset * row, shape, local.name()) : local, first});
+    }
+    offset += piece.length;
+  }
+  return out;
+}
+
+// local = its pieces of the checkpoint tensor `name` (padding zero).
+void read_local(ckpt::ShardedReader& reader, const std::string& name, const nn::Parameter& p, Tensor local,
+                int tp_rank) {
+  if (!nn::holds_global(p)) local.zero_();
+  for (const LocalPiece& piece : local_pieces(p, local, tp_rank)) reader.read(name, piece.dim, piece.start, piece.view);
+}
+
+void write_text(const std::string& path, const std::string& text) {
+  AtomicFile out(path);
+  out.write(text.data(), text.size());
+  out.commit();
+}
+
 }  // namespace
 
 StateSnapshot::StateSnapshot(const models::TransformerModel& model, const optim::Optimizer& optimizer)
-    : model_(model.config()), fp8_(model, model_) {
-  for (nn::Parameter* p : model_.parameters()) p->grad = Tensor();  // only the values are kept
-  std::map<std::string, size_t> local_index;
-  for (size_t i = 0; i < model.parameters().size(); ++i) local_index.emplace(model.parameters()[i]->name, i);
-  for (const nn::Parameter* p : model_.parameters()) {
-    const auto it = local_index.find(p->name);
-    local_params_.push_back(it == local_index.end() ? -1 : static_cast<int64_t>(it->second));
+    : model_(model), fp8_(model) {
+  for (const nn::Parameter* p : model.parameters())
+    values_.push_back(Tensor::empty(p->value.shape(), p->value.dtype(), MemCategory::Other, p->name));
+  for (const optim::StateTensorSpec& spec : optimizer.state_specs()) {
+    moments_.emplace_back(spec.name, Tensor::zeros(spec.shape, DType::F32, MemCategory::Optimizer, spec.name));
+    moment_params_.push_back(&moment_param(model, spec.name));
   }
-  // The whole model's moments: the optimizer's per-parameter state names (read off this stage's
-  // parameters: "<param>.exp_avg", ...) for every parameter of the whole model. Touched now, not in
-  // the first save.
-  std::vector<std::string> suffixes;
-  const std::vector<optim::StateTensorSpec> specs = optimizer.state_specs();
-  for (const auto& spec : specs) {
-    const std::string suffix = spec.name.substr(moment_param(model, spec.name).name.size());
-    if (std::find(suffixes.begin(), suffixes.end(), suffix) == suffixes.end()) suffixes.push_back(suffix);
-  }
-  std::map<std::string, size_t> whole_index;
-  for (size_t i = 0; i < model_.parameters().size(); ++i)
-    for (const std::string& suffix : suffixes) {
-      const nn::Parameter& p = *model_.parameters()[i];
-      whole_index.emplace(p.name + suffix, moments_.size());
-      moments_.emplace_back(p.name + suffix,
-                            Tensor::zeros(nn::global_shape(p), DType::F32, MemCategory::Optimizer, p.name + suffix));
-      moment_whole_param_.push_back(i);
-    }
-  // This stage's moments in its local shapes: the very tensors of moments_ where a parameter is whole.
-  for (const auto& spec : specs) {
-    const nn::Parameter& p = moment_param(model, spec.name);
-    const Tensor& global = moments_.at(whole_index.at(spec.name)).second;
-    local_moments_.emplace_back(
-        spec.name, nn::holds_global(p) ? global : Tensor::zeros(spec.shape, DType::F32, MemCategory::Optimizer, spec.name));
-    local_moment_index_.emplace(spec.name, local_moments_.size() - 1);
-  }
-}
-
-const nn::Parameter* StateSnapshot::local_param(const models::TransformerModel& model, size_t i) const {
-  return local_params_[i] < 0 ? nullptr : model.parameters()[static_cast<size_t>(local_params_[i])];
 }
 
 void StateSnapshot::capture(const models::TransformerModel& model, const optim::Optimizer& optimizer,
                             const TrainProgress& progress, const TrainConfig& cfg) {
-  // Every parameter of the whole model, from the stage holding it (its tensor-parallel shards
-  // gathered): the same sequence of collectives on every rank.
-  const auto& to = model_.parameters();
-  const auto gathered = [&](size_t i, const Tensor& local, const Shape& shape, const std::string& name) {
-    return models::gather_stage_tensor(model, model_.position(i), local_param(model, i), local, shape, name);
-  };
-  for (size_t i = 0; i < to.size(); ++i) {
-    const nn::Parameter* p = local_param(model, i);
-    const Tensor global = gathered(i, p ? p->value : Tensor(), nn::global_shape(*to[i]), to[i]->name);
-    if (!nn::holds_global(*to[i]))
-      nn::slice_global(*to[i], global, to[i]->value);
-    else if (global.raw() != to[i]->value.raw())
-      copy_bytes(global, to[i]->value);
-  }
-  optimizer.save_state(local_moments_);
-  for (size_t j = 0; j < moments_.size(); ++j) {
-    const auto local = local_moment_index_.find(moments_[j].first);
-    const Tensor& dst = moments_[j].second;
-    const Tensor global = gathered(moment_whole_param_[j],
-                                   local == local_moment_index_.end() ? Tensor() : local_moments_[local->second].second,
-                                   dst.shape(), moments_[j].first);
-    if (global.raw() != dst.raw()) copy_bytes(global, dst);
-  }
+  const auto& params = model.parameters();
+  for (size_t i = 0; i < params.size(); ++i) copy_bytes(params[i]->value, values_[i]);
+  optimizer.save_state(moments_);
   optimizer_steps_ = optimizer.steps();
   fp8_.capture(model);
   progress_ = progress;
@@ -120,40 +117,39 @@ void StateSnapshot::capture(const models::TransformerModel& model, const optim::
 }
 
 void StateSnapshot::restore(models::TransformerModel& model, optim::Optimizer& optimizer) const {
-  const auto& from = model_.parameters();
-  for (size_t i = 0; i < from.size(); ++i)
-    if (const nn::Parameter* p = local_param(model, i)) {
-      if (nn::holds_global(*p) && nn::holds_global(*from[i]))
-        copy_bytes(from[i]->value, p->value);
-      else
-        nn::slice_global(*p, nn::gather_global(*from[i], from[i]->value, {}), p->value);
-    }
-  for (size_t j = 0; j < moments_.size(); ++j) {
-    const auto local = local_moment_index_.find(moments_[j].first);
-    const nn::Parameter* p = local_param(model, moment_whole_param_[j]);
-    if (local != local_moment_index_.end() && !nn::holds_global(*p))
-      nn::slice_global(*p, moments_[j].second, local_moments_[local->second].second);
-  }
-  optimizer.load_state({local_moments_.begin(), local_moments_.end()}, optimizer_steps_);
+  const auto& params = model.parameters();
+  for (size_t i = 0; i < params.size(); ++i) copy_bytes(values_[i], params[i]->value);
+  optimizer.load_state({moments_.begin(), moments_.end()}, optimizer_steps_);
   fp8_.restore(model);
 }
 
-void StateSnapshot::write_model(const std::string& dir) { models::save_hf_model(model_, dir); }
-
-void StateSnapshot::write_optimizer_and_state(const std::string& dir) const {
-  ckpt::save_safetensors(
-      (fs::path(dir) / kOptimizerFile).string(), moments_,
-      {{"format", "megaton-adamw"}, {"version", kOptimizerVersion}, {"steps", std::to_string(optimizer_steps_)}});
-  fp8_.write(dir);
-  AtomicFile out((fs::path(dir) / kStateFile).string());
-  const std::string text = state_.dump(2) + "\n";
-  out.write(text.data(), text.size());
-  out.commit();
+void StateSnapshot::write(const std::string& dir, int world_rank, bool replica) const {
+  ckpt::ShardWriter shard;
+  const int tp_rank = model_.tensor_parallel().rank();
+  const auto add = [&](const std::string& name, const nn::Parameter& p, const Tensor& local) {
+    for (const LocalPiece& piece : local_pieces(p, local, tp_rank))
+      if (piece.first_holder) shard.add(name, nn::global_shape(p), piece.dim, piece.start, piece.view);
+  };
+  if (replica) {
+    const auto& params = model_.parameters();
+    for (size_t i = 0; i < params.size(); ++i) add(kModelPrefix + params[i]->name, *params[i], values_[i]);
+    for (size_t j = 0; j < moments_.size(); ++j) add(kOptimizerPrefix + moments_[j].first, *moment_params_[j], moments_[j].second);
+    if (tp_rank == 0)
+      for (const auto& [name, t] : fp8_.states()) shard.add(kFp8Prefix + name, t.shape(), 0, 0, t);
+  }
+  shard.write(dir, world_rank);
+  if (world_rank != 0) return;
+  write_text((fs::path(dir) / kConfigFile).string(), models::config_to_hf(model_.config()).dump(2) + "\n");
+  write_text((fs::path(dir) / kStateFile).string(), state_.dump(2) + "\n");
 }
 
 TrainProgress load_checkpoint(const std::string& dir, models::TransformerModel& model, optim::Optimizer& optimizer,
                               const TrainConfig& cfg) {
-  const std::string model_file = (fs::path(dir) / "model.safetensors").string();
+  if (!fs::exists(fs::path(dir) / ckpt::kShardMetadataName) && fs::exists(fs::path(dir) / "model.safetensors"))
+    fail(dir, ": a checkpoint in the whole-model format of older builds (model.safetensors, no ", ckpt::kShardMetadataName,
+         "); this build resumes sharded checkpoints only. To continue from its weights without its optimizer state, "
+         "start a new run with model.load=",
+         dir);
   const std::string state_file = (fs::path(dir) / kStateFile).string();
   nlohmann::json state;
   try {
@@ -163,43 +159,29 @@ TrainProgress load_checkpoint(const std::string& dir, models::TransformerModel& 
   }
   int64_t optimizer_steps = 0;
   TrainProgress progress = state_from_json(state, cfg, state_file, &optimizer_steps);
-  const std::string optimizer_file = (fs::path(dir) / kOptimizerFile).string();
-  std::map<std::string, std::string> metadata;
-  const auto moments = ckpt::load_safetensors(optimizer_file, &metadata);
-  const auto version = metadata.find("version");
-  if (version == metadata.end() || version->second != kOptimizerVersion)
-    fail(optimizer_file, ": optimizer state version ", version == metadata.end() ? "1" : version->second,
-         ", this build reads version ", kOptimizerVersion,
-         " (linear_qkv moments in Megatron's per-query-group layout, not [q | k | v]); to continue without the "
-         "optimizer state, start a new run with model.load=",
-         dir);
-  // The files hold the whole model's global tensors: a split model (over tensor parallelism, or a
-  // pipeline stage) takes its pieces of them.
-  if (model.tensor_parallel().active() || model.stage_layout().split()) {
-    models::TransformerModel whole(model.config());
-    models::load_hf_tensors(whole, ckpt::load_safetensors(model_file), model_file);
-    models::copy_weights(whole, model);
-  } else {
-    models::load_hf_tensors(model, ckpt::load_safetensors(model_file), model_file);
-  }
-  std::map<std::string, Tensor> local = moments;
-  for (const auto& spec : optimizer.state_specs()) {
-    const nn::Parameter& p = moment_param(model, spec.name);
-    const auto it = moments.find(spec.name);
-    if (nn::holds_global(p) || it == moments.end()) continue;  // a missing one is the optimizer's error
-    if (it->second.shape() != nn::global_shape(p))
-      fail(optimizer_file, ": optimizer state '", spec.name, "' has shape ", shape_str(it->second.shape()),
-           ", expected ", shape_str(nn::global_shape(p)));
-    local[spec.name] = Tensor::empty(spec.shape, DType::F32, MemCategory::Optimizer, spec.name);
-    nn::slice_global(p, it->second.to(DType::F32, MemCategory::Workspace), local[spec.name]);
+  ckpt::ShardedReader reader(dir);
+  const int tp_rank = model.tensor_parallel().rank();
+  for (const nn::Parameter* p : model.parameters()) read_local(reader, kModelPrefix + p->name, *p, p->value, tp_rank);
+  std::map<std::string, Tensor> moments;
+  for (const optim::StateTensorSpec& spec : optimizer.state_specs()) {
+    const Tensor t = Tensor::empty(spec.shape, DType::F32, MemCategory::Workspace, spec.name);
+    read_local(reader, kOptimizerPrefix + spec.name, moment_param(model, spec.name), t, tp_rank);
+    moments.emplace(spec.name, t);
   }
   try {
-    optimizer.load_state(local, optimizer_steps);
+    optimizer.load_state(moments, optimizer_steps);
   } catch (const Error& e) {
-    fail(optimizer_file, ": ", e.what());
+    fail(dir, ": optimizer state: ", e.what());
   }
-  load_fp8_state(dir, model);
+  load_fp8_state(reader, kFp8Prefix, model);
   return progress;
+}
+
+std::unique_ptr<models::TransformerModel> load_checkpoint_model(const std::string& dir) {
+  auto model = std::make_unique<models::TransformerModel>(models::load_hf_config(dir));
+  ckpt::ShardedReader reader(dir);
+  for (nn::Parameter* p : model->parameters()) reader.read(kModelPrefix + p->name, 0, 0, p->value);
+  return model;
 }
 
 }  // namespace megaton::train

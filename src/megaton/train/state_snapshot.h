@@ -1,15 +1,18 @@
-// A copy of the training state (weights, AdamW moments, progress) in host buffers allocated once
-// and reused by every capture. It is both the in-memory rewind point and the source a checkpoint
-// is written from on the writer thread while training moves on, so a step pays only for copies.
-// The optimizer part is the optimizer's full, layout-free state (optim::Optimizer): with the
-// distributed optimizer, capturing gathers every rank's shard (every rank of the group must
-// capture together) and restoring copies each rank's owned elements back. Weights and moments are
-// held as the whole model's global tensors whatever the layout: gathered from the tensor-parallel
-// shards and, under pipeline parallelism, from the stage holding each parameter on capture (every
-// rank holds the whole snapshot; collective over the tensor-parallel and pipeline groups), sliced
-// to this rank's pieces on restore. So a checkpoint written at one tp / pp loads at another.
+// A copy of this rank's training state (its weights, AdamW moments, FP8 scaling state, progress)
+// in host buffers allocated once and reused by every capture. It is both the in-memory rewind
+// point and the source this rank's part of a checkpoint is written from on the writer thread while
+// training moves on, so a step pays only for copies. Weights and moments are held in this rank's
+// local shapes (its tensor-parallel shards, its pipeline stage's parameters); with the distributed
+// optimizer, capturing gathers the data-parallel group's moment shards (every rank of the group
+// must capture together) and restoring takes each rank's owned elements back.
+//
+// Checkpoints are sharded (ckpt/sharded_checkpoint.h): every rank writes the pieces of the global,
+// layout-free tensors it holds and no lower rank holds (data-parallel replicas and replicated
+// tensor-parallel pieces are written once), named "model/<parameter>", "optim/<parameter>.<moment>"
+// and "fp8/<state>"; rank 0 adds config.json (the model, HF's keys) and state.json. Loading reads
+// each rank's pieces of every tensor from whichever files hold them, so a checkpoint written at
+// one tp / pp / dp layout loads at another.
 #pragma once
-#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
@@ -24,7 +27,7 @@ namespace megaton::train {
 
 class StateSnapshot {
  public:
-  // model: the live model (its config and tensor-parallel layout); it must outlive the snapshot.
+  // model: the live model; it must outlive the snapshot.
   StateSnapshot(const models::TransformerModel& model, const optim::Optimizer& optimizer);
 
   void capture(const models::TransformerModel& model, const optim::Optimizer& optimizer, const TrainProgress& progress,
@@ -32,34 +35,29 @@ class StateSnapshot {
   void restore(models::TransformerModel& model, optim::Optimizer& optimizer) const;
   const TrainProgress& progress() const { return progress_; }
 
-  // The checkpoint files, from the buffers. The model part is an HF folder (config.json +
-  // model.safetensors), loadable by `megaton eval/generate` and transformers as it is.
-  void write_model(const std::string& dir);
-  // optimizer.safetensors + state.json (+ fp8_state.safetensors under FP8 delayed scaling)
-  void write_optimizer_and_state(const std::string& dir) const;
+  // This rank's files of checkpoint directory DIR, from the buffers: its shard (the pieces it is
+  // the lowest rank to hold; none when `replica` is false, a data-parallel replica other than the
+  // first) and, on world rank 0, config.json and state.json. Rerunnable.
+  void write(const std::string& dir, int world_rank, bool replica) const;
 
  private:
-  models::TransformerModel model_;  // holds the weights, whole (its gradient buffers are released)
-  // The index of each of model_'s parameters among the live model's (-1 where another stage holds it).
-  std::vector<int64_t> local_params_;
-  // The optimizer's full state for the whole model, global shapes, and the index into model_'s
-  // parameters each belongs to.
-  std::vector<std::pair<std::string, Tensor>> moments_;
-  std::vector<size_t> moment_whole_param_;
-  // This stage's state in the live model's local shapes, in the optimizer's order (the very tensors
-  // of moments_ where a parameter is whole), and where each name is in it.
-  std::vector<std::pair<std::string, Tensor>> local_moments_;
-  std::map<std::string, size_t> local_moment_index_;
-  const nn::Parameter* local_param(const models::TransformerModel& model, size_t i) const;  // of model_'s i-th
+  const models::TransformerModel& model_;
+  std::vector<Tensor> values_;  // model_.parameters()' values, in that order
+  std::vector<std::pair<std::string, Tensor>> moments_;  // the optimizer's state, its order and local shapes
+  std::vector<const nn::Parameter*> moment_params_;      // the parameter each moment belongs to
   int64_t optimizer_steps_ = 0;
   TrainProgress progress_;
   nlohmann::json state_;  // state.json as of the capture
-  Fp8StateSnapshot fp8_;  // the delayed-scaling scales and amax histories (none without them)
+  Fp8StateSnapshot fp8_;
 };
 
-// Loads checkpoint DIR (already verified against its manifest) into model and optimizer and
-// returns its progress; errors name the file at fault.
+// Loads sharded checkpoint DIR (already verified against its manifest) into this rank's model and
+// optimizer and returns its progress; errors name the file or tensor at fault.
 TrainProgress load_checkpoint(const std::string& dir, models::TransformerModel& model, optim::Optimizer& optimizer,
                               const TrainConfig& cfg);
+
+// The whole model of sharded checkpoint DIR (its config.json and every "model/" tensor), as one
+// process holds it: what `megaton convert` writes as an HF folder.
+std::unique_ptr<models::TransformerModel> load_checkpoint_model(const std::string& dir);
 
 }  // namespace megaton::train

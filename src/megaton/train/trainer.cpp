@@ -207,7 +207,7 @@ TrainSummary Trainer::run() {
     resolved << to_toml(cfg_);
   }
   log_->open(resuming_);
-  checkpoints_.start(log_->metrics(), *model_, *optimizer_);
+  checkpoints_.start(log_->metrics(), *model_, *optimizer_, groups_->coords().dp == 0 && groups_->coords().cp == 0);
   const auto& mc = model_->config();
   const auto parallel_layout = [&] {
     std::string s;

@@ -1,0 +1,159 @@
+// Sharded checkpoints: pieces written by several "ranks" (here, writers in one process) merge into
+// one metadata file, and any region of any tensor reads back from whichever files hold it,
+// whatever the split it was saved with: the resharding a checkpoint needs when it is loaded at
+// another tp / dp. Bad shards (a rank missing, a gap, overlapping pieces, another shape) are
+// refused naming the tensor or file.
+#include "megaton/ckpt/sharded_checkpoint.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "../support/temp_dir.h"
+
+using namespace megaton;
+using megaton::testing::TempDir;
+
+namespace {
+
+// A [rows, cols] f32 tensor whose element (r, c) is r * 100 + c + base: every element tells where it
+// came from.
+Tensor grid(int64_t rows, int64_t cols, int64_t row0 = 0, int64_t col0 = 0, float base = 0) {
+  Tensor t = Tensor::empty({rows, cols}, DType::F32);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) t.data<float>()[r * cols + c] = static_cast<float>((r + row0) * 100 + c + col0) + base;
+  return t;
+}
+
+void expect_grid(const Tensor& t, int64_t row0, int64_t col0, const std::string& what) {
+  const int64_t rows = t.size(0), cols = t.size(1);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c)
+      ASSERT_EQ(t.data<float>()[r * cols + c], static_cast<float>((r + row0) * 100 + c + col0))
+          << what << " at (" << r << ", " << c << ")";
+}
+
+}  // namespace
+
+TEST(ShardedCheckpoint, PiecesOfAnySplitReadBackIntoAnyOther) {
+  TempDir dir;
+  const std::string d = dir.file("ckpt");
+  std::filesystem::create_directories(d);
+  // "w": [6, 10] split along dim 1 as 4 + 6 over two ranks; "e": [5, 3] along dim 0 as 3 + 2; "n": a
+  // replicated [4] both ranks hold (written by both: kept once).
+  const Shape w{6, 10}, e{5, 3};
+  ckpt::ShardWriter r0, r1;
+  r0.add("w", w, 1, 0, grid(6, 4));
+  r1.add("w", w, 1, 4, grid(6, 6, 0, 4));
+  r0.add("e", e, 0, 0, grid(3, 3));
+  r1.add("e", e, 0, 3, grid(2, 3, 3, 0));
+  const Tensor n = grid(1, 4).view({4});
+  r0.add("n", {4}, 0, 0, n);
+  r1.add("n", {4}, 0, 0, n);
+  r1.write(d, 1);
+  r0.write(d, 0);
+  const auto digests = ckpt::merge_shard_indexes(d, 2, 5);
+  ASSERT_EQ(digests.size(), 2u);
+  EXPECT_EQ(digests[1].name, ckpt::shard_file_name(1));
+  EXPECT_EQ(digests[1].bytes, std::filesystem::file_size(d + "/" + ckpt::shard_file_name(1)));
+  const auto meta = nlohmann::json::parse(megaton::testing::read_bytes(d + "/metadata.json"));
+  ASSERT_EQ(meta["tensors"]["n"]["pieces"].size(), 1u);
+  EXPECT_EQ(meta["tensors"]["n"]["pieces"][0]["file"], ckpt::shard_file_name(0));  // the lowest rank's copy
+
+  ckpt::ShardedReader reader(d);
+  EXPECT_EQ(reader.names(), (std::vector<std::string>{"e", "n", "w"}));
+  EXPECT_EQ(reader.global_shape("w"), w);
+  expect_grid(reader.read_whole("w", MemCategory::Other), 0, 0, "w whole");
+  expect_grid(reader.read_whole("e", MemCategory::Other), 0, 0, "e whole");
+  // Another split of w: rows 2..5 (dim 0) cut across both files; columns 3..8 (dim 1) straddle them.
+  Tensor rows = Tensor::empty({3, 10}, DType::F32);
+  reader.read("w", 0, 2, rows);
+  expect_grid(rows, 2, 0, "w rows 2..5");
+  Tensor cols = Tensor::empty({6, 5}, DType::F32);
+  reader.read("w", 1, 3, cols);
+  expect_grid(cols, 0, 3, "w columns 3..8");
+  Tensor e_cols = Tensor::empty({5, 2}, DType::F32);
+  reader.read("e", 1, 1, e_cols);
+  expect_grid(e_cols, 0, 1, "e columns 1..3");
+
+  // Regions that do not exist, another dtype or tensor, are errors naming the tensor.
+  Tensor too_far = Tensor::empty({3, 10}, DType::F32);
+  EXPECT_ERROR_CONTAINS(reader.read("w", 0, 4, too_far), "'w'", "[6, 10]");
+  Tensor wide = Tensor::empty({3, 11}, DType::F32);
+  EXPECT_ERROR_CONTAINS(reader.read("w", 0, 0, wide), "'w'", "another shape");
+  Tensor half = Tensor::empty({3, 10}, DType::BF16);
+  EXPECT_ERROR_CONTAINS(reader.read("w", 0, 0, half), "'w'", "f32", "bf16");
+  EXPECT_ERROR_CONTAINS(reader.read_whole("missing", MemCategory::Other), "no tensor 'missing'");
+}
+
+TEST(ShardedCheckpoint, MissingRanksGapsOverlapsAndOtherShapesAreRefused) {
+  TempDir dir;
+  const auto fresh = [&](const std::string& name) {
+    const std::string d = dir.file(name);
+    std::filesystem::create_directories(d);
+    return d;
+  };
+  {
+    const std::string d = fresh("missing_rank");
+    ckpt::ShardWriter r0;
+    r0.add("w", {2, 2}, 0, 0, grid(2, 2));
+    r0.write(d, 0);
+    EXPECT_ERROR_CONTAINS(ckpt::merge_shard_indexes(d, 2, 0.05), "rank 1", ckpt::shard_index_name(1));
+  }
+  {
+    const std::string d = fresh("gap");
+    ckpt::ShardWriter r0, r1;
+    r0.add("w", {4, 2}, 0, 0, grid(1, 2));
+    r1.add("w", {4, 2}, 0, 2, grid(2, 2, 2, 0));
+    r0.write(d, 0), r1.write(d, 1);
+    EXPECT_ERROR_CONTAINS(ckpt::merge_shard_indexes(d, 2, 5), "'w'", "a gap at 1");
+  }
+  {
+    const std::string d = fresh("short");
+    ckpt::ShardWriter r0;
+    r0.add("w", {4, 2}, 0, 0, grid(3, 2));
+    r0.write(d, 0);
+    EXPECT_ERROR_CONTAINS(ckpt::merge_shard_indexes(d, 1, 5), "'w'", "up to 3");
+  }
+  {
+    const std::string d = fresh("overlap");
+    ckpt::ShardWriter r0, r1;
+    r0.add("w", {4, 2}, 0, 0, grid(3, 2));
+    r1.add("w", {4, 2}, 0, 2, grid(2, 2, 2, 0));
+    r0.write(d, 0), r1.write(d, 1);
+    EXPECT_ERROR_CONTAINS(ckpt::merge_shard_indexes(d, 2, 5), "'w'", "overlapping pieces");
+  }
+  {
+    const std::string d = fresh("shapes");
+    ckpt::ShardWriter r0, r1;
+    r0.add("w", {4, 2}, 0, 0, grid(2, 2));
+    r1.add("w", {4, 3}, 0, 2, grid(2, 3));
+    r0.write(d, 0), r1.write(d, 1);
+    EXPECT_ERROR_CONTAINS(ckpt::merge_shard_indexes(d, 2, 5), ckpt::shard_index_name(1), "'w'", "[4,3]", "[4,2]");
+  }
+  // A piece that is no piece of its tensor is refused when added.
+  ckpt::ShardWriter w;
+  EXPECT_ERROR_CONTAINS(w.add("w", {4, 2}, 0, 3, grid(2, 2)), "'w'", "no piece of");
+  EXPECT_ERROR_CONTAINS(w.add("w", {4, 2}, 2, 0, grid(4, 2)), "'w'", "no piece of");
+  // Metadata that names a file outside the checkpoint, or pieces that do not tile the tensor, is
+  // refused before anything is read.
+  const std::string d = fresh("tampered");
+  ckpt::ShardWriter r0;
+  r0.add("w", {4, 2}, 0, 0, grid(4, 2));
+  r0.write(d, 0);
+  ckpt::merge_shard_indexes(d, 1, 5);
+  auto meta = nlohmann::json::parse(megaton::testing::read_bytes(d + "/metadata.json"));
+  const auto good = meta;
+  meta["tensors"]["w"]["pieces"][0]["file"] = "../elsewhere.safetensors";
+  megaton::testing::write_bytes(d + "/metadata.json", meta.dump());
+  EXPECT_ERROR_CONTAINS(ckpt::ShardedReader{d}, "'w'", "not a file name inside");
+  meta = good;
+  meta["tensors"]["w"]["pieces"][0]["length"] = 3;
+  megaton::testing::write_bytes(d + "/metadata.json", meta.dump());
+  EXPECT_ERROR_CONTAINS(ckpt::ShardedReader{d}, "'w'", "cover 3 of 4");
+  meta = good;
+  meta["tensors"]["w"]["shape"] = {4, -2};
+  megaton::testing::write_bytes(d + "/metadata.json", meta.dump());
+  EXPECT_ERROR_CONTAINS(ckpt::ShardedReader{d}, "'w'", "extent below 1");
+}
