@@ -6,18 +6,19 @@
 //   1e-5 of data parallelism; so is a loss spike that rank 1 alone sees.
 // - SIGTERM to rank 1 alone, or to every rank, or to the supervisor of a --nproc job, stops every
 //   rank after the same step with a checkpoint and exit status 3; the job resumes bitwise.
-// - Rank 1 killed by SIGKILL mid-run: the supervisor restarts the job from the newest checkpoint and
+// - Rank 1 killed by SIGKILL mid-run, at dp2 and at tp2 (sharded checkpoints): the supervisor
+//   restarts the job from the newest checkpoint and
 //   it ends bitwise equal to the clean --nproc 2 run.
 // - A dp2 run stopped and resumed at dp2 equals the uninterrupted one bitwise; resumed at dp1 from
 //   the dp2 checkpoint, within 1e-5.
 // - Bad rank qualifiers and launcher settings are refused naming what is wrong, before anything runs.
 #include <gtest/gtest.h>
-
 #include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <tuple>
 #include <functional>
 
 #include "megaton/ckpt/checkpoint_dir.h"
@@ -185,31 +186,38 @@ TEST(DpResilience, ASpikeOneRankAloneSeesRewindsEveryRank) {
 // starts it again with --resume auto from the step-4 checkpoint, and the job ends bitwise equal to
 // the clean one.
 TEST(DpResilience, ARankKilledMidRunRestartsTheWholeJobBitwise) {
-  TinyRunDir d;
-  const std::string job = "--nproc 2 --set training.train_iters=10 --set logging.save_interval=4 "
-                          "--set checkpoint.async_save=false ";
-  const CommandResult clean = run_command(mpi_env(120) + d.command("clean", job));
-  ASSERT_EQ(clean.exit_code, 0) << clean.output;
-  EXPECT_NE(clean.output.find("data parallel 2 ranks"), std::string::npos) << clean.output;
-  // Rank 0 alone prints the summary line.
-  const size_t summary = clean.output.find("final validation loss");
-  ASSERT_NE(summary, std::string::npos) << clean.output;
-  EXPECT_EQ(clean.output.find("final validation loss", summary + 1), std::string::npos) << clean.output;
-  const CommandResult r = run_command(mpi_env(120) + d.command("crashed", job + "--max-restarts 2 --inject crash@step=7,rank=1"));
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("injected fault: crash@step=7: killing the process"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("exited on signal 9"), std::string::npos) << "not a SIGKILL (Open MPI's report):\n" << r.output;
-  EXPECT_NE(r.output.find("the training job (mpirun)"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("restart 1 of 2"), std::string::npos) << r.output;
-  EXPECT_EQ(r.output.find("restart 2 of 2"), std::string::npos) << r.output;
-  const Metrics m = read_metrics(d.run_dir("crashed"));
-  ASSERT_EQ(m.events_of("resume").size(), 1u);
-  EXPECT_EQ(m.events_of("resume")[0]["step"], 4);
-  EXPECT_TRUE(fs::exists(d.run_dir("crashed") + "/injected_faults.rank1"));
-  const Metrics c = read_metrics(d.run_dir("clean"));
-  ASSERT_EQ(c.losses.size(), 10u);
-  EXPECT_EQ(m.losses, c.losses);
-  expect_bitwise_equal(final_weights(d.run_dir("clean")), final_weights(d.run_dir("crashed")));
+  // Data parallel (each rank a replica) and tensor parallel (each rank half of every split tensor,
+  // each writing its own checkpoint shard).
+  for (const auto& [layout, args, banner] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"dp2", "", "data parallel 2 ranks"}, {"tp2", "--set tp=2 ", "tensor parallel 2 ranks"}}) {
+    SCOPED_TRACE(layout);
+    TinyRunDir d;
+    const std::string job = "--nproc 2 --set training.train_iters=10 --set logging.save_interval=4 "
+                            "--set checkpoint.async_save=false " + args;
+    const CommandResult clean = run_command(mpi_env(120) + d.command("clean", job));
+    ASSERT_EQ(clean.exit_code, 0) << clean.output;
+    EXPECT_NE(clean.output.find(banner), std::string::npos) << clean.output;
+    // Rank 0 alone prints the summary line.
+    const size_t summary = clean.output.find("final validation loss");
+    ASSERT_NE(summary, std::string::npos) << clean.output;
+    EXPECT_EQ(clean.output.find("final validation loss", summary + 1), std::string::npos) << clean.output;
+    const CommandResult r =
+        run_command(mpi_env(120) + d.command("crashed", job + "--max-restarts 2 --inject crash@step=7,rank=1"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("injected fault: crash@step=7: killing the process"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("exited on signal 9"), std::string::npos) << "not a SIGKILL (Open MPI's report):\n" << r.output;
+    EXPECT_NE(r.output.find("the training job (mpirun)"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("restart 1 of 2"), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("restart 2 of 2"), std::string::npos) << r.output;
+    const Metrics m = read_metrics(d.run_dir("crashed"));
+    ASSERT_EQ(m.events_of("resume").size(), 1u);
+    EXPECT_EQ(m.events_of("resume")[0]["step"], 4);
+    EXPECT_TRUE(fs::exists(d.run_dir("crashed") + "/injected_faults.rank1"));
+    const Metrics c = read_metrics(d.run_dir("clean"));
+    ASSERT_EQ(c.losses.size(), 10u);
+    EXPECT_EQ(m.losses, c.losses);
+    expect_bitwise_equal(final_weights(d.run_dir("clean")), final_weights(d.run_dir("crashed")));
+  }
 }
 
 // The checkpoint of a data-parallel run holds the one replicated state: resumed at dp2 it continues
