@@ -7,8 +7,7 @@
 // - SIGTERM to rank 1 alone, or to every rank, or to the supervisor of a --nproc job, stops every
 //   rank after the same step with a checkpoint and exit status 3; the job resumes bitwise.
 // - Rank 1 killed by SIGKILL mid-run, at dp2 and at tp2 (sharded checkpoints): the supervisor
-//   restarts the job from the newest checkpoint and
-//   it ends bitwise equal to the clean --nproc 2 run.
+//   restarts the job from the newest checkpoint and it ends bitwise equal to the clean run.
 // - A dp2 run stopped and resumed at dp2 equals the uninterrupted one bitwise; resumed at dp1 from
 //   the dp2 checkpoint, within 1e-5.
 // - Bad rank qualifiers and launcher settings are refused naming what is wrong, before anything runs.
