@@ -12,10 +12,11 @@ micro-batch of B x T per rank per step, once with parallel.overlap_grad_reduce =
 false, once with parallel.use_distributed_optimizer = true, plus the single-process run of the same
 global batch; `--runs tp` instead (or as well) runs tp = NP and tp = NP with sequence_parallel on the
 same global batch (micro-batches of B x T, all ranks one tensor-parallel group). From rank 0's
-metrics.jsonl: the median over steps 2.. of step_time_s and of
-comm_wait_s (timers around the waits for the bucket reductions and the tensor-parallel
-collectives), and the peak_memory_mb record of the
-first step. Prints the CPU line first and one row per run.
+metrics.jsonl: the median over steps 2.. of step_time_s, of
+comm_wait_s (timers around the waits for the bucket reductions, the tensor-parallel
+collectives and the overlapped weight gathers) and of the wall time between step records (the
+optimizer update and its blocking weight all-gather included), and the peak_memory_mb record of the
+first step. The dp runs include the distributed optimizer with parallel.overlap_param_gather. Prints the CPU line first and one row per run.
 """
 import argparse
 import json
@@ -45,7 +46,10 @@ def medians(run_dir: Path):
     step_time = statistics.median(s["step_time_s"] for s in steps)
     wait = statistics.median(s.get("comm_wait_s", 0.0) for s in steps)
     first = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
-    return step_time, wait, statistics.median(s["tokens_per_s"] for s in steps), first.get("peak_memory_mb", {})
+    # Wall time per step, the optimizer update (and a blocking weight all-gather) included: between
+    # consecutive step records.
+    wall = statistics.median(b["time"] - a["time"] for a, b in zip(steps, steps[1:])) if len(steps) > 1 else float("nan")
+    return step_time, wait, wall, statistics.median(s["tokens_per_s"] for s in steps), first.get("peak_memory_mb", {})
 
 
 def main():
@@ -74,7 +78,7 @@ def main():
     print(f"{args.model}, {args.np} ranks x B={args.batch} T={args.seq_len}, {args.threads} thread(s) per rank, "
           f"bucket_size {args.bucket_size}; medians over steps 2..{args.steps}")
     cats = ["params", "grads", "optimizer", "activations"]
-    print(f"{'run':34} {'step s':>8} {'wait s':>8} {'wait %':>7} {'tokens/s':>9}  peak MB: " + " ".join(cats))
+    print(f"{'run':40} {'step s':>8} {'wait s':>8} {'wait %':>7} {'wall s':>8} {'tokens/s':>9}  peak MB: " + " ".join(cats))
     with tempfile.TemporaryDirectory() as tmp:
         runs = [("1 process, same global batch", [binary, "train"], [])]
         if "dp" in kinds:
@@ -82,6 +86,8 @@ def main():
                       ["--set", f"parallel.overlap_grad_reduce={o}"]) for o in ("true", "false")]
             runs.append((f"dp{args.np} distributed optimizer", mpirun + [binary, "train"],
                          ["--set", "parallel.use_distributed_optimizer=true"]))
+            runs.append((f"dp{args.np} dist. opt. + param gather overlap", mpirun + [binary, "train"],
+                         ["--set", "parallel.use_distributed_optimizer=true", "--set", "parallel.overlap_param_gather=true"]))
         if "tp" in kinds:
             runs += [(f"tp{args.np}{' + sequence parallel' if sp else ''}", mpirun + [binary, "train"],
                       ["--set", f"tp={args.np}", "--set", f"parallel.sequence_parallel={'true' if sp else 'false'}"])
@@ -89,8 +95,8 @@ def main():
         for name, prefix, extra in runs:
             run_dir = Path(tmp) / name.replace(" ", "_").replace(",", "").replace("+", "")
             run(prefix + common + extra + ["--set", f"logging.run_dir=\"{run_dir}\""], env)
-            step_time, wait, tok_s, mem = medians(run_dir)
-            print(f"{name:34} {step_time:8.2f} {wait:8.3f} {100 * wait / step_time:6.1f}% {tok_s:9.0f}  " +
+            step_time, wait, wall, tok_s, mem = medians(run_dir)
+            print(f"{name:40} {step_time:8.2f} {wait:8.3f} {100 * wait / step_time:6.1f}% {wall:8.2f} {tok_s:9.0f}  " +
                   " ".join(f"{mem.get(c, float('nan')):.0f}" for c in cats), flush=True)
 
 

@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <utility>
 
 #include "../support/mpirun.h"
 #include "../support/tiny_model.h"
@@ -73,9 +75,13 @@ TEST(DataParallel, LayoutErrorsNameTheSizes) {
 
 // A two-rank data-parallel group inside one process: the other rank is taken to hold the same
 // gradients, so a sum doubles them. Records each reduction and what backward had done by then.
+// All-gathers (the distributed optimizer's weights) stay pending until waited for, and report
+// their issue and their wait (the twin's block takes this rank's values).
 class TwinGroup final : public parallel::Communicator {
  public:
-  explicit TwinGroup(std::function<void(const Tensor&)> on_reduce) : on_reduce_(std::move(on_reduce)) {}
+  explicit TwinGroup(std::function<void(const Tensor&)> on_reduce,
+                     std::function<void(const std::string&)> on_gather = nullptr)
+      : on_reduce_(std::move(on_reduce)), on_gather_(std::move(on_gather)) {}
   int rank() const override { return 0; }
   int size() const override { return 2; }
   const std::string& name() const override { return name_; }
@@ -87,8 +93,15 @@ class TwinGroup final : public parallel::Communicator {
     }
     return parallel::completed_work();
   }
-  parallel::WorkHandle reduce_scatter_async(const Tensor&, const Tensor&, parallel::ReduceOp) override { return none(); }
-  parallel::WorkHandle all_gather_async(const Tensor&, const Tensor&) override { return none(); }
+  parallel::WorkHandle reduce_scatter_async(const Tensor& out, const Tensor& in, parallel::ReduceOp) override {
+    for (int64_t i = 0; i < out.numel(); ++i) out.data<float>()[i] = 2 * in.data<float>()[i];  // block 0, twice
+    return parallel::completed_work();
+  }
+  parallel::WorkHandle all_gather_async(const Tensor& out, const Tensor& in) override {
+    if (!on_gather_) return none();
+    on_gather_("issue " + out.name());
+    return std::make_shared<PendingGather>(*this, out, in);
+  }
   parallel::WorkHandle all_to_all_async(const Tensor&, std::span<const int64_t>, const Tensor&,
                                         std::span<const int64_t>) override {
     return none();
@@ -100,9 +113,21 @@ class TwinGroup final : public parallel::Communicator {
   std::unique_ptr<Communicator> split(int, int, const std::string&) override { return nullptr; }
 
  private:
+  struct PendingGather final : parallel::Work {
+    PendingGather(TwinGroup& g, Tensor out, Tensor in) : group(g), out(std::move(out)), in(std::move(in)) {}
+    void wait() override {
+      if (std::exchange(done, true)) return;
+      group.on_gather_("wait " + out.name());
+      std::memcpy(static_cast<char*>(out.raw()) + in.nbytes(), in.raw(), in.nbytes());
+    }
+    TwinGroup& group;
+    Tensor out, in;
+    bool done = false;
+  };
   [[noreturn]] static parallel::WorkHandle none() { fail("TwinGroup: only all_reduce is used by data parallelism"); }
   std::string name_ = "dp";
   std::function<void(const Tensor&)> on_reduce_;
+  std::function<void(const std::string&)> on_gather_;
 };
 
 class PatternSource final : public data::SampleSource {
@@ -168,3 +193,49 @@ TEST(DataParallel, BucketsAreReducedDuringBackwardEachOnceAndLikeAfterIt) {
   ASSERT_EQ(grads.size(), grads_after.size());
   EXPECT_EQ(std::memcmp(grads.data(), grads_after.data(), grads.size() * sizeof(float)), 0);
 }
+
+// overlap_param_gather: the distributed optimizer's step issues every bucket's weight gather, the
+// last bucket (the first layers) first, and waits for none; the next forward waits for each right
+// before its first module runs, so the first layers compute (their activations are live) while the
+// last layers' weights are still in flight. Every bucket is waited for once, the embedding's first.
+TEST(DataParallel, OverlappedParamGathersAreWaitedForByTheForwardInOrderOfUse) {
+  train::TrainConfig cfg;
+  cfg.model = megaton::testing::tiny_config("gpt-tiny");
+  cfg.micro_batch_size = 2;
+  cfg.global_batch_size = 4;
+  cfg.seq_length = 16;
+  cfg.data_parallel_size = 2;
+  cfg.use_distributed_optimizer = true;
+  cfg.overlap_param_gather = true;
+  cfg.bucket_size = 3000;
+  cfg.num_workers = 1;
+  models::TransformerModel m(cfg.model);
+  m.init_weights(7);
+  std::vector<std::string> events;
+  std::vector<size_t> live_activations;  // at each wait
+  TwinGroup dp([](const Tensor&) {},
+               [&](const std::string& e) {
+                 events.push_back(e);
+                 if (e.starts_with("wait "))
+                   live_activations.push_back(Allocator::host().stats().live[static_cast<size_t>(MemCategory::Activations)]);
+               });
+  parallel::LocalCommunicator pp("pp");
+  train::TrainingStep step(m, cfg, std::make_shared<PatternSource>(), dp, pp);
+  const size_t buckets = step.buffer().buckets().size();
+  ASSERT_GT(buckets, 3u);
+  const auto first = step.forward_backward(1, 0);
+  step.update(1e-3, first.grad_norm);
+  ASSERT_EQ(events.size(), buckets);
+  for (size_t i = 0; i < buckets; ++i) EXPECT_EQ(events[i], "issue param_bucket_" + std::to_string(buckets - 1 - i));
+  events.clear();
+  live_activations.clear();
+  const auto second = step.forward_backward(2, 4);
+  EXPECT_TRUE(std::isfinite(second.loss));
+  ASSERT_EQ(events.size(), buckets);
+  for (size_t i = 0; i < buckets; ++i) EXPECT_EQ(events[i], "wait param_bucket_" + std::to_string(buckets - 1 - i));
+  // The activations saved so far grow from wait to wait: each layer ran between its bucket's wait
+  // and the next one's (planted: every bucket waited for at the start of the forward, caught).
+  EXPECT_TRUE(std::is_sorted(live_activations.begin(), live_activations.end()));
+  EXPECT_GT(live_activations.back(), 4 * live_activations.front()) << "every gather was waited for before compute";
+}
+

@@ -16,16 +16,20 @@ Tensor ModelChunk::forward(ChunkCtx& ctx, const Tensor& input, int64_t B, int64_
   Tensor h = input;
   if (is_first()) {
     ctx.tokens = input;
+    gate(*embedding_);
     h = embedding_->forward(input, 0, compute_dtype_);
   }
   if (recompute_.full()) ctx.unit_inputs.assign(layers_.size(), Tensor());
   for (size_t i = 0; i < layers_.size(); ++i) {
     const auto [first, end] = recompute_unit(i);
     if (end > first && first == i) ctx.unit_inputs[i] = h;
+    gate(*layers_[i]);
     h = layers_[i]->forward(ctx.blocks[i], h, B, T);
     if (end > first) ctx.blocks[i] = {};  // only the unit's input is kept
   }
-  return is_last() ? final_norm_->forward(ctx.final_norm, h) : h;
+  if (!is_last()) return h;
+  gate(*final_norm_);
+  return final_norm_->forward(ctx.final_norm, h);
 }
 
 std::pair<size_t, size_t> ModelChunk::recompute_unit(size_t i) const {
@@ -49,6 +53,7 @@ void ModelChunk::rebuild_unit(ChunkCtx& ctx, size_t i) {
 nn::LossSum ModelChunk::loss(ChunkCtx& ctx, const Tensor& output, const Tensor& targets, bool compute_grad,
                              float grad_scale, bool defer_head_weight_grad) {
   MEGATON_CHECK(is_last(), "the loss op runs on the last model chunk only");
+  gate(*head_);
   if (!compute_grad) return head_->loss(output, targets);
   return head_->loss_and_grad(output, targets, grad_scale, ctx.dloss, defer_head_weight_grad ? &ctx.head : nullptr);
 }

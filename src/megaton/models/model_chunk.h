@@ -6,6 +6,7 @@
 // its modules: the model does, and names them globally (checkpoint names do not depend on the
 // split).
 #pragma once
+#include <functional>
 #include <memory>
 #include <span>
 #include <utility>
@@ -43,6 +44,10 @@ class ModelChunk {
   void set_compute_dtype(DType dtype) { compute_dtype_ = dtype; }
   // Full recompute's units (nn/recompute.h); selective recompute is the blocks' own.
   void set_recompute(const nn::RecomputeConfig& config) { recompute_ = config; }
+  // Called with each module's parameters before F (and the loss op) reads them: where weights
+  // still arriving (the distributed optimizer's overlapped all-gather) are waited for.
+  using ParamGate = std::function<void(const nn::ParameterList&)>;
+  void set_param_gate(ParamGate gate) { gate_ = std::move(gate); }
   bool is_first() const { return embedding_ != nullptr; }
   bool is_last() const { return head_ != nullptr; }
   size_t num_layers() const { return layers_.size(); }
@@ -66,6 +71,13 @@ class ModelChunk {
   Tensor backward(ChunkCtx& ctx, const Tensor& doutput);
 
  private:
+  template <typename Module>
+  void gate(Module& m) const {
+    if (!gate_) return;
+    nn::ParameterList params;
+    m.parameters(params);
+    gate_(params);
+  }
   // The final norm's input gradient on the last chunk; doutput elsewhere.
   Tensor output_grad(ChunkCtx& ctx, const Tensor& doutput, const char* op);
   // The last chunk's W after its layers': the head's (when deferred), then the final norm's.
@@ -82,6 +94,7 @@ class ModelChunk {
   nn::OutputHead* head_;
   DType compute_dtype_ = DType::F32;
   nn::RecomputeConfig recompute_;
+  ParamGate gate_;
 };
 
 }  // namespace megaton::models

@@ -140,6 +140,10 @@ class TransformerModel {
   // Model chunks of the whole model; this stage holds some of them (every one without pipelining).
   size_t num_chunks() const { return layout_.num_chunks(); }
   ModelChunk& chunk(size_t c);
+  // Every held chunk's (ModelChunk::set_param_gate).
+  void set_param_gate(const ModelChunk::ParamGate& gate) {
+    for (ModelChunk& c : chunks_) c.set_param_gate(gate);
+  }
 
  private:
   // Every transformer layer's Linear modules, in layer order.

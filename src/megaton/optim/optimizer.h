@@ -38,6 +38,11 @@ class Optimizer {
   // and sets the step count. Throws naming the key when one is missing or has the wrong shape,
   // before changing anything; other keys are ignored, so a whole checkpoint's map can be passed.
   virtual void load_state(const std::map<std::string, Tensor>& tensors, int64_t step) = 0;
+  // Blocks until the weights the last step() wrote are in place on this rank: a distributed
+  // optimizer under overlap_param_gather leaves its all-gather of the updated weights in flight
+  // for the next forward to wait on. Whatever reads or writes the weights outside the training
+  // forward (snapshots, checkpoints, validation, the export) calls this first.
+  virtual void wait_for_weights() const {}
 };
 
 }  // namespace megaton::optim

@@ -1,7 +1,9 @@
 #include "megaton/parallel/distributed_optimizer.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
+#include <utility>
 
 #include "megaton/parallel/local_communicator.h"
 
@@ -19,8 +21,14 @@ std::vector<nn::ElementRange> owned_ranges(const nn::ParamAndGradBuffer& buffer,
 }  // namespace
 
 DistributedOptimizer::DistributedOptimizer(const nn::ParamAndGradBuffer& buffer, optim::AdamWConfig config,
-                                           Communicator& dp)
-    : buffer_(buffer), dp_(dp), adamw_(buffer, config, owned_ranges(buffer, dp)) {
+                                           Communicator& dp, bool overlap_param_gather)
+    : buffer_(buffer),
+      dp_(dp),
+      adamw_(buffer, config, owned_ranges(buffer, dp)),
+      overlap_param_gather_(overlap_param_gather),
+      gathers_(buffer.buckets().size()) {
+  for (size_t b = 0; b < buffer.buckets().size(); ++b)
+    for (const nn::Parameter* p : buffer.buckets()[b].params) bucket_of_.emplace(p, b);
   MEGATON_CHECK(buffer.weights().device().is_cpu(), "the distributed optimizer runs on host tensors (MPI), the buffer is on ",
                 buffer.weights().device().str());
 }
@@ -35,17 +43,40 @@ WorkHandle DistributedOptimizer::reduce_scatter_grads(size_t bucket) {
 }
 
 void DistributedOptimizer::step(double lr, double grad_scale) {
+  wait_for_weights();  // the previous step's gathers land before this one writes its shards
   adamw_.step(lr, grad_scale);
   if (dp_.size() == 1) return;
-  std::vector<WorkHandle> gathers;
-  for (size_t b = 0; b < buffer_.buckets().size(); ++b) {
+  // The last bucket first: it holds the first layers, which the next forward needs first.
+  for (size_t b = buffer_.buckets().size(); b-- > 0;) {
     const nn::GradBucket& bucket = buffer_.buckets()[b];
     const nn::ElementRange mine = buffer_.shard_range(b, dp_.rank());
     const std::string name = "param_bucket_" + std::to_string(b);
-    gathers.push_back(dp_.all_gather_async(buffer_.weights().window(bucket.offset, {bucket.numel}, name),
-                                           buffer_.weights().window(mine.offset, {mine.numel}, name + "_shard")));
+    gathers_[b] = dp_.all_gather_async(buffer_.weights().window(bucket.offset, {bucket.numel}, name),
+                                       buffer_.weights().window(mine.offset, {mine.numel}, name + "_shard"));
   }
-  for (auto& work : gathers) work->wait();
+  if (!overlap_param_gather_)
+    for (WorkHandle& work : gathers_) std::exchange(work, nullptr)->wait();
+}
+
+void DistributedOptimizer::wait_for_bucket(size_t bucket) const {
+  if (!gathers_[bucket]) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::exchange(gathers_[bucket], nullptr)->wait();
+  gather_wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  nn::refresh_compute_copies(buffer_.buckets()[bucket].params);
+}
+
+void DistributedOptimizer::wait_for(const nn::ParameterList& params) const {
+  for (const nn::Parameter* p : params)
+    if (const auto it = bucket_of_.find(p); it != bucket_of_.end()) wait_for_bucket(it->second);
+}
+
+void DistributedOptimizer::wait_for_weights() const {
+  for (size_t b = buffer_.buckets().size(); b-- > 0;) wait_for_bucket(b);
+}
+
+bool DistributedOptimizer::weights_in_flight() const {
+  return std::any_of(gathers_.begin(), gathers_.end(), [](const WorkHandle& w) { return w != nullptr; });
 }
 
 void DistributedOptimizer::save_state(const std::vector<std::pair<std::string, Tensor>>& into) const {

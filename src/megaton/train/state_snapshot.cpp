@@ -107,6 +107,7 @@ StateSnapshot::StateSnapshot(const models::TransformerModel& model, const optim:
 
 void StateSnapshot::capture(const models::TransformerModel& model, const optim::Optimizer& optimizer,
                             const TrainProgress& progress, const TrainConfig& cfg) {
+  optimizer.wait_for_weights();
   const auto& params = model.parameters();
   for (size_t i = 0; i < params.size(); ++i) copy_bytes(params[i]->value, values_[i]);
   optimizer.save_state(moments_);
@@ -117,6 +118,7 @@ void StateSnapshot::capture(const models::TransformerModel& model, const optim::
 }
 
 void StateSnapshot::restore(models::TransformerModel& model, optim::Optimizer& optimizer) const {
+  optimizer.wait_for_weights();  // no gather in flight may overwrite what is restored
   const auto& params = model.parameters();
   for (size_t i = 0; i < params.size(); ++i) copy_bytes(values_[i], params[i]->value);
   optimizer.load_state({moments_.begin(), moments_.end()}, optimizer_steps_);
@@ -161,6 +163,7 @@ TrainProgress load_checkpoint(const std::string& dir, models::TransformerModel& 
   TrainProgress progress = state_from_json(state, cfg, state_file, &optimizer_steps);
   ckpt::ShardedReader reader(dir);
   const int tp_rank = model.tensor_parallel().rank();
+  optimizer.wait_for_weights();  // no gather in flight may overwrite what is loaded
   for (const nn::Parameter* p : model.parameters()) read_local(reader, kModelPrefix + p->name, *p, p->value, tp_rank);
   std::map<std::string, Tensor> moments;
   for (const optim::StateTensorSpec& spec : optimizer.state_specs()) {

@@ -384,8 +384,6 @@ void validate(const TrainConfig& c) {
             std::to_string(c.tensor_model_parallel_size));
   check(!c.overlap_param_gather || c.use_distributed_optimizer, "parallel.overlap_param_gather",
         "needs parallel.use_distributed_optimizer");
-  check(!c.overlap_param_gather, "parallel.overlap_param_gather",
-        "is not supported yet (the distributed optimizer all-gathers the updated weights right after its step)");
   check(c.bucket_size >= 1, "parallel.bucket_size", "must be positive");
   if (c.data_parallel_size > 0)
     check(c.global_batch_size % (c.micro_batch_size * c.data_parallel_size) == 0, "training.global_batch_size",

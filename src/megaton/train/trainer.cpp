@@ -193,6 +193,7 @@ void Trainer::export_final_model(models::TransformerModel& final_model) {
 }
 
 double Trainer::validation_loss() {
+  optimizer_->wait_for_weights();
   return evaluate(*model_, *data_.valid, cfg_.micro_batch_size,
                   cfg_.eval_iters > 0 ? cfg_.eval_iters * cfg_.micro_batch_size : 0)
       .loss;
@@ -279,6 +280,7 @@ TrainSummary Trainer::run() {
     stop = agree_on_anomaly(world_, stop_signals.requested());
     if (!stop.empty()) exiting = step < cfg_.train_iters;
   }
+  optimizer_->wait_for_weights();  // the last update lands before the export reads it
   // The last state is always on disk when checkpointing is on, so a finished run can be extended
   // (--resume auto with more train_iters) and an early exit resumed.
   if ((cfg_.save_interval > 0 || exiting) && checkpoints_.last_saved_step() != progress_.step) save_checkpoint();

@@ -35,9 +35,12 @@ TrainingStep::TrainingStep(models::TransformerModel& model, const TrainConfig& c
          cfg.data_parallel_size);
   const optim::AdamWConfig adamw{cfg.lr, cfg.adam_beta1, cfg.adam_beta2, cfg.adam_eps, cfg.weight_decay};
   if (cfg.use_distributed_optimizer) {
-    auto distributed = std::make_unique<parallel::DistributedOptimizer>(*buffer_, adamw, dp_);
+    auto distributed = std::make_unique<parallel::DistributedOptimizer>(*buffer_, adamw, dp_, cfg.overlap_param_gather);
     distributed_ = distributed.get();
     optimizer_ = std::move(distributed);
+    // overlap_param_gather: each module of the next forward waits for its weights' gather alone.
+    if (cfg.overlap_param_gather)
+      model_.set_param_gate([d = distributed_](const nn::ParameterList& params) { d->wait_for(params); });
   } else {
     optimizer_ = std::make_unique<optim::AdamW>(*buffer_, adamw);
   }
@@ -131,11 +134,16 @@ void TrainingStep::begin_fp8_step() {
   for (fp8::LinearQuantizer* q : quantizers) q->next_step();
 }
 
+TrainingStep::~TrainingStep() { model_.set_param_gate(nullptr); }
+
 TrainingStep::Result TrainingStep::forward_backward(int64_t step, int64_t first_sample) {
   const auto t0 = std::chrono::steady_clock::now();
   const double tp_wait0 = parallel::tensor_parallel_wait_seconds();
+  const double gather_wait0 = distributed_ ? distributed_->gather_wait_seconds() : 0.0;
   const int64_t mbs = cfg_.micro_batch_size;
-  model_.refresh_compute_weights();  // the main weights changed since: optimizer step, resume, rewind
+  // The main weights changed since: optimizer step, resume, rewind. Weights still being gathered
+  // are refreshed as they land (the gate).
+  if (!distributed_ || !distributed_->weights_in_flight()) model_.refresh_compute_weights();
   begin_fp8_step();
   buffer_->begin_step(schedule_.microbatches);
   model_.begin_moe_step();
@@ -157,15 +165,20 @@ TrainingStep::Result TrainingStep::forward_backward(int64_t step, int64_t first_
   try {
     pipeline::execute(schedule_.ops.at(static_cast<size_t>(pp_.rank())), stage);
     stage.finish();
+    optimizer_->wait_for_weights();  // a bucket no module gated (none should be): landed before the update
   } catch (...) {
-    // The buckets in flight still point into the gradient buffer: let them land before unwinding.
+    // The buckets in flight still point into the gradient and weight buffers: let them land
+    // before unwinding.
     wait_reductions();
+    optimizer_->wait_for_weights();
     throw;
   }
   buffer_->end_step();
-  // Blocked on communication: the tensor-parallel collectives inside forward and backward, then the
-  // gradient reductions.
-  const double comm_wait = parallel::tensor_parallel_wait_seconds() - tp_wait0 + finish_reductions();
+  // Blocked on communication: the tensor-parallel collectives inside forward and backward, the
+  // overlapped weight gathers the forward waited for, then the gradient reductions.
+  const double comm_wait = parallel::tensor_parallel_wait_seconds() - tp_wait0 +
+                           (distributed_ ? distributed_->gather_wait_seconds() - gather_wait0 : 0.0) +
+                           finish_reductions();
   double loss = stage.mean_loss();
   if (pp_.size() > 1) loss = pp_.all_reduce_scalar(loss);  // the last stage's; the others add 0
   if (dp_.size() > 1) loss = dp_.all_reduce_scalar(loss) / static_cast<double>(dp_.size());

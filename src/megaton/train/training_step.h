@@ -72,6 +72,9 @@ class TrainingStep {
   // cfg.pipeline_model_parallel_size); the model holds this stage's model chunks of the schedule.
   TrainingStep(models::TransformerModel& model, const TrainConfig& cfg, std::shared_ptr<const data::SampleSource> train,
                parallel::Communicator& data_parallel, parallel::Communicator& pipeline);
+  ~TrainingStep();
+  TrainingStep(const TrainingStep&) = delete;
+  TrainingStep& operator=(const TrainingStep&) = delete;
   const nn::ParamAndGradBuffer& buffer() const { return *buffer_; }
   optim::Optimizer& optimizer() { return *optimizer_; }
   const optim::Optimizer& optimizer() const { return *optimizer_; }
