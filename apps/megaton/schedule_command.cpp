@@ -8,8 +8,8 @@
 #include <sstream>
 
 #include "commands.h"
+#include "megaton/pipeline/trace.h"
 #include "option_range.h"
-#include "megaton/core/atomic_file.h"
 #include "megaton/core/error.h"
 #include "megaton/pipeline/generators.h"
 #include "megaton/pipeline/simulator.h"
@@ -70,22 +70,6 @@ std::string timeline(const pipeline::Simulation& sim, double unit) {
   return out;
 }
 
-void write_trace(const std::string& path, const pipeline::Schedule& s, const pipeline::Simulation& sim) {
-  nlohmann::json events = nlohmann::json::array();
-  for (size_t st = 0; st < sim.timeline.size(); ++st)
-    for (const pipeline::TimedOp& op : sim.timeline[st]) {  // one cost unit drawn as one millisecond
-      nlohmann::json args{{"microbatch", op.op.microbatch}, {"chunk", op.op.chunk}};
-      if (op.op.kind == pipeline::OpKind::ForwardBackward)
-        args.update({{"backward_microbatch", op.op.backward_microbatch}, {"backward_chunk", op.op.backward_chunk}});
-      events.push_back({{"name", pipeline::op_name(op.op)}, {"ph", "X"}, {"pid", 0}, {"tid", st},
-                        {"ts", op.start * 1000}, {"dur", (op.end - op.start) * 1000}, {"args", args}});
-    }
-  const std::string text = nlohmann::json{{"traceEvents", events}, {"otherData", {{"schedule", s.name}}}}.dump();
-  AtomicFile out(path);
-  out.write(text.data(), text.size());
-  out.commit();
-}
-
 }  // namespace
 
 void add_schedule_command(CLI::App& app) {
@@ -114,7 +98,11 @@ void add_schedule_command(CLI::App& app) {
     const pipeline::OpCosts costs = parse_costs(costs_text);
     const pipeline::Schedule s = pipeline::generate(kind, pp, vpp, microbatches);
     const pipeline::Simulation sim = pipeline::simulate(s, costs);
-    if (!trace.empty()) write_trace(trace, s, sim);
+    if (!trace.empty()) {
+      std::vector<pipeline::TraceRow> rows;
+      for (size_t st = 0; st < sim.timeline.size(); ++st) rows.push_back({"stage " + std::to_string(st), sim.timeline[st]});
+      pipeline::write_chrome_trace(trace, rows, 1000, {{"schedule", s.name}});  // one cost unit drawn as 1 ms
+    }
     if (json) {
       std::printf("%s\n", nlohmann::json{{"schedule", s.name}, {"stages", s.stages}, {"chunks", s.chunks_per_stage},
                                          {"microbatches", s.microbatches}, {"step_time", sim.step_time},

@@ -10,6 +10,10 @@
 // stage holds about half the parameters; bad layouts are refused naming the sizes.
 #include <gtest/gtest.h>
 
+#include <map>
+#include <tuple>
+#include <vector>
+
 #include "tiny_run.h"
 
 using megaton::testing::Metrics;
@@ -201,3 +205,43 @@ TEST(PipelineParallel, BadLayoutsNameTheSizes) {
 }
 
 }  // namespace
+
+// logging.trace: RUN/trace.json is a Chrome trace with one row per rank holding every op the
+// rank ran, timed: each micro-batch's F, B and W once per step (a W run inside its B's call is
+// that B's "+W"), one op after another on each rank.
+TEST(PipelineParallel, TraceHoldsEveryRanksTimedOps) {
+  TinyRunDir run("gpt-tiny");
+  const std::string args = "--set training.train_iters=3 --set optimizer.lr_warmup_iters=1 --set logging.save_interval=0 "
+                           "--set training.threads=1 "
+                           "--set training.global_batch_size=16 --set logging.trace=true ";
+  for (const auto& [name, np, extra] : std::vector<std::tuple<std::string, int, std::string>>{
+           {"single", 1, ""}, {"zbh1", 2, "--set pp=2 --set parallel.pipeline_schedule=zb-h1 "}}) {
+    SCOPED_TRACE(name);
+    if (np == 1) run.train_ok(name, args + extra);
+    else run.train_mpi_ok(np, name, args + extra, "pipeline parallel 2");
+    const auto trace = nlohmann::json::parse(megaton::testing::read_bytes(run.run_dir(name) + "/trace.json"));
+    EXPECT_EQ(trace["otherData"]["steps"], 3);
+    std::vector<std::string> rows;
+    std::map<int, std::vector<nlohmann::json>> ops;  // per rank
+    for (const auto& e : trace["traceEvents"])
+      if (e["ph"] == "M") rows.push_back(e["args"]["name"]);
+      else ops[e["pid"].get<int>()].push_back(e);
+    ASSERT_EQ(rows.size(), static_cast<size_t>(np));
+    EXPECT_EQ(rows[0], "rank 0 (pp 0, dp 0, tp 0)");
+    if (np > 1) EXPECT_EQ(rows[1], "rank 1 (pp 1, dp 0, tp 0)");
+    for (int r = 0; r < np; ++r) {
+      std::map<char, int> counts;  // F, B, W (a "+W" counts for its W too)
+      double end = 0;
+      for (const auto& e : ops[r]) {
+        const auto op = e["name"].get<std::string>();
+        ++counts[op[0]];
+        if (op.ends_with("+W")) ++counts['W'];
+        const double ts = e["ts"].get<double>(), dur = e["dur"].get<double>();
+        EXPECT_GE(dur, 0) << op;
+        EXPECT_GE(ts, end - 1e-3) << op << ": overlaps the previous op of rank " << r;
+        end = ts + dur;
+      }
+      for (const char k : {'F', 'B', 'W'}) EXPECT_EQ(counts[k], 3 * 4) << "rank " << r << " op " << k;
+    }
+  }
+}

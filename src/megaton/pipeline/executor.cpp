@@ -1,5 +1,7 @@
 #include "megaton/pipeline/executor.h"
 
+#include <algorithm>
+
 #include "megaton/core/error.h"
 
 namespace megaton::pipeline {
@@ -15,10 +17,14 @@ bool takes_input(OpKind k) {
 }
 }  // namespace
 
-void execute(const std::vector<Op>& ops, StageRunner& runner) {
+void execute(const std::vector<Op>& ops, StageRunner& runner, OpTimes* times) {
   size_t announced = 0;  // the ops before this index were announced
+  const auto seconds = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - times->origin).count();
+  };
   for (size_t i = 0; i < ops.size(); ++i) {
     const Op& op = ops[i];
+    const size_t at = i;
     if (!compute_parts(op).empty()) {
       // The first op after this one that takes an input, unless it was announced already.
       size_t next = i + 1;
@@ -28,6 +34,8 @@ void execute(const std::vector<Op>& ops, StageRunner& runner) {
         announced = next + 1;
       }
     }
+    const double start = times ? seconds() : 0.0;
+    const double waited = times ? runner.input_wait_seconds() : 0.0;
     // Whether the next op is the W of this op's B (alone or in an F&B): one call, then skipped.
     const auto takes_next_w = [&](int64_t microbatch, int chunk) {
       const bool fused = i + 1 < ops.size() && ops[i + 1] == Op{OpKind::BackwardWeight, microbatch, chunk};
@@ -56,6 +64,10 @@ void execute(const std::vector<Op>& ops, StageRunner& runner) {
       case OpKind::RecvBackward:
         runner.communicate(op);
         break;
+    }
+    if (times) {
+      const double end = seconds();
+      times->ops.push_back({op, std::min(end, start + runner.input_wait_seconds() - waited), end, i != at});
     }
   }
 }

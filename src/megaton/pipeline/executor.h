@@ -2,10 +2,12 @@
 // and no data: a StageRunner does the work of each op (the trainer's runner feeds micro-batches
 // and keeps one activation context per micro-batch in flight).
 #pragma once
+#include <chrono>
 #include <cstdint>
 #include <vector>
 
 #include "megaton/pipeline/schedule.h"
+#include "megaton/pipeline/simulator.h"
 
 namespace megaton::pipeline {
 
@@ -38,11 +40,23 @@ class StageRunner {
   // Point-to-point transfers with the neighbouring stages. A single-process runner has none, so
   // the defaults refuse with the op's name.
   virtual void communicate(const Op& op);
+  // Seconds spent so far blocked waiting for inputs from other stages (inside F, B and F&B): the
+  // op timings leave it out, so a timed op is its compute alone. 0 in one process.
+  virtual double input_wait_seconds() const { return 0; }
+};
+
+// The wall-clock times of executed ops: seconds since `origin`, in execution order (a B that ran its
+// W in the same call is one entry, with_weight set). An op starts once its inputs have arrived:
+// the time it waited for them is left out.
+struct OpTimes {
+  std::chrono::steady_clock::time_point origin = std::chrono::steady_clock::now();
+  std::vector<TimedOp> ops;
 };
 
 // Runs `ops` in order on `runner` (B immediately followed by the same micro-batch's W goes to
 // runner.backward; an F&B followed by its B's W to forward_backward with the weight), announcing
-// the next F, B or F&B to runner.prepare before each compute op.
-void execute(const std::vector<Op>& ops, StageRunner& runner);
+// the next F, B or F&B to runner.prepare before each compute op. With `times`, appends each op's
+// start and end to it (communication ops included).
+void execute(const std::vector<Op>& ops, StageRunner& runner, OpTimes* times = nullptr);
 
 }  // namespace megaton::pipeline

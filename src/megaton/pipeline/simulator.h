@@ -24,6 +24,7 @@ struct OpCosts {
 struct TimedOp {
   Op op;
   double start, end;
+  bool with_weight = false;  // a B (or F&B) that ran its own W in the same call (the W is not listed)
 };
 
 struct Simulation {

@@ -185,6 +185,7 @@ const std::vector<Field>& fields() {
       field("logging.run_dir", &TC::run_dir),
       field("logging.log_interval", &TC::log_interval),
       field("logging.eval_interval", &TC::eval_interval),
+      field("logging.trace", &TC::trace),
       field("logging.eval_iters", &TC::eval_iters),
       field("logging.save_interval", &TC::save_interval),
       field("logging.peak_tflops", &TC::peak_tflops),

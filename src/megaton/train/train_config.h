@@ -119,6 +119,7 @@ struct TrainConfig {
   std::string run_dir = "runs/latest";
   int64_t log_interval = 10;
   int64_t eval_interval = 0;  // 0: only at the end
+  bool trace = false;         // RUN/trace.json: a Chrome trace of every rank's measured pipeline ops
   int64_t eval_iters = 20;    // validation batches per evaluation (0: the whole split)
   int64_t save_interval = 0;  // 0: only the final export
   double peak_tflops = 0.0;   // for MFU; 0: measured sgemm ceiling of this machine

@@ -1,6 +1,7 @@
 #include "megaton/train/trainer.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
@@ -14,6 +15,7 @@
 #include "megaton/models/hf_format.h"
 #include "megaton/models/parallel_weights.h"
 #include "megaton/optim/grad_clip.h"
+#include "megaton/pipeline/trace.h"
 #include "megaton/train/evaluate.h"
 #include "megaton/train/pipeline_layout.h"
 #include "megaton/train/run_directory.h"
@@ -192,6 +194,45 @@ void Trainer::export_final_model(models::TransformerModel& final_model) {
   }
 }
 
+void Trainer::write_trace() const {
+  // Every rank's ops as rows of 8 f64 (kind, micro-batch, chunk, F&B's B micro-batch and chunk,
+  // start, end, with_weight), padded to the longest list (kind -1), all-gathered.
+  constexpr int64_t kFields = 8;
+  const auto n = static_cast<int64_t>(op_times_.ops.size());
+  const auto most = static_cast<int64_t>(world_.all_reduce_scalar(static_cast<double>(n), parallel::ReduceOp::Max));
+  Tensor mine = Tensor::empty({std::max<int64_t>(most, 1) * kFields}, DType::F64, MemCategory::Workspace, "trace_ops");
+  double* m = mine.data<double>();
+  std::fill(m, m + mine.numel(), -1.0);
+  for (int64_t i = 0; i < n; ++i) {
+    const pipeline::TimedOp& t = op_times_.ops[static_cast<size_t>(i)];
+    const double row[kFields] = {static_cast<double>(t.op.kind), static_cast<double>(t.op.microbatch),
+                                 static_cast<double>(t.op.chunk), static_cast<double>(t.op.backward_microbatch),
+                                 static_cast<double>(t.op.backward_chunk), t.start, t.end, t.with_weight ? 1.0 : 0.0};
+    std::copy(row, row + kFields, m + i * kFields);
+  }
+  Tensor all = Tensor::empty({world_.size() * mine.numel()}, DType::F64, MemCategory::Workspace, "trace_ops_all");
+  world_.all_gather(all, mine);
+  if (!primary_) return;
+  std::vector<pipeline::TraceRow> rows;
+  const parallel::RankLayout& layout = groups_->layout();
+  for (int r = 0; r < world_.size(); ++r) {
+    const parallel::RankCoords c = layout.coords(r);
+    pipeline::TraceRow row{"rank " + std::to_string(r) + " (pp " + std::to_string(c.pp) + ", dp " + std::to_string(c.dp) +
+                               ", tp " + std::to_string(c.tp) + ")",
+                           {}};
+    const double* v = all.data<double>() + r * mine.numel();
+    for (int64_t i = 0; i < mine.numel() / kFields && v[i * kFields] >= 0; ++i) {
+      const double* f = v + i * kFields;
+      row.ops.push_back({{static_cast<pipeline::OpKind>(f[0]), static_cast<int64_t>(f[1]), static_cast<int>(f[2]),
+                          static_cast<int64_t>(f[3]), static_cast<int>(f[4])},
+                         f[5], f[6], f[7] > 0});
+    }
+    rows.push_back(std::move(row));
+  }
+  pipeline::write_chrome_trace((fs::path(cfg_.run_dir) / "trace.json").string(), rows, 1e6,
+                               {{"schedule", step_->schedule().name}, {"steps", progress_.step}});
+}
+
 double Trainer::validation_loss() {
   optimizer_->wait_for_weights();
   return evaluate(*model_, *data_.valid, cfg_.micro_batch_size,
@@ -232,6 +273,13 @@ TrainSummary Trainer::run() {
                 model_->stage_layout().split() ? " on pipeline rank 0" : "", cfg_.train_iters,
                 cfg_.global_batch_size, cfg_.seq_length, num_threads(), peak_gflops_,
                 parallel_layout().c_str());
+  if (cfg_.trace) {
+    // One time origin for every rank: their clocks (CLOCK_MONOTONIC) agree on one machine, and the
+    // barrier lines them up across machines to its skew.
+    world_.barrier();
+    op_times_.origin = std::chrono::steady_clock::now();
+    step_->time_ops(&op_times_);
+  }
   // From here on the allocator's peaks are the training's (not construction's transients): the
   // per-category figures RunLog reports after the first step.
   Allocator::host().reset_peaks();
@@ -281,6 +329,7 @@ TrainSummary Trainer::run() {
     if (!stop.empty()) exiting = step < cfg_.train_iters;
   }
   optimizer_->wait_for_weights();  // the last update lands before the export reads it
+  if (cfg_.trace) write_trace();
   // The last state is always on disk when checkpointing is on, so a finished run can be extended
   // (--resume auto with more train_iters) and an early exit resumed.
   if ((cfg_.save_interval > 0 || exiting) && checkpoints_.last_saved_step() != progress_.step) save_checkpoint();

@@ -67,6 +67,8 @@ class Trainer {
   void check_finite_weights(const std::string& what);
   void export_final_model(models::TransformerModel& final_model);
   double validation_loss();
+  // logging.trace: RUN/trace.json from every rank's timed ops (collective; rank 0 writes).
+  void write_trace() const;
 
   TrainConfig cfg_;
   parallel::Communicator& world_;
@@ -87,6 +89,7 @@ class Trainer {
   TrainProgress progress_;
   CheckpointManager checkpoints_;
   double peak_gflops_ = 0;
+  pipeline::OpTimes op_times_;  // logging.trace: every schedule op this rank ran
 };
 
 }  // namespace megaton::train

@@ -1,6 +1,7 @@
 #include "megaton/train/training_stage.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "megaton/core/checked.h"
 
@@ -104,7 +105,9 @@ void TrainingStage::post_recv(bool forward, int64_t microbatch, int mc) {
 Tensor TrainingStage::take_recv(bool forward, int64_t microbatch, int mc) {
   post_recv(forward, microbatch, mc);  // not announced ahead: posted now
   auto it = recvs_.find({forward, microbatch, mc});
+  const auto t0 = std::chrono::steady_clock::now();
   it->second.work->wait();
+  input_wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   Tensor t = std::move(it->second.buffer);
   recvs_.erase(it);
   return t;

@@ -55,6 +55,7 @@ class TrainingStage : public pipeline::StageRunner {
   void backward_weight(int64_t microbatch, int chunk) override;
   void backward(int64_t microbatch, int chunk) override;
   void prepare(const pipeline::Op& next) override;
+  double input_wait_seconds() const override { return input_wait_s_; }
   // A SendBackward marks that the B before it already sent its gradient (it always does, the
   // moment it ends): checked. The other point-to-point ops are implicit in F and B.
   void communicate(const pipeline::Op& op) override;
@@ -115,6 +116,7 @@ class TrainingStage : public pipeline::StageRunner {
   int64_t batches_read_ = 0;
   std::map<int64_t, InFlight> in_flight_;
   std::map<RecvKey, Pending> recvs_;
+  double input_wait_s_ = 0;  // blocked in take_recv
   std::vector<Pending> sends_;
 };
 

@@ -163,7 +163,7 @@ TrainingStep::Result TrainingStep::forward_backward(int64_t step, int64_t first_
       scaler_ ? static_cast<float>(scaler_->scale()) : 1.0f);
   reductions_.clear();
   try {
-    pipeline::execute(schedule_.ops.at(static_cast<size_t>(pp_.rank())), stage);
+    pipeline::execute(schedule_.ops.at(static_cast<size_t>(pp_.rank())), stage, op_times_);
     stage.finish();
     optimizer_->wait_for_weights();  // a bucket no module gated (none should be): landed before the update
   } catch (...) {

@@ -45,6 +45,7 @@
 #include "megaton/optim/adamw.h"
 #include "megaton/parallel/communicator.h"
 #include "megaton/parallel/distributed_optimizer.h"
+#include "megaton/pipeline/executor.h"
 #include "megaton/pipeline/generators.h"
 #include "megaton/train/train_config.h"
 
@@ -81,6 +82,9 @@ class TrainingStep {
   // The distributed optimizer when the config asks for it, else null.
   const parallel::DistributedOptimizer* distributed_optimizer() const { return distributed_; }
   void on_gradients(GradientHook hook) { hook_ = std::move(hook); }
+  // Every schedule op of the following steps is timed into `times` (logging.trace); null: none.
+  void time_ops(pipeline::OpTimes* times) { op_times_ = times; }
+  const pipeline::Schedule& schedule() const { return schedule_; }
 
   // Forward and backward of the global batch starting at sample first_sample: the gradients hold the
   // mean over it (on every data-parallel rank). Reads this rank's slices through a prefetching
@@ -114,6 +118,7 @@ class TrainingStep {
   std::unique_ptr<data::DataLoader> loader_;
   int64_t loader_position_ = -1;
   GradientHook hook_;
+  pipeline::OpTimes* op_times_ = nullptr;
   std::optional<optim::LossScaler> scaler_;  // [precision] fp16
 
   void reduce_bucket(size_t bucket);  // all-reduce, or the distributed optimizer's reduce-scatter
