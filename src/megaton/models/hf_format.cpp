@@ -434,12 +434,19 @@ std::unique_ptr<TransformerModel> load_hf_model(const std::string& dir) {
   return model;
 }
 
-void save_hf_model(TransformerModel& model, const std::string& dir) {
+void save_hf_model(TransformerModel& model, const std::string& dir, DType dtype) {
+  MEGATON_CHECK(dtype == DType::F32 || dtype == DType::BF16, "HF model folders are written in f32 or bf16, not ",
+                dtype_name(dtype));
   fs::create_directories(dir);
-  ckpt::save_safetensors((fs::path(dir) / "model.safetensors").string(), to_hf_tensors(model),
+  std::vector<std::pair<std::string, Tensor>> tensors = to_hf_tensors(model);
+  if (dtype != DType::F32)
+    for (auto& [name, t] : tensors) t = t.to(dtype, MemCategory::Workspace);
+  ckpt::save_safetensors((fs::path(dir) / "model.safetensors").string(), tensors,
                          {{"format", "pt"}, {"producer", "megaton"}});
   AtomicFile cfg((fs::path(dir) / "config.json").string());
-  const std::string text = config_to_hf(model.config()).dump(2) + "\n";
+  nlohmann::json config = config_to_hf(model.config());
+  if (dtype != DType::F32) config["torch_dtype"] = "bfloat16";
+  const std::string text = config.dump(2) + "\n";
   cfg.write(text.data(), text.size());
   cfg.commit();
 }

@@ -28,8 +28,9 @@ std::vector<std::pair<std::string, Tensor>> to_hf_tensors(TransformerModel& mode
 // error naming it and `source`.
 void load_hf_tensors(TransformerModel& model, const std::map<std::string, Tensor>& tensors, const std::string& source);
 
-// DIR/config.json + DIR/model.safetensors (each written atomically).
-void save_hf_model(TransformerModel& model, const std::string& dir);
+// DIR/config.json + DIR/model.safetensors (each written atomically), the tensors in `dtype` (f32, or
+// bf16: half the bytes, rounded to nearest even; loading widens them back to f32 exactly).
+void save_hf_model(TransformerModel& model, const std::string& dir, DType dtype = DType::F32);
 std::unique_ptr<TransformerModel> load_hf_model(const std::string& dir);
 TransformerConfig load_hf_config(const std::string& dir);
 
