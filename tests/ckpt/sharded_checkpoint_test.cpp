@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../support/temp_dir.h"
+#include "megaton/core/allocator.h"
 
 using namespace megaton;
 using megaton::testing::TempDir;
@@ -156,4 +157,23 @@ TEST(ShardedCheckpoint, MissingRanksGapsOverlapsAndOtherShapesAreRefused) {
   meta["tensors"]["w"]["shape"] = {4, -2};
   megaton::testing::write_bytes(d + "/metadata.json", meta.dump());
   EXPECT_ERROR_CONTAINS(ckpt::ShardedReader{d}, "'w'", "extent below 1");
+}
+
+// A region is read from the pieces it overlaps alone: reading a small tensor from a shard that
+// also holds a large one never holds the large one (planted: whole files loaded, caught).
+TEST(ShardedCheckpoint, ReadingARegionLoadsOnlyThePiecesItOverlaps) {
+  TempDir dir;
+  const std::string d = dir.file("ckpt");
+  std::filesystem::create_directories(d);
+  ckpt::ShardWriter r0;
+  const Tensor big = Tensor::zeros({1024, 1024}, DType::F32), small = grid(2, 3);
+  r0.add("big", big.shape(), 0, 0, big);
+  r0.add("small", small.shape(), 0, 0, small);
+  r0.write(d, 0);
+  ckpt::merge_shard_indexes(d, 1, 5);
+  ckpt::ShardedReader reader(d);
+  Allocator::host().reset_peaks();
+  const size_t before = Allocator::host().stats().total_live;
+  expect_grid(reader.read_whole("small", MemCategory::Other), 0, 0, "small");
+  EXPECT_LT(Allocator::host().stats().total_peak - before, big.nbytes() / 100);
 }

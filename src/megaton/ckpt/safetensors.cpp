@@ -41,7 +41,7 @@ template <typename... Args>
 }
 
 // One header entry after validation; begin/end are relative to the start of the data section.
-struct Entry {
+struct HeaderEntry {
   std::string name;
   DType dtype;
   Shape shape;
@@ -49,7 +49,7 @@ struct Entry {
   uint64_t end;
 };
 
-Entry parse_entry(const std::string& path, const std::string& name, const nlohmann::json& v, uint64_t data_bytes) {
+HeaderEntry parse_entry(const std::string& path, const std::string& name, const nlohmann::json& v, uint64_t data_bytes) {
   if (!v.is_object()) fail_tensor(path, name, "header entry is not a JSON object");
   auto dt = v.find("dtype");
   if (dt == v.end() || !dt->is_string()) fail_tensor(path, name, "missing \"dtype\" string");
@@ -60,7 +60,7 @@ Entry parse_entry(const std::string& path, const std::string& name, const nlohma
 
   auto sh = v.find("shape");
   if (sh == v.end() || !sh->is_array()) fail_tensor(path, name, "missing \"shape\" array");
-  Entry e{name, *dtype, {}, 0, 0};
+  HeaderEntry e{name, *dtype, {}, 0, 0};
   uint64_t bytes = dtype_size(*dtype);
   for (const auto& d : *sh) {
     if (!d.is_number_unsigned())
@@ -98,12 +98,12 @@ std::map<std::string, std::string> parse_metadata(const std::string& path, const
 
 // The format requires the tensors to tile the data section exactly: no overlaps (aliasing), no holes and
 // no trailing bytes (which would let a file carry hidden content).
-void check_tiling(const std::string& path, std::vector<Entry>& entries, uint64_t data_bytes) {
+void check_tiling(const std::string& path, std::vector<HeaderEntry>& entries, uint64_t data_bytes) {
   std::sort(entries.begin(), entries.end(),
-            [](const Entry& a, const Entry& b) { return std::tie(a.begin, a.end) < std::tie(b.begin, b.end); });
+            [](const HeaderEntry& a, const HeaderEntry& b) { return std::tie(a.begin, a.end) < std::tie(b.begin, b.end); });
   uint64_t expected = 0;
-  const Entry* prev = nullptr;
-  for (const Entry& e : entries) {
+  const HeaderEntry* prev = nullptr;
+  for (const HeaderEntry& e : entries) {
     if (e.begin < expected)
       fail_tensor(path, e.name, "data_offsets [", e.begin, ", ", e.end, "] overlap tensor '", prev->name, "' [",
                   prev->begin, ", ", prev->end, "]");
@@ -162,49 +162,74 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
   out.commit();
 }
 
-std::map<std::string, Tensor> load_safetensors(const std::string& path, std::map<std::string, std::string>* metadata) {
-  std::unique_ptr<std::FILE, FileCloser> file(fopen_regular_file(path, "safetensors file"));
-  std::FILE* f = file.get();
-  if (fseeko(f, 0, SEEK_END) != 0) fail("cannot seek in ", path, ": ", std::strerror(errno));
+SafetensorsReader::SafetensorsReader(std::string path) : path_(std::move(path)) {
+  file_ = fopen_regular_file(path_, "safetensors file");
+  std::unique_ptr<std::FILE, FileCloser> guard(file_);  // released once the header checks out
+  std::FILE* f = file_;
+  if (fseeko(f, 0, SEEK_END) != 0) fail("cannot seek in ", path_, ": ", std::strerror(errno));
   uint64_t file_bytes = static_cast<uint64_t>(ftello(f));
   if (file_bytes < 8)
-    fail(path, ": truncated safetensors file (", file_bytes, " bytes; the header length alone takes 8)");
+    fail(path_, ": truncated safetensors file (", file_bytes, " bytes; the header length alone takes 8)");
 
   uint64_t header_bytes = 0;
-  read_at(f, path, 0, &header_bytes, sizeof header_bytes);
+  read_at(f, path_, 0, &header_bytes, sizeof header_bytes);
   if (header_bytes > file_bytes - 8)
-    fail(path, ": header length ", header_bytes, " runs past the end of the file (", file_bytes,
+    fail(path_, ": header length ", header_bytes, " runs past the end of the file (", file_bytes,
          " bytes): truncated or not a safetensors file");
   std::string text(header_bytes, '\0');
-  read_at(f, path, 8, text.data(), text.size());
+  read_at(f, path_, 8, text.data(), text.size());
 
   nlohmann::json header;
   try {
     header = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {  // parse_error, or out_of_range for a number too large
-    fail(path, ": corrupt safetensors header (invalid JSON): ", e.what());
+    fail(path_, ": corrupt safetensors header (invalid JSON): ", e.what());
   }
-  if (!header.is_object()) fail(path, ": safetensors header is not a JSON object");
+  if (!header.is_object()) fail(path_, ": safetensors header is not a JSON object");
 
-  uint64_t data_start = 8 + header_bytes;
-  uint64_t data_bytes = file_bytes - data_start;
-  std::vector<Entry> entries;
-  std::map<std::string, std::string> meta;
+  data_start_ = 8 + header_bytes;
+  const uint64_t data_bytes = file_bytes - data_start_;
+  std::vector<HeaderEntry> entries;
   for (const auto& [key, value] : header.items()) {
     if (key == kMetadataKey)
-      meta = parse_metadata(path, value);
+      metadata_ = parse_metadata(path_, value);
     else
-      entries.push_back(parse_entry(path, key, value, data_bytes));
+      entries.push_back(parse_entry(path_, key, value, data_bytes));
   }
-  check_tiling(path, entries, data_bytes);
+  check_tiling(path_, entries, data_bytes);
+  for (HeaderEntry& e : entries) {
+    order_.push_back(e.name);
+    entries_.emplace(e.name, Entry{e.dtype, std::move(e.shape), e.begin, e.end});
+  }
+  guard.release();
+}
 
+SafetensorsReader::~SafetensorsReader() {
+  if (file_) std::fclose(file_);
+}
+
+const SafetensorsReader::Entry& SafetensorsReader::entry(const std::string& name) const {
+  const auto it = entries_.find(name);
+  if (it == entries_.end()) fail(path_, ": no tensor '", name, "'");
+  return it->second;
+}
+
+DType SafetensorsReader::dtype(const std::string& name) const { return entry(name).dtype; }
+const Shape& SafetensorsReader::shape(const std::string& name) const { return entry(name).shape; }
+std::vector<std::string> SafetensorsReader::names() const { return order_; }
+
+Tensor SafetensorsReader::read(const std::string& name, MemCategory cat) const {
+  const Entry& e = entry(name);
+  Tensor t = Tensor::empty(e.shape, e.dtype, cat, name);
+  read_at(file_, path_, data_start_ + e.begin, t.raw(), t.nbytes());
+  return t;
+}
+
+std::map<std::string, Tensor> load_safetensors(const std::string& path, std::map<std::string, std::string>* metadata) {
+  const SafetensorsReader reader(path);
   std::map<std::string, Tensor> out;
-  for (const Entry& e : entries) {
-    Tensor t = Tensor::empty(e.shape, e.dtype, MemCategory::Other, e.name);
-    read_at(f, path, data_start + e.begin, t.raw(), t.nbytes());
-    out.emplace(e.name, std::move(t));
-  }
-  if (metadata) *metadata = std::move(meta);
+  for (const std::string& name : reader.names()) out.emplace(name, reader.read(name));
+  if (metadata) *metadata = reader.metadata();
   return out;
 }
 

@@ -2,6 +2,7 @@
 // each tensor's dtype, shape and byte range, then the raw little-endian tensor bytes. Checkpoints use
 // it so that other tools (PyTorch, safetensors, transformers) can read them without Megaton.
 #pragma once
+#include <cstdio>
 #include <map>
 #include <string>
 #include <utility>
@@ -20,5 +21,39 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
 // validated against the file: errors name the file and, where one is at fault, the tensor.
 std::map<std::string, Tensor> load_safetensors(const std::string& path,
                                                std::map<std::string, std::string>* metadata = nullptr);
+
+// One file open for reading tensors one at a time (a sharded checkpoint's loader takes only the
+// pieces it needs): the header is read and validated as load_safetensors does, the data is read on
+// demand. Errors name the file and the tensor.
+class SafetensorsReader {
+ public:
+  explicit SafetensorsReader(std::string path);
+  ~SafetensorsReader();
+  SafetensorsReader(const SafetensorsReader&) = delete;
+  SafetensorsReader& operator=(const SafetensorsReader&) = delete;
+
+  const std::string& path() const { return path_; }
+  bool has(const std::string& name) const { return entries_.count(name) > 0; }
+  DType dtype(const std::string& name) const;
+  const Shape& shape(const std::string& name) const;
+  std::vector<std::string> names() const;  // in data order
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  Tensor read(const std::string& name, MemCategory cat = MemCategory::Other) const;
+
+ private:
+  struct Entry {
+    DType dtype;
+    Shape shape;
+    uint64_t begin, end;
+  };
+  const Entry& entry(const std::string& name) const;
+
+  std::string path_;
+  std::FILE* file_ = nullptr;
+  uint64_t data_start_ = 0;
+  std::map<std::string, Entry> entries_;
+  std::vector<std::string> order_;
+  std::map<std::string, std::string> metadata_;
+};
 
 }  // namespace megaton::ckpt

@@ -8,7 +8,6 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "megaton/ckpt/safetensors.h"
 #include "megaton/core/atomic_file.h"
 #include "megaton/core/checked.h"
 #include "megaton/core/error.h"
@@ -256,17 +255,17 @@ std::vector<std::string> ShardedReader::names() const {
   return out;
 }
 
-const Tensor& ShardedReader::piece_data(const std::string& name, const Piece& piece) {
+Tensor ShardedReader::piece_data(const std::string& name, const Piece& piece) {
   auto file = files_.find(piece.file);
-  if (file == files_.end()) file = files_.emplace(piece.file, load_safetensors((fs::path(dir_) / piece.file).string())).first;
-  const auto it = file->second.find(piece.key);
+  if (file == files_.end())
+    file = files_.emplace(piece.file, std::make_unique<SafetensorsReader>((fs::path(dir_) / piece.file).string())).first;
+  const SafetensorsReader& f = *file->second;
   const Entry& e = entry(name);
-  const std::string where = (fs::path(dir_) / piece.file).string();
-  if (it == file->second.end()) fail(where, ": no tensor '", piece.key, "' (a piece of '", name, "')");
-  if (it->second.dtype() != e.dtype || it->second.shape() != piece_shape(e.shape, e.dim, piece.length))
-    fail(where, ": '", piece.key, "' is ", dtype_name(it->second.dtype()), " ", shape_str(it->second.shape()),
+  if (!f.has(piece.key)) fail(f.path(), ": no tensor '", piece.key, "' (a piece of '", name, "')");
+  if (f.dtype(piece.key) != e.dtype || f.shape(piece.key) != piece_shape(e.shape, e.dim, piece.length))
+    fail(f.path(), ": '", piece.key, "' is ", dtype_name(f.dtype(piece.key)), " ", shape_str(f.shape(piece.key)),
          ", the metadata says ", dtype_name(e.dtype), " ", shape_str(piece_shape(e.shape, e.dim, piece.length)));
-  return it->second;
+  return f.read(piece.key, MemCategory::Workspace);
 }
 
 void ShardedReader::read(const std::string& name, int dim, int64_t start, const Tensor& dst) {

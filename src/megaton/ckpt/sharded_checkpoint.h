@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "megaton/ckpt/manifest.h"
+#include "megaton/ckpt/safetensors.h"
 #include "megaton/core/tensor.h"
 
 namespace megaton::ckpt {
@@ -55,8 +56,9 @@ class ShardWriter {
 // files (so the manifest need not read them again). Errors name the index or tensor at fault.
 std::vector<FileDigest> merge_shard_indexes(const std::string& dir, int world_size, double timeout_s);
 
-// Reads regions of the tensors of a sharded checkpoint directory, loading each shard file it
-// needs once (held until the reader goes).
+// Reads regions of the tensors of a sharded checkpoint directory: each shard file it needs is opened
+// once, and only the pieces a region overlaps are read from it, one at a time (a rank loading its
+// shards of a large model never holds a whole file).
 class ShardedReader {
  public:
   explicit ShardedReader(std::string dir);  // reads DIR/metadata.json; errors name it
@@ -85,11 +87,11 @@ class ShardedReader {
     std::vector<Piece> pieces;
   };
   const Entry& entry(const std::string& name) const;
-  const Tensor& piece_data(const std::string& name, const Piece& piece);
+  Tensor piece_data(const std::string& name, const Piece& piece);
 
   std::string dir_;
   std::map<std::string, Entry> entries_;
-  std::map<std::string, std::map<std::string, Tensor>> files_;  // loaded shard files
+  std::map<std::string, std::unique_ptr<SafetensorsReader>> files_;  // opened shard files
 };
 
 }  // namespace megaton::ckpt
