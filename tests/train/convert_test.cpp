@@ -50,6 +50,12 @@ TEST(Convert, CheckpointToHfFolderInF32AndBf16) {
                                      "--precision bf16 --threads 1 --model " + bf16);
   EXPECT_EQ(generated.exit_code, 0) << generated.output;
 
+  // A checkpoint given where an HF folder belongs is named, with the way out.
+  const std::string step = run.run_dir("run") + "/checkpoints/step_000006";
+  r = run_command(std::string(MEGATON_BINARY) + " generate --prompt-ids 1 --max-new-tokens 1 --model " + step);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("sharded training checkpoint"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("megaton convert --input " + step), std::string::npos) << r.output;
   // Bad input: no checkpoint there, another dtype, an output that exists.
   r = run_command(std::string(MEGATON_BINARY) + " convert --input " + run.run_dir("missing") + " --output " +
                   run.run_dir("x"));

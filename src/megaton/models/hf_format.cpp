@@ -428,8 +428,12 @@ TransformerConfig load_hf_config(const std::string& dir) {
 }
 
 std::unique_ptr<TransformerModel> load_hf_model(const std::string& dir) {
-  auto model = std::make_unique<TransformerModel>(load_hf_config(dir));
   const std::string path = (fs::path(dir) / "model.safetensors").string();
+  // A training checkpoint has config.json too, but its weights are in shard files.
+  if (!fs::exists(path) && fs::exists(fs::path(dir) / "metadata.json"))
+    fail("'", dir, "' is a sharded training checkpoint, not an HF model folder; write one from it with `megaton "
+         "convert --input ", dir, " --output DIR`");
+  auto model = std::make_unique<TransformerModel>(load_hf_config(dir));
   load_hf_tensors(*model, ckpt::load_safetensors(path), path);
   return model;
 }
