@@ -171,7 +171,7 @@ void add_bench_command(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::IsMember({"none", "full", "selective"}));
   cmd->add_option("--recompute-modules", recompute_modules,
-                  "With --recompute selective: comma-separated core_attn, mlp, layernorm")
+                  "With --recompute selective: comma-separated core_attn, mlp, layernorm, moe_act")
       ->capture_default_str();
   cmd->add_flag("--cpu-info", cpu_only, "Only print the CPU line (model, features, threads) every benchmark starts with");
   cmd->callback([] {

@@ -82,7 +82,8 @@ TEST(Recompute, EveryOptionGivesBitwiseTheGradientsOfNone) {
       {"selective mlp", named("selective", "uniform", 1, "mlp")},
       {"selective both", named("selective", "uniform", 1, "core_attn,mlp")},
       {"selective layernorm", named("selective", "uniform", 1, "layernorm")},
-      {"selective all", named("selective", "uniform", 1, "core_attn mlp layernorm")}};
+      {"selective moe_act", named("selective", "uniform", 1, "moe_act")},
+      {"selective all", named("selective", "uniform", 1, "core_attn mlp layernorm moe_act")}};
   for (const std::string preset : {"gpt-tiny", "llama-tiny", "mixtral-tiny"})
     for (DType dtype : {DType::F32, DType::BF16})
       for (bool split : {false, true}) {
@@ -127,6 +128,18 @@ TEST(Recompute, KeptActivationsFallFromNoneToSelectiveToFull) {
     EXPECT_LT(full1, block1);
     EXPECT_LT(full3, full1);  // one saved input for the whole chunk
   }
+}
+
+// moe_act drops each MoE layer's SwiGLU output (one row per routed token slot, moe_ffn_hidden_size
+// wide) between F and B; a dense model has none to drop.
+TEST(Recompute, MoeActDropsTheRoutedExpertsActivation) {
+  const int64_t none = kept_after_forward("mixtral-tiny", {});
+  const int64_t act = kept_after_forward("mixtral-tiny", named("selective", "uniform", 1, "moe_act"));
+  const auto cfg = three_layers("mixtral-tiny");
+  const int64_t slots = 2 * 32 * cfg.moe.moe_router_topk;
+  EXPECT_EQ(none - act, cfg.num_layers * slots * cfg.moe.moe_ffn_hidden_size * 4) << none << " " << act;
+  EXPECT_EQ(kept_after_forward("llama-tiny", named("selective", "uniform", 1, "moe_act")),
+            kept_after_forward("llama-tiny", {}));
 }
 
 TEST(Recompute, NamesAreCheckedNamingTheKey) {

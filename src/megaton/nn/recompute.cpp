@@ -18,6 +18,7 @@ std::string describe(const RecomputeConfig& c) {
       std::string modules = c.core_attn ? "core_attn" : "";
       if (c.mlp) modules += modules.empty() ? "mlp" : ", mlp";
       if (c.layernorm) modules += modules.empty() ? "layernorm" : ", layernorm";
+      if (c.moe_act) modules += modules.empty() ? "moe_act" : ", moe_act";
       return "selective (" + modules + ")";
     }
   }
@@ -55,11 +56,14 @@ RecomputeConfig recompute_config_from_names(const std::string& granularity, cons
       c.mlp = true;
     else if (m == "layernorm")
       c.layernorm = true;
+    else if (m == "moe_act")
+      c.moe_act = true;
     else
-      fail(key_prefix, "recompute_modules: '", m, "' is not one of core_attn, mlp, layernorm");
+      fail(key_prefix, "recompute_modules: '", m, "' is not one of core_attn, mlp, layernorm, moe_act");
   }
-  if (!c.core_attn && !c.mlp && !c.layernorm)
-    fail(key_prefix, "recompute_modules is empty: selective recompute needs some of core_attn, mlp, layernorm");
+  if (!c.core_attn && !c.mlp && !c.layernorm && !c.moe_act)
+    fail(key_prefix,
+         "recompute_modules is empty: selective recompute needs some of core_attn, mlp, layernorm, moe_act");
   return c;
 }
 

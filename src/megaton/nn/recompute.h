@@ -10,7 +10,9 @@
 //     MLP, rebuilt from its input: fc1's output and the activation are not kept) and "layernorm"
 //     (the two norms' outputs, rebuilt from the norms' inputs, which their backward keeps anyway;
 //     only where the next GEMM reads the norm's output itself: not under sequence parallelism,
-//     whose linears keep the gathered rows, nor for FP8 linears or MoE, which keep their own copies).
+//     whose linears keep the gathered rows, nor for FP8 linears or MoE, which keep their own copies)
+//     and "moe_act" (the routed experts' SwiGLU output, rebuilt from fc1's output, which their
+//     backward keeps anyway, at the end of their B for fc2's W; MoE layers only, as Megatron's).
 // Recomputing runs the same kernels on the same inputs, so gradients are bitwise those of no
 // recompute.
 #pragma once
@@ -29,6 +31,7 @@ struct RecomputeConfig {
   bool core_attn = false;  // selective modules
   bool mlp = false;
   bool layernorm = false;
+  bool moe_act = false;
   bool full() const { return granularity == RecomputeGranularity::Full; }
 };
 
@@ -37,7 +40,7 @@ struct RecomputeConfig {
 std::string describe(const RecomputeConfig& config);
 
 // From Megatron's names: granularity "" (off) | "full" | "selective"; method "uniform" | "block";
-// modules a comma- or space-separated list of core_attn, mlp, layernorm (selective only). Errors name the
+// modules a comma- or space-separated list of core_attn, mlp, layernorm, moe_act (selective only). Errors name the
 // key (key_prefix + "recompute_method", ...) and the bad value, and list the accepted ones;
 // num_layers must be >= 1.
 RecomputeConfig recompute_config_from_names(const std::string& granularity, const std::string& method,

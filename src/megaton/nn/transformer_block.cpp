@@ -1,6 +1,7 @@
 #include "megaton/nn/transformer_block.h"
 
 #include "megaton/kernels/activation.h"
+#include "megaton/nn/moe/moe_layer.h"
 
 namespace megaton::nn {
 
@@ -96,6 +97,7 @@ void TransformerBlock::set_recompute(const RecomputeConfig& config) {
   recompute_mlp_ = selective && config.mlp;
   recompute_norm_ = selective && config.layernorm;
   attention->set_recompute_core(selective && config.core_attn);
+  if (auto* moe = dynamic_cast<MoeLayer*>(mlp.get())) moe->set_recompute_act(selective && config.moe_act);
 }
 
 void TransformerBlock::parameters(ParameterList& out) {

@@ -80,6 +80,7 @@ Tensor MoeLayer::forward(SublayerCtx& c, const Tensor& x, int64_t B, int64_t T) 
   kernels::swiglu_forward(on, ctx.a, ctx.h);
   ctx.eo = new_activation({M, hidden_}, fc2.name + ".out", dt);
   kernels::grouped_linear_forward(on, ctx.eo, ctx.a, fc2.weight_in(dt), ctx.plan.rows_per_expert);
+  if (recompute_act_) ctx.a = {};  // rebuilt by B
   Tensor y = new_activation({N, hidden_}, router.weight.name + ".moe_out", dt);
   kernels::moe_unpermute(on, y, ctx.eo, ctx.pos, as_dtype(ctx.probs, dt));
 
@@ -103,10 +104,14 @@ Tensor MoeLayer::backward_input(SublayerCtx& c, const Tensor& dy, int64_t B, int
   Tensor dprobs = new_activation({N, K}, router.weight.name + ".dprobs", dt);
   kernels::moe_unpermute_backward(on, ctx.deo, dprobs, dy, ctx.eo, ctx.pos, as_dtype(ctx.probs, dt));
   ctx.eo = {};
-  Tensor da = new_activation(ctx.a.shape(), fc2.name + ".dinput", dt);
+  Tensor da = new_activation({ctx.h.size(0), ctx.h.size(1) / 2}, fc2.name + ".dinput", dt);  // a's shape
   kernels::grouped_linear_backward_input(on, da, ctx.deo, fc2.weight_in(dt), rows);
   ctx.dh = new_activation(ctx.h.shape(), fc1.name + ".dout", dt);
   kernels::swiglu_backward(on, ctx.dh, da, ctx.h);
+  if (recompute_act_) {  // fc2's W needs its input again
+    ctx.a = new_activation(da.shape(), fc1.name + ".act", dt);
+    kernels::swiglu_forward(on, ctx.a, ctx.h);
+  }
   ctx.h = {};
   Tensor dxp = new_activation(ctx.xp.shape(), fc1.name + ".dinput", dt);
   kernels::grouped_linear_backward_input(on, dxp, ctx.dh, fc1.weight_in(dt), rows);

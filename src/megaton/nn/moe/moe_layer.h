@@ -58,6 +58,9 @@ class MoeLayer final : public MlpLayer {
   void set_aux_loss_grad_scale(double s) { aux_grad_scale_ = s; }
   // Starts a training step: forgets the loads and statistics of the micro-batches trained before.
   void begin_step();
+  // Selective recompute's "moe_act": the SwiGLU output is dropped after F and rebuilt from fc1's
+  // output at the end of B (for fc2's W), bitwise the one F made.
+  void set_recompute_act(bool on) { recompute_act_ = on; }
   // This process's statistics over the micro-batches trained (the ones that ran B) since begin_step.
   MoeStats step_stats() const;
   // Auxiliary-loss-free balancing, after each optimizer step: bias_e += rate * sign(mean - load_e)
@@ -80,6 +83,7 @@ class MoeLayer final : public MlpLayer {
   MoeConfig config_;
   int64_t hidden_;
   double aux_grad_scale_ = 1.0;
+  bool recompute_act_ = false;
   MoeStats stats_;
   // Over the micro-batches trained since begin_step: slots per expert, and the sums of their stats.
   std::vector<int64_t> step_load_;
