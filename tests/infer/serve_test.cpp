@@ -252,7 +252,7 @@ TEST_F(Serve, ConcurrentStreamsAllCompleteAndADisconnectHarmsNoOne) {
   }
   const std::string want = greedy("Hello", 8);
   constexpr int kStreams = 16;
-  std::vector<std::string> got(kStreams);
+  std::vector<std::string> got(kStreams), failures(kStreams);
   std::vector<std::thread> clients;
   for (int i = 0; i < kStreams; ++i)
     clients.emplace_back([&, i] {
@@ -262,9 +262,10 @@ TEST_F(Serve, ConcurrentStreamsAllCompleteAndADisconnectHarmsNoOne) {
                         "application/json");
       std::string finish;
       if (res && res->status == 200) got[i] = streamed_text(res->body, false, &finish);
+      else failures[i] = res ? "HTTP " + std::to_string(res->status) : httplib::to_string(res.error());
     });
   for (auto& t : clients) t.join();
-  for (int i = 0; i < kStreams; ++i) EXPECT_EQ(got[i], as_served(want)) << "stream " << i;
+  for (int i = 0; i < kStreams; ++i) EXPECT_EQ(got[i], as_served(want)) << "stream " << i << " " << failures[i];
   // A request is counted once its handler returns, which can be just after its client has read the
   // whole stream: on a loaded machine the last count may lag the clients, so wait for it (10 s).
   auto c = s.client();

@@ -143,6 +143,10 @@ void CompletionServer::Impl::stream(httplib::Response& res, std::shared_ptr<Sequ
 
 void CompletionServer::Impl::setup() {
   http.set_payload_max_length(static_cast<size_t>(options.max_request_bytes));
+  // cpp-httplib gives a client 5 s from connecting to sending its request; on a loaded machine a
+  // client's thread can be descheduled that long between the two (seen in CI: two of 16 concurrent
+  // requests dropped unanswered), so allow 30 s.
+  http.set_read_timeout(30, 0);
   // One HTTP thread per sequence that may wait or run (each streams from its own), and a few for the
   // cheap endpoints, so /health and /metrics answer while every sequence slot is busy.
   const int threads = options.max_sequences + 4;
