@@ -22,20 +22,10 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import tempfile
 from pathlib import Path
 
-MPI_ENV = {"OMPI_MCA_plm": "isolated", "OMPI_MCA_btl_vader_single_copy_mechanism": "none",
-           "OMPI_MCA_rmaps_base_oversubscribe": "1", "OMPI_ALLOW_RUN_AS_ROOT": "1",
-           "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
-
-
-def run(cmd, env):
-    result = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if result.returncode != 0:
-        raise SystemExit(f"failed ({result.returncode}): {' '.join(cmd)}\n{result.stdout[-3000:]}")
-    return result.stdout
+from mpi_runs import MPI_ENV, mpirun, run
 
 
 def medians(run_dir: Path):
@@ -74,7 +64,6 @@ def main():
               "--set", f"training.global_batch_size={args.batch * args.np}", "--set", f"training.seq_length={args.seq_len}",
               "--set", f"training.train_iters={args.steps}", "--set", f"training.threads={args.threads}",
               "--set", "logging.eval_iters=1", "--set", "sample.tokens=0", "--set", "optimizer.lr_warmup_iters=0", "--set", f"parallel.bucket_size={args.bucket_size}"]
-    mpirun = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(args.np)]
     print(f"{args.model}, {args.np} ranks x B={args.batch} T={args.seq_len}, {args.threads} thread(s) per rank, "
           f"bucket_size {args.bucket_size}; medians over steps 2..{args.steps}")
     cats = ["params", "grads", "optimizer", "activations"]
@@ -82,14 +71,14 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         runs = [("1 process, same global batch", [binary, "train"], [])]
         if "dp" in kinds:
-            runs += [(f"dp{args.np} overlap_grad_reduce={o}", mpirun + [binary, "train"],
+            runs += [(f"dp{args.np} overlap_grad_reduce={o}", mpirun(args.np) + [binary, "train"],
                       ["--set", f"parallel.overlap_grad_reduce={o}"]) for o in ("true", "false")]
-            runs.append((f"dp{args.np} distributed optimizer", mpirun + [binary, "train"],
+            runs.append((f"dp{args.np} distributed optimizer", mpirun(args.np) + [binary, "train"],
                          ["--set", "parallel.use_distributed_optimizer=true"]))
-            runs.append((f"dp{args.np} dist. opt. + param gather overlap", mpirun + [binary, "train"],
+            runs.append((f"dp{args.np} dist. opt. + param gather overlap", mpirun(args.np) + [binary, "train"],
                          ["--set", "parallel.use_distributed_optimizer=true", "--set", "parallel.overlap_param_gather=true"]))
         if "tp" in kinds:
-            runs += [(f"tp{args.np}{' + sequence parallel' if sp else ''}", mpirun + [binary, "train"],
+            runs += [(f"tp{args.np}{' + sequence parallel' if sp else ''}", mpirun(args.np) + [binary, "train"],
                       ["--set", f"tp={args.np}", "--set", f"parallel.sequence_parallel={'true' if sp else 'false'}"])
                      for sp in (False, True)]
         for name, prefix, extra in runs:

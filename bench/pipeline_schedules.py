@@ -17,20 +17,10 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import tempfile
 from pathlib import Path
 
-MPI_ENV = {"OMPI_MCA_plm": "isolated", "OMPI_MCA_btl_vader_single_copy_mechanism": "none",
-           "OMPI_MCA_rmaps_base_oversubscribe": "1", "OMPI_ALLOW_RUN_AS_ROOT": "1",
-           "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
-
-
-def run(cmd, env):
-    result = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if result.returncode != 0:
-        raise SystemExit(f"failed ({result.returncode}): {' '.join(cmd)}\n{result.stdout[-3000:]}")
-    return result.stdout
+from mpi_runs import MPI_ENV, mpirun, run
 
 
 def is_compute(name):
@@ -94,7 +84,6 @@ def main():
               "--set", f"training.seq_length={args.seq_len}", "--set", f"training.train_iters={args.steps}",
               "--set", "training.threads=1", "--set", "logging.eval_iters=1", "--set", "sample.tokens=0",
               "--set", "optimizer.lr_warmup_iters=0", "--set", "logging.trace=true", "--set", f"pp={args.pp}"]
-    mpirun = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(args.pp)]
     print(f"{args.layers} layers x hidden {args.hidden}, pp{args.pp}, {args.microbatches} micro-batches of "
           f"{args.micro_batch} x {args.seq_len}, 1 thread per rank; medians over steps 2..{args.steps}")
     print(f"{'schedule':12} {'measured s':>10} {'bubble':>7} {'predicted s':>11} {'bubble':>7} {'error':>7}  op costs (s)")
@@ -106,7 +95,7 @@ def main():
             extra = ["--set", f"parallel.pipeline_schedule=\"{kind}\"", "--set", f"logging.run_dir=\"{run_dir}\""]
             if kind == "interleaved":
                 extra += ["--set", f"parallel.virtual_pipeline_model_parallel_size={vpp}"]
-            run(mpirun + [binary, "train"] + common + extra, env)
+            run(mpirun(args.pp) + [binary, "train"] + common + extra, env)
             span, bubble, c = measure(run_dir / "trace.json", args.steps)
             if kind == "zb-h1":
                 b_share = c["B"] / (c["B"] + c["W"])

@@ -95,54 +95,40 @@ TEST(ShardedCheckpoint, MissingRanksGapsOverlapsAndOtherShapesAreRefused) {
     std::filesystem::create_directories(d);
     return d;
   };
-  {
-    const std::string d = fresh("missing_rank");
-    ckpt::ShardWriter r0;
-    r0.add("w", {2, 2}, 0, 0, grid(2, 2));
-    r0.write(d, 0);
-    EXPECT_ERROR_CONTAINS(ckpt::merge_shard_indexes(d, 2, 0.05), "rank 1", ckpt::shard_index_name(1));
-  }
-  {
-    const std::string d = fresh("gap");
-    ckpt::ShardWriter r0, r1;
-    r0.add("w", {4, 2}, 0, 0, grid(1, 2));
-    r1.add("w", {4, 2}, 0, 2, grid(2, 2, 2, 0));
-    r0.write(d, 0), r1.write(d, 1);
-    EXPECT_ERROR_CONTAINS(ckpt::merge_shard_indexes(d, 2, 5), "'w'", "a gap at 1");
-  }
-  {
-    const std::string d = fresh("short");
-    ckpt::ShardWriter r0;
-    r0.add("w", {4, 2}, 0, 0, grid(3, 2));
-    r0.write(d, 0);
-    EXPECT_ERROR_CONTAINS(ckpt::merge_shard_indexes(d, 1, 5), "'w'", "up to 3");
-  }
-  {
-    const std::string d = fresh("overlap");
-    ckpt::ShardWriter r0, r1;
-    r0.add("w", {4, 2}, 0, 0, grid(3, 2));
-    r1.add("w", {4, 2}, 0, 2, grid(2, 2, 2, 0));
-    r0.write(d, 0), r1.write(d, 1);
-    EXPECT_ERROR_CONTAINS(ckpt::merge_shard_indexes(d, 2, 5), "'w'", "overlapping pieces");
-  }
-  {
-    const std::string d = fresh("shapes");
-    ckpt::ShardWriter r0, r1;
-    r0.add("w", {4, 2}, 0, 0, grid(2, 2));
-    r1.add("w", {4, 3}, 0, 2, grid(2, 3));
-    r0.write(d, 0), r1.write(d, 1);
-    EXPECT_ERROR_CONTAINS(ckpt::merge_shard_indexes(d, 2, 5), ckpt::shard_index_name(1), "'w'", "[4,3]", "[4,2]");
-  }
+  // Rank r writes piece (shape, start, data) of tensor "w" into a fresh directory.
+  struct Piece {
+    Shape shape;
+    int64_t start;
+    Tensor data;
+  };
+  const auto shards = [&](const std::string& name, const std::vector<Piece>& per_rank) {
+    const std::string d = fresh(name);
+    for (size_t r = 0; r < per_rank.size(); ++r) {
+      ckpt::ShardWriter w;
+      w.add("w", per_rank[r].shape, 0, per_rank[r].start, per_rank[r].data);
+      w.write(d, static_cast<int>(r));
+    }
+    return d;
+  };
+  EXPECT_ERROR_CONTAINS(ckpt::merge_shard_indexes(shards("missing_rank", {{{2, 2}, 0, grid(2, 2)}}), 2, 0.05), "rank 1",
+                        ckpt::shard_index_name(1));
+  EXPECT_ERROR_CONTAINS(
+      ckpt::merge_shard_indexes(shards("gap", {{{4, 2}, 0, grid(1, 2)}, {{4, 2}, 2, grid(2, 2, 2, 0)}}), 2, 5), "'w'",
+      "a gap at 1");
+  EXPECT_ERROR_CONTAINS(ckpt::merge_shard_indexes(shards("short", {{{4, 2}, 0, grid(3, 2)}}), 1, 5), "'w'", "up to 3");
+  EXPECT_ERROR_CONTAINS(
+      ckpt::merge_shard_indexes(shards("overlap", {{{4, 2}, 0, grid(3, 2)}, {{4, 2}, 2, grid(2, 2, 2, 0)}}), 2, 5),
+      "'w'", "overlapping pieces");
+  EXPECT_ERROR_CONTAINS(
+      ckpt::merge_shard_indexes(shards("shapes", {{{4, 2}, 0, grid(2, 2)}, {{4, 3}, 2, grid(2, 3)}}), 2, 5),
+      ckpt::shard_index_name(1), "'w'", "[4,3]", "[4,2]");
   // A piece that is no piece of its tensor is refused when added.
   ckpt::ShardWriter w;
   EXPECT_ERROR_CONTAINS(w.add("w", {4, 2}, 0, 3, grid(2, 2)), "'w'", "no piece of");
   EXPECT_ERROR_CONTAINS(w.add("w", {4, 2}, 2, 0, grid(4, 2)), "'w'", "no piece of");
   // Metadata that names a file outside the checkpoint, or pieces that do not tile the tensor, is
   // refused before anything is read.
-  const std::string d = fresh("tampered");
-  ckpt::ShardWriter r0;
-  r0.add("w", {4, 2}, 0, 0, grid(4, 2));
-  r0.write(d, 0);
+  const std::string d = shards("tampered", {{{4, 2}, 0, grid(4, 2)}});
   ckpt::merge_shard_indexes(d, 1, 5);
   auto meta = nlohmann::json::parse(megaton::testing::read_bytes(d + "/metadata.json"));
   const auto good = meta;

@@ -228,7 +228,9 @@ TEST(PipelineParallel, TraceHoldsEveryRanksTimedOps) {
       else ops[e["pid"].get<int>()].push_back(e);
     ASSERT_EQ(rows.size(), static_cast<size_t>(np));
     EXPECT_EQ(rows[0], "rank 0 (pp 0, dp 0, tp 0)");
-    if (np > 1) EXPECT_EQ(rows[1], "rank 1 (pp 1, dp 0, tp 0)");
+    if (np > 1) {
+      EXPECT_EQ(rows[1], "rank 1 (pp 1, dp 0, tp 0)");
+    }
     for (int r = 0; r < np; ++r) {
       std::map<char, int> counts;  // F, B, W (a "+W" counts for its W too)
       double end = 0;

@@ -45,11 +45,15 @@ std::string checkpoint_name(int64_t step) {
   return buf;
 }
 
+std::string temporary_checkpoint_dir(const std::string& root, int64_t step) {
+  return (fs::path(root) / (checkpoint_name(step) + std::string(kTmpSuffix))).string();
+}
+
 std::string prepare_checkpoint(const std::string& root, int64_t step) {
-  const fs::path tmp_dir = fs::path(root) / (checkpoint_name(step) + std::string(kTmpSuffix));
+  const std::string tmp_dir = temporary_checkpoint_dir(root, step);
   fs::remove_all(tmp_dir);
   fs::create_directories(tmp_dir);
-  return tmp_dir.string();
+  return tmp_dir;
 }
 
 void commit_checkpoint(const std::string& root, int64_t step, const std::function<void(const std::string&)>& write_files,
@@ -61,16 +65,14 @@ void commit_checkpoint(const std::string& root, int64_t step, const std::functio
 void finish_checkpoint(const std::string& root, int64_t step, const std::vector<FileDigest>& known, int64_t keep_last) {
   const std::string name = checkpoint_name(step);
   const fs::path final_dir = fs::path(root) / name;
-  const fs::path tmp_dir = fs::path(root) / (name + std::string(kTmpSuffix));
-  write_manifest(tmp_dir.string(), known);
+  const std::string tmp_dir = temporary_checkpoint_dir(root, step);
+  write_manifest(tmp_dir, known);
   // rename() cannot replace a non-empty directory; an existing one of the same step is an older
   // save (a resumed run repeating steps after a fallback), so it goes first.
   fs::remove_all(final_dir);
   fs::rename(tmp_dir, final_dir);
-  AtomicFile latest((fs::path(root) / kLatestName).string());
-  const std::string text = name + "\n";
-  latest.write(text.data(), text.size());
-  latest.commit();  // also fsyncs ROOT, making the directory rename durable
+  // Its commit also fsyncs ROOT, making the directory rename durable.
+  write_file_atomically((fs::path(root) / kLatestName).string(), name + "\n");
 
   if (keep_last <= 0) return;
   std::vector<std::pair<int64_t, fs::path>> all;

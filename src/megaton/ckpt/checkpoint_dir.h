@@ -26,6 +26,8 @@ std::string checkpoint_name(int64_t step);  // "step_000123"
 // points ROOT/latest at it (atomic replace), then removes all but the newest keep_last
 // checkpoints (0: keep all; checkpoints moved aside are not counted and never removed).
 std::string prepare_checkpoint(const std::string& root, int64_t step);
+// ROOT/step_N.tmp: where prepare_checkpoint puts a save in progress.
+std::string temporary_checkpoint_dir(const std::string& root, int64_t step);
 void finish_checkpoint(const std::string& root, int64_t step, const std::vector<FileDigest>& known, int64_t keep_last);
 // Both, with write_files filling the directory in between: a save by one process. Safe to call
 // again after a failure.

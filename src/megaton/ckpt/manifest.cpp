@@ -68,9 +68,7 @@ void write_manifest(const std::string& dir, const std::vector<FileDigest>& known
     files[name] = {{"bytes", d.bytes}, {"xxh3_64", hex64(d.xxh3)}};
   }
   const std::string text = nlohmann::ordered_json{{"format", "megaton-checkpoint"}, {"files", files}}.dump(2) + "\n";
-  AtomicFile out((fs::path(dir) / kManifestName).string());
-  out.write(text.data(), text.size());
-  out.commit();
+  write_file_atomically((fs::path(dir) / kManifestName).string(), text);
 }
 
 void verify_manifest(const std::string& dir) {

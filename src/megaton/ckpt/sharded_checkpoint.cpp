@@ -28,12 +28,7 @@ std::string numbered(const char* prefix, int rank, const char* suffix) {
   return buf;
 }
 
-void write_json(const std::string& path, const nlohmann::json& j) {
-  AtomicFile out(path);
-  const std::string text = j.dump(1) + "\n";
-  out.write(text.data(), text.size());
-  out.commit();
-}
+void write_json(const std::string& path, const nlohmann::json& j) { write_file_atomically(path, j.dump(1) + "\n"); }
 
 nlohmann::json read_json(const std::string& path, const char* what) {
   try {

@@ -61,6 +61,12 @@ void AtomicFile::commit() {
   fsync_directory_of(path_);
 }
 
+void write_file_atomically(const std::string& path, std::string_view text) {
+  AtomicFile out(path);
+  out.write(text.data(), text.size());
+  out.commit();
+}
+
 std::vector<std::string> remove_abandoned_temporaries(const std::string& dir) {
   namespace fs = std::filesystem;
   std::vector<std::string> removed;

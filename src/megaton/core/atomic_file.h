@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace megaton {
@@ -31,6 +32,10 @@ class AtomicFile {
   uint64_t written_ = 0;
   bool committed_ = false;
 };
+
+// The whole of `text` as PATH, through an AtomicFile: small files (configs, indexes, manifests)
+// written in one go.
+void write_file_atomically(const std::string& path, std::string_view text);
 
 // Removes the PATH.<pid>.tmp files in DIR (not below it) whose writing process no longer exists:
 // what a process killed between opening and committing an AtomicFile leaves. A live process's

@@ -447,12 +447,13 @@ void save_hf_model(TransformerModel& model, const std::string& dir, DType dtype)
     for (auto& [name, t] : tensors) t = t.to(dtype, MemCategory::Workspace);
   ckpt::save_safetensors((fs::path(dir) / "model.safetensors").string(), tensors,
                          {{"format", "pt"}, {"producer", "megaton"}});
-  AtomicFile cfg((fs::path(dir) / "config.json").string());
-  nlohmann::json config = config_to_hf(model.config());
-  if (dtype != DType::F32) config["torch_dtype"] = "bfloat16";
-  const std::string text = config.dump(2) + "\n";
-  cfg.write(text.data(), text.size());
-  cfg.commit();
+  save_hf_config(model.config(), dir, dtype);
+}
+
+void save_hf_config(const TransformerConfig& c, const std::string& dir, DType dtype) {
+  nlohmann::json config = config_to_hf(c);
+  if (dtype == DType::BF16) config["torch_dtype"] = "bfloat16";
+  write_file_atomically((fs::path(dir) / "config.json").string(), config.dump(2) + "\n");
 }
 
 }  // namespace megaton::models

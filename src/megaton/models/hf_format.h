@@ -31,6 +31,8 @@ void load_hf_tensors(TransformerModel& model, const std::map<std::string, Tensor
 // DIR/config.json + DIR/model.safetensors (each written atomically), the tensors in `dtype` (f32, or
 // bf16: half the bytes, rounded to nearest even; loading widens them back to f32 exactly).
 void save_hf_model(TransformerModel& model, const std::string& dir, DType dtype = DType::F32);
+// DIR/config.json alone (what save_hf_model writes beside the weights; a training checkpoint's too).
+void save_hf_config(const TransformerConfig& c, const std::string& dir, DType dtype = DType::F32);
 std::unique_ptr<TransformerModel> load_hf_model(const std::string& dir);
 TransformerConfig load_hf_config(const std::string& dir);
 

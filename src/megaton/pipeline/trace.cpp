@@ -22,10 +22,7 @@ void write_chrome_trace(const std::string& path, const std::vector<TraceRow>& ro
                         {"args", args}});
     }
   }
-  const std::string text = nlohmann::json{{"traceEvents", events}, {"otherData", other}}.dump();
-  AtomicFile out(path);
-  out.write(text.data(), text.size());
-  out.commit();
+  write_file_atomically(path, nlohmann::json{{"traceEvents", events}, {"otherData", other}}.dump());
 }
 
 }  // namespace megaton::pipeline

@@ -111,7 +111,7 @@ void CheckpointManager::save(const models::TransformerModel& model, const optim:
   // interrupted save of this step is cleared first, before any rank writes into it).
   if (writes_) ckpt::prepare_checkpoint(checkpoints_dir(), step);
   world_.barrier();
-  const std::string dir = (fs::path(checkpoints_dir()) / (name + ".tmp")).string();
+  const std::string dir = ckpt::temporary_checkpoint_dir(checkpoints_dir(), step);
   pending_saves_[name] = {{"event", "checkpoint"},
                           {"step", step},
                           {"path", (fs::path(checkpoints_dir()) / name).string()},

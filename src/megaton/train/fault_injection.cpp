@@ -136,9 +136,7 @@ bool FaultInjector::fire(Fault kind, int64_t step) {
     // A rank other than 0 may meet its fault before rank 0 has created the run directory.
     if (const auto dir = std::filesystem::path(record_path_).parent_path(); !dir.empty())
       std::filesystem::create_directories(dir);
-    AtomicFile out(record_path_);
-    out.write(text.data(), text.size());
-    out.commit();
+    write_file_atomically(record_path_, text);
     if (rank_ == 0)
       std::fprintf(stderr, "injected fault: %s (step %ld)\n", s.text.c_str(), static_cast<long>(step));
     else

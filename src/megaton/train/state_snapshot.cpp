@@ -18,7 +18,6 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr const char* kStateFile = "state.json";
-constexpr const char* kConfigFile = "config.json";
 constexpr const char* kModelPrefix = "model/";
 constexpr const char* kOptimizerPrefix = "optim/";
 constexpr const char* kFp8Prefix = "fp8/";
@@ -87,12 +86,6 @@ void read_local(ckpt::ShardedReader& reader, const std::string& name, const nn::
   for (const LocalPiece& piece : local_pieces(p, local, tp_rank)) reader.read(name, piece.dim, piece.start, piece.view);
 }
 
-void write_text(const std::string& path, const std::string& text) {
-  AtomicFile out(path);
-  out.write(text.data(), text.size());
-  out.commit();
-}
-
 }  // namespace
 
 StateSnapshot::StateSnapshot(const models::TransformerModel& model, const optim::Optimizer& optimizer)
@@ -141,8 +134,8 @@ void StateSnapshot::write(const std::string& dir, int world_rank, bool replica) 
   }
   shard.write(dir, world_rank);
   if (world_rank != 0) return;
-  write_text((fs::path(dir) / kConfigFile).string(), models::config_to_hf(model_.config()).dump(2) + "\n");
-  write_text((fs::path(dir) / kStateFile).string(), state_.dump(2) + "\n");
+  models::save_hf_config(model_.config(), dir);
+  write_file_atomically((fs::path(dir) / kStateFile).string(), state_.dump(2) + "\n");
 }
 
 TrainProgress load_checkpoint(const std::string& dir, models::TransformerModel& model, optim::Optimizer& optimizer,

@@ -1,0 +1,19 @@
+"""What the multi-process benchmarks (dp_comm.py, pipeline_schedules.py) share: Open MPI's
+environment for oversubscribed single-node runs as root, the mpirun prefix, and running a command
+that must succeed."""
+import subprocess
+
+MPI_ENV = {"OMPI_MCA_plm": "isolated", "OMPI_MCA_btl_vader_single_copy_mechanism": "none",
+           "OMPI_MCA_rmaps_base_oversubscribe": "1", "OMPI_ALLOW_RUN_AS_ROOT": "1",
+           "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+
+
+def mpirun(np):
+    return ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(np)]
+
+
+def run(cmd, env):
+    result = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if result.returncode != 0:
+        raise SystemExit(f"failed ({result.returncode}): {' '.join(cmd)}\n{result.stdout[-3000:]}")
+    return result.stdout
