@@ -73,12 +73,13 @@ void unscale_gradients(const nn::ParameterList& params) {
 
 // Full training steps (forward, backward, clip, AdamW) on random tokens; median step time.
 BenchResult run_bench(const std::string& preset, int64_t B, int64_t T, int steps, const Precision& precision,
-                      const nn::RecomputeConfig& recompute) {
+                      const nn::RecomputeConfig& recompute, const nn::FusionConfig& fusion) {
   models::TransformerModel model(models::preset(preset));
   model.init_weights(1);
   model.set_compute_dtype(precision.compute);
   if (precision.fp8) model.enable_fp8(*precision.fp8);
   model.set_recompute(recompute);
+  model.set_fusion(fusion);
   optim::AdamW opt(model.parameters(), {});
   Tensor inputs = Tensor::empty({B, T}, DType::I32, MemCategory::Activations, "inputs");
   Tensor targets = Tensor::empty({B, T}, DType::I32, MemCategory::Activations, "targets");
@@ -143,7 +144,7 @@ void add_bench_command(CLI::App& app) {
   static int steps = 5, threads = 0;
   static bool json = false, gemm_shapes = false, cpu_only = false;
   static std::string device_name = "cpu", dtype_text = "f32", cpu_gemm = "auto", precision = "fp32";
-  static std::string recompute = "none", recompute_modules = "core_attn";
+  static std::string recompute = "none", recompute_modules = "core_attn", fusion = "on";
   cmd->add_option("--model", preset, "Model preset")->capture_default_str();
   cmd->add_option("--batch", batch, "Batch size")->capture_default_str()->check(in_range<int64_t>(1, 1 << 20));
   cmd->add_option("--seq-len", seq_len, "Sequence length")->capture_default_str()->check(in_range<int64_t>(1, 1 << 24));
@@ -173,6 +174,11 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--recompute-modules", recompute_modules,
                   "With --recompute selective: comma-separated core_attn, mlp, layernorm, moe_act")
       ->capture_default_str();
+  cmd->add_option("--fusion", fusion,
+                  "Fused kernels (bias + activation, residual add + norm; training.bias_activation_fusion and "
+                  "residual_norm_fusion): on, off, or one of them alone (bias-act, residual-norm)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"on", "off", "bias-act", "residual-norm"}));
   cmd->add_flag("--cpu-info", cpu_only, "Only print the CPU line (model, features, threads) every benchmark starts with");
   cmd->callback([] {
     set_num_threads(threads);
@@ -193,7 +199,9 @@ void add_bench_command(CLI::App& app) {
     const Precision parsed = precision_from_name(precision);
     const nn::RecomputeConfig rc = nn::recompute_config_from_names(recompute == "none" ? "" : recompute, "uniform", 1,
                                                                    recompute_modules);
-    BenchResult r = run_bench(preset, batch, seq_len, steps, parsed, rc);
+    const nn::FusionConfig fc{.bias_activation = fusion == "on" || fusion == "bias-act",
+                              .residual_norm = fusion == "on" || fusion == "residual-norm"};
+    BenchResult r = run_bench(preset, batch, seq_len, steps, parsed, rc, fc);
     nlohmann::json peak_mb;
     for (size_t c = 0; c < kNumMemCategories; ++c)
       peak_mb[std::string(mem_category_name(static_cast<MemCategory>(c)))] = static_cast<double>(r.memory.peak[c]) / 1e6;
@@ -204,6 +212,7 @@ void add_bench_command(CLI::App& app) {
       std::printf("%s\n", nlohmann::json{{"model", preset},
                                          {"precision", precision},
                                          {"recompute", recompute == "selective" ? "selective:" + recompute_modules : recompute},
+                                         {"fusion", fusion},
                                          {"batch", batch},
                                          {"seq_len", seq_len},
                                          {"threads", num_threads()},
@@ -222,9 +231,9 @@ void add_bench_command(CLI::App& app) {
                               .dump()
                               .c_str());
     } else {
-      std::printf("%s %s batch %ld x %ld, %d threads: median step %.3f s | %.0f tokens/s | %.1f GFLOP/s achieved | "
+      std::printf("%s %s (fusion %s) batch %ld x %ld, %d threads: median step %.3f s | %.0f tokens/s | %.1f GFLOP/s achieved | "
                   "sgemm ceiling %.1f GFLOP/s | %s GEMM ceiling %.1f GFLOP/s | %.1f%% of that ceiling\n",
-                  preset.c_str(), precision.c_str(), batch, seq_len, num_threads(), r.step_s, r.tokens_per_s, r.gflops,
+                  preset.c_str(), precision.c_str(), fusion.c_str(), batch, seq_len, num_threads(), r.step_s, r.tokens_per_s, r.gflops,
                   r.sgemm_gflops, precision.c_str(), r.gemm_ceiling_gflops, 100.0 * r.gflops / r.gemm_ceiling_gflops);
       std::printf("median seconds per phase: %s\n", phases.dump().c_str());
       std::printf("peak memory (MB): %s\n", peak_mb.dump().c_str());

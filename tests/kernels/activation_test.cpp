@@ -89,3 +89,79 @@ TEST(Activation, ResidualAllowsAliasing) {
     EXPECT_EQ(in_place[i], a[i] + b[i]);
   }
 }
+
+// The bias fused into the activation (bias_gelu_* / bias_swiglu_*): in double the gradients with
+// respect to h and the bias match finite differences; in f32 forward and dh are bitwise the
+// activation of the stored h + bias, and dbias bitwise bias_backward's column sums of that dh,
+// for one thread and two (threads split the columns, so the row order of the sums never changes).
+namespace {
+
+// Runs the fused kernel of the activation (GeLU on [N, F], SwiGLU on [N, 2H] -> [N, H]).
+template <typename T>
+void bias_act_forward(bool swiglu, T* out, const T* h, const compute_t<T>* bias, int64_t N, int64_t H) {
+  swiglu ? bias_swiglu_forward(out, h, bias, N, H) : bias_gelu_forward(out, h, bias, N, H);
+}
+template <typename T>
+void bias_act_backward(bool swiglu, T* dh, compute_t<T>* dbias, const T* dout, const T* h, const compute_t<T>* bias,
+                       int64_t N, int64_t H) {
+  swiglu ? bias_swiglu_backward(dh, dbias, dout, h, bias, N, H) : bias_gelu_backward(dh, dbias, dout, h, bias, N, H);
+}
+
+}  // namespace
+
+TEST(BiasActivation, GradientsMatchFiniteDifferences) {
+  for (const bool swiglu : {false, true}) {
+    SCOPED_TRACE(swiglu ? "swiglu" : "gelu");
+    const int64_t F = swiglu ? 2 * kH : kH;
+    auto h = fd::random_vector(kN * F, 40, -3.0, 3.0);
+    auto bias = fd::random_vector(F, 41);
+    auto dout = fd::random_vector(kN * kH, 42);
+    std::vector<double> out(kN * kH), dh(h.size(), 123.0), dbias(F, 1.0);
+    auto loss = [&] {
+      bias_act_forward(swiglu, out.data(), h.data(), bias.data(), kN, kH);
+      return fd::dot(dout, out);
+    };
+    bias_act_backward(swiglu, dh.data(), dbias.data(), dout.data(), h.data(), bias.data(), kN, kH);
+    for (double& g : dbias) g -= 1.0;  // accumulated onto 1
+    EXPECT_TRUE(fd::close(dh, fd::numeric_gradient(h, loss), 1e-8));
+    EXPECT_TRUE(fd::close(dbias, fd::numeric_gradient(bias, loss), 1e-8));
+  }
+}
+
+TEST(BiasActivation, F32IsBitwiseTheActivationOfHPlusBiasAndItsBiasSums) {
+  const int64_t N = 301, H = 200;
+  for (const bool swiglu : {false, true}) {
+    SCOPED_TRACE(swiglu ? "swiglu" : "gelu");
+    const int64_t F = swiglu ? 2 * H : H;
+    auto h = fd::random_vector<float>(N * F, 43, -4.0, 4.0);
+    auto bias = fd::random_vector<float>(F, 44);
+    auto dout = fd::random_vector<float>(N * H, 45);
+    // Unfused: the bias added first (as a GEMM with its bias would leave it), then the activation,
+    // then the bias gradient as its own pass over dh.
+    std::vector<float> hb(N * F), out(N * H), dh(N * F), dbias(F, 0.5f);
+    for (int64_t i = 0; i < N * F; ++i) hb[i] = h[i] + bias[i % F];
+    if (swiglu) {
+      swiglu_forward(out.data(), hb.data(), N, H);
+      swiglu_backward(dh.data(), dout.data(), hb.data(), N, H);
+    } else {
+      gelu_forward(out.data(), hb.data(), N * F);
+      gelu_backward(dh.data(), dout.data(), hb.data(), N * F);
+    }
+    std::vector<float> acc(F, 0.0f);  // bias_backward's order: per column, over the rows in order
+
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t f = 0; f < F; ++f) acc[f] += dh[n * F + f];
+    for (int64_t f = 0; f < F; ++f) dbias[f] += acc[f];
+    for (const int threads : {1, 2}) {
+      SCOPED_TRACE(threads);
+      std::vector<float> fout(N * H), fdh(N * F), fdbias(F, 0.5f);
+      fd::with_threads(threads, [&] {
+        bias_act_forward(swiglu, fout.data(), h.data(), bias.data(), N, H);
+        bias_act_backward(swiglu, fdh.data(), fdbias.data(), dout.data(), h.data(), bias.data(), N, H);
+      });
+      EXPECT_TRUE(fd::same_bits(fout, out));
+      EXPECT_TRUE(fd::same_bits(fdh, dh));
+      EXPECT_TRUE(fd::same_bits(fdbias, dbias));
+    }
+  }
+}

@@ -159,3 +159,89 @@ TEST(RmsNorm, WeightGradientIsBitwiseIdenticalForOneAndTwoThreads) {
   };
   EXPECT_TRUE(fd::same_bits(run(1), run(2)));
 }
+
+// The residual add fused into the norm (add_*_forward, dresidual): in double the gradients of
+// loss = sum(dout * out) + sum(dsum * (x + residual)) match finite differences, with dx = the
+// norm's input gradient + dsum, the residual stream's own gradient; in f32 the forward is bitwise
+// the unfused composition (residual add, then norm) and the input gradient (norm backward, then
+// residual add) equal to rounding: the add joins the norm's last expression, which may become an FMA.
+namespace {
+
+void add_norm_forward(bool rms, double* sum, double* out, double* mean, double* rstd, const double* x,
+                      const double* res, const double* w, const double* b) {
+  if (rms)
+    add_rmsnorm_forward(sum, out, rstd, x, res, w, kN, kC, kEps);
+  else
+    add_layernorm_forward(sum, out, mean, rstd, x, res, w, b, kN, kC, kEps);
+}
+
+}  // namespace
+
+TEST(AddNorm, GradientsMatchFiniteDifferences) {
+  for (const bool rms : {false, true}) {
+    SCOPED_TRACE(rms ? "rmsnorm" : "layernorm");
+    auto x = fd::random_vector(kN * kC, 20, -2.0, 3.0);
+    auto res = fd::random_vector(kN * kC, 21, -1.0, 1.0);
+    auto w = fd::random_vector(kC, 22);
+    auto b = fd::random_vector(kC, 23);
+    auto dout = fd::random_vector(kN * kC, 24);
+    auto dsum = fd::random_vector(kN * kC, 25);
+    std::vector<double> sum(x.size()), out(x.size()), mean(kN), rstd(kN);
+    auto loss = [&] {
+      add_norm_forward(rms, sum.data(), out.data(), mean.data(), rstd.data(), x.data(), res.data(), w.data(), b.data());
+      return fd::dot(dout, out) + fd::dot(dsum, sum);
+    };
+    loss();
+    std::vector<double> dx(x.size(), 123.0);
+    if (rms)
+      rmsnorm_backward_input(dx.data(), dout.data(), sum.data(), w.data(), rstd.data(), kN, kC, dsum.data());
+    else
+      layernorm_backward_input(dx.data(), dout.data(), sum.data(), w.data(), mean.data(), rstd.data(), kN, kC,
+                               dsum.data());
+    // x and the residual are summed, so both get the same gradient.
+    EXPECT_TRUE(fd::close(dx, fd::numeric_gradient(x, loss), 1e-8));
+    EXPECT_TRUE(fd::close(dx, fd::numeric_gradient(res, loss), 1e-8));
+  }
+}
+
+TEST(AddNorm, F32MatchesTheUnfusedResidualAddAndNorm) {
+  const int64_t N = 300, C = 96;
+  auto x = fd::random_vector<float>(N * C, 26, -2.0, 3.0);
+  auto res = fd::random_vector<float>(N * C, 27);
+  auto w = fd::random_vector<float>(C, 28);
+  auto b = fd::random_vector<float>(C, 29);
+  auto dout = fd::random_vector<float>(N * C, 30);
+  auto dres = fd::random_vector<float>(N * C, 31);
+  for (const bool rms : {false, true}) {
+    SCOPED_TRACE(rms ? "rmsnorm" : "layernorm");
+    // Unfused: sum = x + res, out = norm(sum); dx = norm'(dout) + dres.
+    std::vector<float> sum(N * C), out(N * C), mean(N), rstd(N), dx(N * C);
+    for (int64_t i = 0; i < N * C; ++i) sum[i] = x[i] + res[i];
+    if (rms) {
+      rmsnorm_forward(out.data(), rstd.data(), sum.data(), w.data(), N, C, kEps);
+      rmsnorm_backward_input(dx.data(), dout.data(), sum.data(), w.data(), rstd.data(), N, C);
+    } else {
+      layernorm_forward(out.data(), mean.data(), rstd.data(), sum.data(), w.data(), b.data(), N, C, kEps);
+      layernorm_backward_input(dx.data(), dout.data(), sum.data(), w.data(), mean.data(), rstd.data(), N, C);
+    }
+    for (int64_t i = 0; i < N * C; ++i) dx[i] += dres[i];
+    // Fused, the sum written over x's own copy (the block's in-place use).
+    std::vector<float> fsum = x, fout(N * C), fmean(N), frstd(N), fdx(N * C);
+    if (rms) {
+      add_rmsnorm_forward(fsum.data(), fout.data(), frstd.data(), fsum.data(), res.data(), w.data(), N, C, kEps);
+      rmsnorm_backward_input(fdx.data(), dout.data(), fsum.data(), w.data(), frstd.data(), N, C, dres.data());
+    } else {
+      add_layernorm_forward(fsum.data(), fout.data(), fmean.data(), frstd.data(), fsum.data(), res.data(), w.data(),
+                            b.data(), N, C, kEps);
+      layernorm_backward_input(fdx.data(), dout.data(), fsum.data(), w.data(), fmean.data(), frstd.data(), N, C,
+                               dres.data());
+    }
+    EXPECT_TRUE(fd::same_bits(fsum, sum));
+    EXPECT_TRUE(fd::same_bits(fout, out));
+    EXPECT_TRUE(fd::same_bits(frstd, rstd));
+    if (!rms) {
+      EXPECT_TRUE(fd::same_bits(fmean, mean));
+    }
+    EXPECT_TRUE(fd::close(std::vector<double>(fdx.begin(), fdx.end()), std::vector<double>(dx.begin(), dx.end()), 1e-6));
+  }
+}

@@ -35,7 +35,61 @@ std::pair<int64_t, int64_t> check_swiglu(const ExecContext& ctx, std::string_vie
   return {N, H};
 }
 
+// The [F] bias (and dbias) of a fused bias + activation on h [N, F]: on the call's device, in
+// compute_t of h's dtype (f64 for f64, else f32).
+void check_bias(const ExecContext& ctx, std::string_view op, const Tensor& h, std::initializer_list<const Tensor*> biases) {
+  expect_on_device(ctx, op, biases);
+  const int64_t F = h.size(-1);
+  for (const Tensor* b : biases) expect_matrix(op, *b, 1, F);
+  expect_dtype(h.dtype() == DType::F64 ? DType::F64 : DType::F32, op, biases);
+  if (!ctx.device.is_cpu()) fail_no_backend(ctx, op);
+}
+
 }  // namespace
+
+void bias_gelu_forward(const ExecContext& ctx, const Tensor& out, const Tensor& h, const Tensor& bias) {
+  constexpr std::string_view op = "bias_gelu_forward";
+  check_pointwise(ctx, op, h, {&out});
+  check_bias(ctx, op, h, {&bias});
+  const int64_t F = h.size(-1);
+  dispatch_cpu_io(h.dtype(), op, [&]<typename T>(T) {
+    cpu::bias_gelu_forward(out.data<T>(), h.data<T>(), bias.data<cpu::compute_t<T>>(), h.numel() / F, F);
+  });
+}
+
+void bias_gelu_backward(const ExecContext& ctx, const Tensor& dh, const Tensor& dbias, const Tensor& dout,
+                        const Tensor& h, const Tensor& bias) {
+  constexpr std::string_view op = "bias_gelu_backward";
+  check_pointwise(ctx, op, h, {&dh, &dout});
+  check_bias(ctx, op, h, {&dbias, &bias});
+  const int64_t F = h.size(-1);
+  dispatch_cpu_io(h.dtype(), op, [&]<typename T>(T) {
+    using C = cpu::compute_t<T>;
+    cpu::bias_gelu_backward(dh.data<T>(), dbias.data<C>(), dout.data<T>(), h.data<T>(), bias.data<C>(),
+                            h.numel() / F, F);
+  });
+}
+
+void bias_swiglu_forward(const ExecContext& ctx, const Tensor& out, const Tensor& gu, const Tensor& bias) {
+  constexpr std::string_view op = "bias_swiglu_forward";
+  const auto [N, H] = check_swiglu(ctx, op, gu, {&out});
+  check_bias(ctx, op, gu, {&bias});
+  dispatch_cpu_io(gu.dtype(), op, [&, N = N, H = H]<typename T>(T) {
+    cpu::bias_swiglu_forward(out.data<T>(), gu.data<T>(), bias.data<cpu::compute_t<T>>(), N, H);
+  });
+}
+
+void bias_swiglu_backward(const ExecContext& ctx, const Tensor& dgu, const Tensor& dbias, const Tensor& dout,
+                          const Tensor& gu, const Tensor& bias) {
+  constexpr std::string_view op = "bias_swiglu_backward";
+  const auto [N, H] = check_swiglu(ctx, op, gu, {&dout});
+  check_pointwise(ctx, op, gu, {&dgu});
+  check_bias(ctx, op, gu, {&dbias, &bias});
+  dispatch_cpu_io(gu.dtype(), op, [&, N = N, H = H]<typename T>(T) {
+    using C = cpu::compute_t<T>;
+    cpu::bias_swiglu_backward(dgu.data<T>(), dbias.data<C>(), dout.data<T>(), gu.data<T>(), bias.data<C>(), N, H);
+  });
+}
 
 void gelu_forward(const ExecContext& ctx, const Tensor& out, const Tensor& x) {
   constexpr std::string_view op = "gelu_forward";

@@ -15,6 +15,19 @@ void gelu_backward(const ExecContext& ctx, const Tensor& dx, const Tensor& dout,
 void swiglu_forward(const ExecContext& ctx, const Tensor& out, const Tensor& gu);
 void swiglu_backward(const ExecContext& ctx, const Tensor& dgu, const Tensor& dout, const Tensor& gu);
 
+// The bias of the GEMM before the activation, fused into the activation (Megatron's
+// bias_activation_fusion; cpu only): the GEMM writes h without its bias, forward computes
+// act(h + bias), and backward recomputes h + bias, writes dh and adds its column sums into dbias in
+// the same pass, instead of a bias pass in the GEMM and another over dh in its weight gradient.
+// h, dh: [..., F] for GeLU and [..., 2H] ([gate | up]) for SwiGLU; bias, dbias: [F] / [2H], f32 for
+// f32, bf16 and fp16 activations (f64 for f64).
+void bias_gelu_forward(const ExecContext& ctx, const Tensor& out, const Tensor& h, const Tensor& bias);
+void bias_gelu_backward(const ExecContext& ctx, const Tensor& dh, const Tensor& dbias, const Tensor& dout,
+                        const Tensor& h, const Tensor& bias);
+void bias_swiglu_forward(const ExecContext& ctx, const Tensor& out, const Tensor& gu, const Tensor& bias);
+void bias_swiglu_backward(const ExecContext& ctx, const Tensor& dgu, const Tensor& dbias, const Tensor& dout,
+                          const Tensor& gu, const Tensor& bias);
+
 // out = a + b (out may be a or b). Its backward needs no kernel: both inputs receive dy.
 void residual_forward(const ExecContext& ctx, const Tensor& out, const Tensor& a, const Tensor& b);
 

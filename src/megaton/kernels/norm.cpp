@@ -25,6 +25,19 @@ NormShape check_norm(std::string_view op, const Tensor& weight, const Tensor& x,
   return {N, C};
 }
 
+// A defined dresidual is shaped and typed as dx, is not dx itself (the cpu kernel reads it with
+// __restrict) and is cpu only.
+NormShape check_residual_gradient(const ExecContext& ctx, std::string_view op, NormShape s, const Tensor& dx,
+                                  const Tensor& dresidual) {
+  if (!dresidual.defined()) return s;
+  expect_on_device(ctx, op, {&dresidual});
+  expect_matrix(op, dresidual, s.N, s.C);
+  expect_dtype(dx.dtype(), op, {&dresidual});
+  if (dresidual.raw() == dx.raw()) fail("kernel ", op, ": dresidual '", dresidual.name(), "' must not be dx itself");
+  if (!ctx.device.is_cpu()) fail_no_backend(ctx, std::string(op) + " with a residual gradient");
+  return s;
+}
+
 // Runs f(T{}, W{}) for the activation type T of x (f32, f64 or bf16; every tensor in `acts` holds
 // it) and the parameter type W of `param` (see dispatch_cpu_param; every tensor in `params` holds
 // it), after checking that the statistics hold compute_t<T> (f32 for bf16 activations).
@@ -58,16 +71,32 @@ void layernorm_forward(const ExecContext& ctx, const Tensor& out, const Tensor& 
   });
 }
 
+void add_layernorm_forward(const ExecContext& ctx, const Tensor& sum, const Tensor& out, const Tensor& mean,
+                           const Tensor& rstd, const Tensor& x, const Tensor& residual, const Tensor& weight,
+                           const Tensor& bias, double eps) {
+  constexpr std::string_view op = "add_layernorm_forward";
+  expect_on_device(ctx, op, {&sum, &out, &mean, &rstd, &x, &residual, &weight});
+  if (bias.defined()) expect_on_device(ctx, op, {&bias});
+  const NormShape s = check_norm(op, weight, x, {&sum, &out, &residual}, {&mean, &rstd});
+  if (!ctx.device.is_cpu()) fail_no_backend(ctx, op);
+  on_cpu(op, x, {&sum, &out, &residual}, weight, {&bias}, {&mean, &rstd}, [&]<typename T, typename W>(T, W) {
+    using S = cpu::compute_t<T>;
+    cpu::add_layernorm_forward(sum.data<T>(), out.data<T>(), mean.data<S>(), rstd.data<S>(), x.data<T>(),
+                               residual.data<T>(), weight.data<W>(), data_or_null<W>(bias), s.N, s.C, eps);
+  });
+}
+
 void layernorm_backward_input(const ExecContext& ctx, const Tensor& dx, const Tensor& dout, const Tensor& x,
-                              const Tensor& weight, const Tensor& mean, const Tensor& rstd) {
+                              const Tensor& weight, const Tensor& mean, const Tensor& rstd, const Tensor& dresidual) {
   constexpr std::string_view op = "layernorm_backward_input";
   expect_on_device(ctx, op, {&dx, &dout, &x, &weight, &mean, &rstd});
-  const NormShape s = check_norm(op, weight, x, {&dx, &dout}, {&mean, &rstd});
+  const NormShape s = check_residual_gradient(ctx, op, check_norm(op, weight, x, {&dx, &dout}, {&mean, &rstd}), dx,
+                                              dresidual);
   if (!ctx.device.is_cpu()) fail_no_backend(ctx, op);
   on_cpu(op, x, {&dx, &dout}, weight, {}, {&mean, &rstd}, [&]<typename T, typename W>(T, W) {
     using S = cpu::compute_t<T>;
     cpu::layernorm_backward_input(dx.data<T>(), dout.data<T>(), x.data<T>(), weight.data<W>(), mean.data<S>(),
-                                  rstd.data<S>(), s.N, s.C);
+                                  rstd.data<S>(), s.N, s.C, data_or_null<T>(dresidual));
   });
 }
 
@@ -101,11 +130,24 @@ void rmsnorm_forward(const ExecContext& ctx, const Tensor& out, const Tensor& rs
   });
 }
 
+void add_rmsnorm_forward(const ExecContext& ctx, const Tensor& sum, const Tensor& out, const Tensor& rstd,
+                         const Tensor& x, const Tensor& residual, const Tensor& weight, double eps) {
+  constexpr std::string_view op = "add_rmsnorm_forward";
+  expect_on_device(ctx, op, {&sum, &out, &rstd, &x, &residual, &weight});
+  const NormShape s = check_norm(op, weight, x, {&sum, &out, &residual}, {&rstd});
+  if (!ctx.device.is_cpu()) fail_no_backend(ctx, op);
+  on_cpu(op, x, {&sum, &out, &residual}, weight, {}, {&rstd}, [&]<typename T, typename W>(T, W) {
+    cpu::add_rmsnorm_forward(sum.data<T>(), out.data<T>(), rstd.data<cpu::compute_t<T>>(), x.data<T>(),
+                             residual.data<T>(), weight.data<W>(), s.N, s.C, eps);
+  });
+}
+
 void rmsnorm_backward_input(const ExecContext& ctx, const Tensor& dx, const Tensor& dout, const Tensor& x,
-                            const Tensor& weight, const Tensor& rstd) {
+                            const Tensor& weight, const Tensor& rstd, const Tensor& dresidual) {
   constexpr std::string_view op = "rmsnorm_backward_input";
   expect_on_device(ctx, op, {&dx, &dout, &x, &weight, &rstd});
-  const NormShape s = check_norm(op, weight, x, {&dx, &dout}, {&rstd});
+  const NormShape s =
+      check_residual_gradient(ctx, op, check_norm(op, weight, x, {&dx, &dout}, {&rstd}), dx, dresidual);
   if (ctx.device.is_cuda()) {
 #ifdef MEGATON_WITH_CUDA
     return cuda::rmsnorm_backward_input(ctx, dx, dout, x, weight, rstd, s.N, s.C);
@@ -114,7 +156,7 @@ void rmsnorm_backward_input(const ExecContext& ctx, const Tensor& dx, const Tens
   }
   on_cpu(op, x, {&dx, &dout}, weight, {}, {&rstd}, [&]<typename T, typename W>(T, W) {
     cpu::rmsnorm_backward_input(dx.data<T>(), dout.data<T>(), x.data<T>(), weight.data<W>(),
-                                rstd.data<cpu::compute_t<T>>(), s.N, s.C);
+                                rstd.data<cpu::compute_t<T>>(), s.N, s.C, data_or_null<T>(dresidual));
   });
 }
 

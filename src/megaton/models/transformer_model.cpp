@@ -198,6 +198,10 @@ void TransformerModel::set_compute_dtype(DType dtype) {
   }
 }
 
+void TransformerModel::set_fusion(const nn::FusionConfig& config) {
+  for (auto& l : layers_) l->set_fusion(config);
+}
+
 void TransformerModel::set_recompute(const nn::RecomputeConfig& config) {
   for (ModelChunk& c : chunks_) c.set_recompute(config);
   for (auto& l : layers_) l->set_recompute(config);

@@ -70,6 +70,8 @@ class TransformerModel {
   // Activation recompute (nn/recompute.h) for training from now on: full recompute's units in each
   // model chunk, selective recompute's modules in each block.
   void set_recompute(const nn::RecomputeConfig& config);
+  // The fused kernels every layer runs (nn/fusion.h; on by default).
+  void set_fusion(const nn::FusionConfig& config);
   // Inference with 8-bit weights (kernels/quantized_linear.h): from now on every transformer layer's
   // linears and the output head read int8 / FP8 codes with block scales, and their compute copies
   // are dropped (a tied head's is the embedding's, which stays). The embedding lookup, norms, the MoE

@@ -46,7 +46,7 @@ Tensor Linear::forward(LinearCtx& ctx, const Tensor& x) {
   const int64_t N = rows_of(xin);
   Tensor y = new_activation({N, out_}, weight.name + ".out", x.dtype());
   // A row-parallel bias is added once to the sum: by rank 0's partial output.
-  const Tensor& b = !column && tp_.rank() != 0 ? Tensor() : bias.value;
+  const Tensor& b = bias_deferred_ || (!column && tp_.rank() != 0) ? Tensor() : bias.value;
   const auto exec = kernels::ExecContext::on(xin);
   if (weight.quantized) {
     kernels::quantized_linear_forward(exec, y, xin, *weight.quantized, b);  // inference: no ctx.x kept
@@ -93,12 +93,13 @@ void Linear::backward_weight(LinearCtx& ctx) {
   // A row-parallel bias's gradient is the sum over every row of the whole output gradient (ctx.dy,
   // gathered under sequence parallelism): the same on every rank, nothing to reduce.
   const auto exec = kernels::ExecContext::on(ctx.dy);
+  const Tensor& dbias = bias_deferred_ ? Tensor() : bias.grad;
   if (ctx.x_fp8) {
     const int64_t N = rows_of(ctx.dy);
     kernels::fp8_gemm(exec, weight.grad, fp8_->grad_output_transposed(ctx.dy.view({N, out_})), *ctx.x_fp8, /*accumulate=*/true);
-    if (bias.grad.defined()) kernels::bias_backward(exec, bias.grad, ctx.dy);
+    if (dbias.defined()) kernels::bias_backward(exec, dbias, ctx.dy);
   } else {
-    kernels::linear_backward_weight(exec, weight.grad, bias.grad, ctx.dy, ctx.x);
+    kernels::linear_backward_weight(exec, weight.grad, dbias, ctx.dy, ctx.x);
   }
   // Reverse order of registration (the gradient buffer's order): bias, then weight.
   if (bias.grad.defined()) bias.grad_accumulated();

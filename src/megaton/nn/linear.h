@@ -40,6 +40,10 @@ class Linear {
   // this layer); the bias, its gradient and the main weight and gradient stay in higher precision.
   void enable_fp8(const fp8::Fp8Config& config);
   fp8::LinearQuantizer* fp8() { return fp8_.get(); }
+  // Megatron's bias_activation_fusion: the op after this GEMM adds the bias and sums its gradient
+  // (kernels::bias_gelu_* / bias_swiglu_*), so forward returns x W^T alone and backward_weight
+  // leaves bias.grad to that op (it still reports the bias gradient ready, in its usual order).
+  void defer_bias(bool on) { bias_deferred_ = on; }
   // This rank's features (the global ones without tensor parallelism).
   int64_t in_features() const { return in_; }
   int64_t out_features() const { return out_; }
@@ -51,6 +55,7 @@ class Linear {
   int64_t in_, out_;  // local
   LinearParallel parallel_;
   TensorParallel tp_;
+  bool bias_deferred_ = false;
   std::unique_ptr<fp8::LinearQuantizer> fp8_;
 };
 

@@ -13,17 +13,36 @@ Mlp::Mlp(const std::string& name, int64_t hidden, int64_t ffn_hidden, Activation
                       tp.size(), "ffn_hidden_size")),
       fc2(name + ".linear_fc2", ffn_hidden, hidden, bias, LinearParallel::Row, tp),
       ffn_(fc2.in_features()),
-      swiglu_(activation == Activation::SwiGLU) {}
+      swiglu_(activation == Activation::SwiGLU),
+      fc1_bias_(bias) {
+  set_bias_activation_fusion(FusionConfig{}.bias_activation);
+}
+
+void Mlp::set_bias_activation_fusion(bool on) {
+  fuse_bias_ = on && fc1_bias_;
+  fc1.defer_bias(fuse_bias_);
+}
+
+namespace {
+// The bias as the fused kernels read it: in the activations' compute dtype (a bf16 bias of
+// inference weights is widened; a training bias is its f32 main value already).
+Tensor bias_for(const Parameter& bias, const Tensor& h) {
+  return as_dtype(bias.value, h.dtype() == DType::F64 ? DType::F64 : DType::F32);
+}
+}  // namespace
 
 Tensor Mlp::forward(SublayerCtx& c, const Tensor& x, int64_t, int64_t) {
   auto& ctx = ctx_as<MlpCtx>(c);
   ctx.h = fc1.forward(ctx.fc1_ctx, x);
   const int64_t N = rows_of(ctx.h);  // every row of the micro-batch under sequence parallelism
   Tensor a = new_activation({N, ffn_}, fc1.weight.name + ".act", ctx.h.dtype());
-  if (swiglu_)
-    kernels::swiglu_forward(kernels::ExecContext::on(x), a, ctx.h);
-  else
-    kernels::gelu_forward(kernels::ExecContext::on(x), a, ctx.h);
+  const auto on = kernels::ExecContext::on(x);
+  if (fuse_bias_) {
+    const Tensor bias = bias_for(fc1.bias, ctx.h);
+    swiglu_ ? kernels::bias_swiglu_forward(on, a, ctx.h, bias) : kernels::bias_gelu_forward(on, a, ctx.h, bias);
+  } else {
+    swiglu_ ? kernels::swiglu_forward(on, a, ctx.h) : kernels::gelu_forward(on, a, ctx.h);
+  }
   return fc2.forward(ctx.fc2_ctx, a);
 }
 
@@ -31,10 +50,14 @@ Tensor Mlp::backward_input(SublayerCtx& c, const Tensor& dy, int64_t, int64_t) {
   auto& ctx = ctx_as<MlpCtx>(c);
   Tensor da = fc2.backward_input(ctx.fc2_ctx, dy);
   Tensor dh = new_activation(ctx.h.shape(), fc1.weight.name + ".dact", da.dtype());
-  if (swiglu_)
-    kernels::swiglu_backward(kernels::ExecContext::on(dy), dh, da, ctx.h);
-  else
-    kernels::gelu_backward(kernels::ExecContext::on(dy), dh, da, ctx.h);
+  const auto on = kernels::ExecContext::on(dy);
+  if (fuse_bias_) {  // fc1's bias gradient is summed here, in B, instead of in fc1's W
+    const Tensor bias = bias_for(fc1.bias, ctx.h);
+    swiglu_ ? kernels::bias_swiglu_backward(on, dh, fc1.bias.grad, da, ctx.h, bias)
+            : kernels::bias_gelu_backward(on, dh, fc1.bias.grad, da, ctx.h, bias);
+  } else {
+    swiglu_ ? kernels::swiglu_backward(on, dh, da, ctx.h) : kernels::gelu_backward(on, dh, da, ctx.h);
+  }
   ctx.h = {};
   return fc1.backward_input(ctx.fc1_ctx, dh);
 }

@@ -4,6 +4,7 @@
 // SwiGLU each rank holds its share of gate and of up, so its activation is local) and fc2
 // row-parallel.
 #pragma once
+#include "megaton/nn/fusion.h"
 #include "megaton/nn/layer_kinds.h"
 #include "megaton/nn/linear.h"
 #include "megaton/nn/sublayer.h"
@@ -29,6 +30,8 @@ class Mlp final : public MlpLayer {
   void gemm_weights(ParameterList& out) override;
   void linears(std::vector<Linear*>& out) override { out.insert(out.end(), {&fc1, &fc2}); }
   Tensor* kept_input(SublayerCtx& ctx) override { return &ctx_as<MlpCtx>(ctx).fc1_ctx.x; }
+  // FusionConfig::bias_activation (on from construction); changes nothing when fc1 has no bias.
+  void set_bias_activation_fusion(bool on);
 
   Linear fc1;
   Linear fc2;
@@ -36,6 +39,8 @@ class Mlp final : public MlpLayer {
  private:
   int64_t ffn_;  // this rank's share of ffn_hidden
   bool swiglu_;
+  bool fc1_bias_;
+  bool fuse_bias_ = false;  // fc1's bias added by the activation (ctx.h then holds x W^T alone)
 };
 
 }  // namespace megaton::nn

@@ -13,29 +13,37 @@ Norm::Norm(const std::string& name, int64_t hidden, Normalization kind, double e
   if (!rms_) bias = Parameter(name + ".bias", {hidden}, false, ShardSpec::replicate(partial_grad));
 }
 
-Tensor Norm::forward(NormCtx& ctx, const Tensor& x) {
+Tensor Norm::forward(NormCtx& ctx, const Tensor& x) { return normalize(ctx, x, {}); }
+
+Tensor Norm::forward_add(NormCtx& ctx, const Tensor& x, const Tensor& residual) {
+  return normalize(ctx, x, residual);
+}
+
+Tensor Norm::normalize(NormCtx& ctx, const Tensor& x, const Tensor& residual) {
   const int64_t N = rows_of(x);
   Tensor y = new_activation({N, hidden_}, weight.name + ".out", x.dtype());  // statistics stay f32
   ctx.x = x;
   ctx.rstd = new_activation({N}, weight.name + ".rstd");
   const auto on = kernels::ExecContext::on(x);
-  if (rms_) {
-    kernels::rmsnorm_forward(on, y, ctx.rstd, x, weight.value, eps_);
+  if (!rms_) ctx.mean = new_activation({N}, weight.name + ".mean");
+  if (residual.defined()) {
+    rms_ ? kernels::add_rmsnorm_forward(on, x, y, ctx.rstd, x, residual, weight.value, eps_)
+         : kernels::add_layernorm_forward(on, x, y, ctx.mean, ctx.rstd, x, residual, weight.value, bias.value, eps_);
   } else {
-    ctx.mean = new_activation({N}, weight.name + ".mean");
-    kernels::layernorm_forward(on, y, ctx.mean, ctx.rstd, x, weight.value, bias.value, eps_);
+    rms_ ? kernels::rmsnorm_forward(on, y, ctx.rstd, x, weight.value, eps_)
+         : kernels::layernorm_forward(on, y, ctx.mean, ctx.rstd, x, weight.value, bias.value, eps_);
   }
   return y;
 }
 
-Tensor Norm::backward_input(NormCtx& ctx, const Tensor& dy) {
+Tensor Norm::backward_input(NormCtx& ctx, const Tensor& dy, const Tensor& dresidual) {
   const int64_t N = rows_of(dy);
   Tensor dx = new_activation({N, hidden_}, weight.name + ".dx", dy.dtype());
   const auto on = kernels::ExecContext::on(dy);
   if (rms_)
-    kernels::rmsnorm_backward_input(on, dx, dy, ctx.x, weight.value, ctx.rstd);
+    kernels::rmsnorm_backward_input(on, dx, dy, ctx.x, weight.value, ctx.rstd, dresidual);
   else
-    kernels::layernorm_backward_input(on, dx, dy, ctx.x, weight.value, ctx.mean, ctx.rstd);
+    kernels::layernorm_backward_input(on, dx, dy, ctx.x, weight.value, ctx.mean, ctx.rstd, dresidual);
   ctx.dy = dy;
   return dx;
 }

@@ -18,7 +18,13 @@ class Norm {
   // gradients are parts, summed over the tensor-parallel group after backward.
   Norm(const std::string& name, int64_t hidden, Normalization kind, double eps, bool partial_grad = false);
   Tensor forward(NormCtx& ctx, const Tensor& x);
-  Tensor backward_input(NormCtx& ctx, const Tensor& dy);
+  // The residual add before the norm fused into it (FusionConfig::residual_norm): x += residual
+  // in x's storage (so x must be a fresh tensor no other context keeps), then the norm of the sum,
+  // in one pass over each row; returns the norm's output.
+  Tensor forward_add(NormCtx& ctx, const Tensor& x, const Tensor& residual);
+  // dresidual, when defined, is added into the returned input gradient as it is written: the
+  // gradient of a residual stream that feeds both this norm and the residual branch.
+  Tensor backward_input(NormCtx& ctx, const Tensor& dy, const Tensor& dresidual = {});
   void backward_weight(NormCtx& ctx);
   void parameters(ParameterList& out);
 
@@ -26,6 +32,8 @@ class Norm {
   Parameter bias;  // LayerNorm only
 
  private:
+  Tensor normalize(NormCtx& ctx, const Tensor& x, const Tensor& residual);
+
   int64_t hidden_;
   bool rms_;
   double eps_;

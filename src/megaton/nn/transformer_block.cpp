@@ -42,13 +42,24 @@ void rebuild_norm_output(Norm& norm, const NormCtx& saved, Sublayer& sublayer, S
 }
 }  // namespace
 
+Tensor TransformerBlock::add_then_norm(Norm& norm, NormCtx& ctx, const Tensor& h, const Tensor& x) const {
+  if (fuse_residual_norm_) return norm.forward_add(ctx, h, x);
+  return norm.forward(ctx, add_into(h, x));
+}
+
+Tensor TransformerBlock::norm_backward_add(Norm& norm, NormCtx& ctx, const Tensor& dnorm,
+                                           const Tensor& dresidual) const {
+  if (fuse_residual_norm_) return norm.backward_input(ctx, dnorm, dresidual);
+  return add_into(norm.backward_input(ctx, dnorm), dresidual);
+}
+
 Tensor TransformerBlock::forward(BlockCtx& ctx, const Tensor& x, int64_t B, int64_t T) {
   ctx.attn = attention->new_ctx();
   ctx.mlp = mlp->new_ctx();
   const Tensor n1 = input_norm.forward(ctx.norm1, x);
-  Tensor h = add_into(attention->forward(*ctx.attn, n1, B, T), x);
+  const Tensor h = attention->forward(*ctx.attn, n1, B, T);  // + x below, in its storage
   if (recompute_norm_) ctx.norm1_out_dropped = drop_norm_output(*attention, *ctx.attn, n1);
-  const Tensor n2 = pre_mlp_norm.forward(ctx.norm2, h);
+  const Tensor n2 = add_then_norm(pre_mlp_norm, ctx.norm2, h, x);
   Tensor m = mlp->forward(*ctx.mlp, n2, B, T);
   if (recompute_mlp_) {  // rebuilt by backward_input from its input
     ctx.mlp_input = n2;
@@ -69,11 +80,10 @@ Tensor TransformerBlock::backward_input(BlockCtx& ctx, const Tensor& dy, int64_t
   if (ctx.norm1_out_dropped) rebuild_norm_output(input_norm, ctx.norm1, *attention, existing(ctx.attn, "backward_input"));
   ctx.norm1_out_dropped = ctx.norm2_out_dropped = false;
   // dy flows into both the residual and the MLP branch; dh = dy + dMLP/dh.
-  Tensor dh = pre_mlp_norm.backward_input(ctx.norm2, mlp->backward_input(existing(ctx.mlp, "backward_input"), dy, B, T));
-  add_into(dh, dy);
-  Tensor dx = input_norm.backward_input(ctx.norm1,
-                                        attention->backward_input(existing(ctx.attn, "backward_input"), dh, B, T));
-  return add_into(dx, dh);
+  const Tensor dh =
+      norm_backward_add(pre_mlp_norm, ctx.norm2, mlp->backward_input(existing(ctx.mlp, "backward_input"), dy, B, T), dy);
+  return norm_backward_add(input_norm, ctx.norm1,
+                           attention->backward_input(existing(ctx.attn, "backward_input"), dh, B, T), dh);
 }
 
 void TransformerBlock::backward_weight(BlockCtx& ctx) {
@@ -88,8 +98,8 @@ void TransformerBlock::backward_weight(BlockCtx& ctx) {
 Tensor TransformerBlock::forward_cached(KVCache& cache, const Tensor& x, int64_t B, int64_t T) {
   NormCtx n1, n2;
   auto m = mlp->new_ctx();
-  Tensor h = add_into(attention->forward_cached(cache, input_norm.forward(n1, x), B, T), x);
-  return add_into(mlp->forward(*m, pre_mlp_norm.forward(n2, h), B, T), h);
+  const Tensor h = attention->forward_cached(cache, input_norm.forward(n1, x), B, T);  // + x, in its storage
+  return add_into(mlp->forward(*m, add_then_norm(pre_mlp_norm, n2, h, x), B, T), h);
 }
 
 void TransformerBlock::set_recompute(const RecomputeConfig& config) {
@@ -98,6 +108,13 @@ void TransformerBlock::set_recompute(const RecomputeConfig& config) {
   recompute_norm_ = selective && config.layernorm;
   attention->set_recompute_core(selective && config.core_attn);
   if (auto* moe = dynamic_cast<MoeLayer*>(mlp.get())) moe->set_recompute_act(selective && config.moe_act);
+}
+
+void TransformerBlock::set_fusion(const FusionConfig& config) {
+  fuse_residual_norm_ = config.residual_norm;
+  if (auto* dense = dynamic_cast<Mlp*>(mlp.get())) dense->set_bias_activation_fusion(config.bias_activation);
+  if (auto* moe = dynamic_cast<MoeLayer*>(mlp.get()); moe && moe->shared)
+    moe->shared->set_bias_activation_fusion(config.bias_activation);
 }
 
 void TransformerBlock::parameters(ParameterList& out) {

@@ -4,6 +4,7 @@
 // sublayers gather and scatter them around their parallel linears.
 #pragma once
 #include "megaton/nn/block_spec.h"
+#include "megaton/nn/fusion.h"
 #include "megaton/nn/mlp.h"
 #include "megaton/nn/norm.h"
 #include "megaton/nn/recompute.h"
@@ -31,6 +32,8 @@ class TransformerBlock {
   // Selective recompute of this block's modules (core_attn, mlp); other granularities leave the
   // block as it is (full recompute is the model chunk's).
   void set_recompute(const RecomputeConfig& config);
+  // The fused kernels this block runs (fusion.h; FusionConfig's defaults from construction).
+  void set_fusion(const FusionConfig& config);
   void parameters(ParameterList& out);
   void gemm_weights(ParameterList& out);
   void linears(std::vector<Linear*>& out);
@@ -47,8 +50,14 @@ class TransformerBlock {
   std::unique_ptr<MlpLayer> mlp;
 
  private:
+  // h += x, then norm(h): one pass under residual_norm fusion.
+  Tensor add_then_norm(Norm& norm, NormCtx& ctx, const Tensor& h, const Tensor& x) const;
+  // The norm's input gradient + the residual stream's gradient dresidual (fused under residual_norm).
+  Tensor norm_backward_add(Norm& norm, NormCtx& ctx, const Tensor& dnorm, const Tensor& dresidual) const;
+
   std::string name_;
   bool recompute_mlp_ = false, recompute_norm_ = false;
+  bool fuse_residual_norm_ = FusionConfig{}.residual_norm;
 };
 
 }  // namespace megaton::nn

@@ -143,6 +143,8 @@ const std::vector<Field>& fields() {
       field("training.recompute_method", &TC::recompute_method),
       field("training.recompute_num_layers", &TC::recompute_num_layers),
       field("training.recompute_modules", &TC::recompute_modules),
+      field("training.bias_activation_fusion", &TC::bias_activation_fusion),
+      field("training.residual_norm_fusion", &TC::residual_norm_fusion),
       field("parallel.tensor_model_parallel_size", &TC::tensor_model_parallel_size),
       field("parallel.pipeline_model_parallel_size", &TC::pipeline_model_parallel_size),
       field("parallel.virtual_pipeline_model_parallel_size", &TC::virtual_pipeline_model_parallel_size),

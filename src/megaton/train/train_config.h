@@ -50,6 +50,9 @@ struct TrainConfig {
   std::string recompute_method = "uniform";
   int64_t recompute_num_layers = 1;
   std::string recompute_modules = "core_attn";
+  // Fused kernels (nn/fusion.h; Megatron's bias_activation_fusion, on by default as there).
+  bool bias_activation_fusion = true;
+  bool residual_norm_fusion = true;
 
   // [parallel]: Megatron's names. The world is tp x cp x dp x pp processes (rank order tp fastest);
   // dp is derived from the world size. `--set tp=2` (also pp, cp, ep, dp) is short for these keys.

@@ -1,5 +1,6 @@
 #include "megaton/kernels/cpu/activation.h"
 
+#include "megaton/kernels/cpu/column_slice.h"
 #include "megaton/kernels/cpu/element.h"
 #include "megaton/kernels/cpu/fast_exp.h"
 
@@ -9,6 +10,10 @@
 #include <limits>
 #include <numbers>
 #include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <omp.h>
 
 namespace megaton::kernels::cpu {
 
@@ -32,6 +37,34 @@ T gelu_gate(T x) {
   return sigmoid(T(2) * u);
 }
 
+// d/dx [x s(2u)] = s + x s (1 - s) 2 du/dx, du/dx = scale (1 + 3 cubic x^2).
+template <typename T>
+T gelu_derivative(T x) {
+  const T s = gelu_gate(x);
+  const T du = T(kGeluScale) * (T(1) + T(3 * kGeluCubic) * x * x);
+  return s + x * s * (T(1) - s) * T(2) * du;
+}
+
+// SwiGLU's two input gradients for out = silu(g) u: d/dg = dy u silu'(g), silu'(g) = s (1 + g (1 - s));
+// d/du = dy silu(g).
+template <typename T>
+std::pair<T, T> swiglu_gradients(T g, T u, T dy) {
+  const T s = sigmoid(g);
+  return {dy * u * s * (T(1) + g * (T(1) - s)), dy * g * s};
+}
+
+// Runs row(c0, c1) for this thread's columns of every row: threads split the columns (column_slice)
+// so that each bias gradient element is summed over the rows in order by one thread, as
+// bias_backward sums it, whatever the thread count.
+template <typename Body>
+void on_column_slices(int64_t C, Body body) {
+#pragma omp parallel
+  {
+    const auto [c0, c1] = column_slice(C, omp_get_num_threads(), omp_get_thread_num());
+    if (c0 < c1) body(c0, c1);
+  }
+}
+
 }  // namespace
 
 // Every kernel loads its T elements into C = compute_t<T> (fp32 for bf16), computes there and stores T.
@@ -47,14 +80,9 @@ void gelu_forward(T* __restrict out, const T* __restrict x, int64_t n) {
 
 template <typename T>
 void gelu_backward(T* __restrict dx, const T* __restrict dout, const T* __restrict x, int64_t n) {
-  using C = compute_t<T>;
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) {
-    const C v = load(x[i]);
-    const C s = gelu_gate(v);
-    // d/dx [x s(2u)] = s + x s (1 - s) 2 du/dx, du/dx = scale (1 + 3 cubic x^2).
-    const C du = C(kGeluScale) * (C(1) + C(3 * kGeluCubic) * v * v);
-    dx[i] = store<T>(load(dout[i]) * (s + v * s * (C(1) - s) * C(2) * du));
+    dx[i] = store<T>(load(dout[i]) * gelu_derivative(load(x[i])));
   }
 }
 
@@ -76,7 +104,6 @@ void swiglu_forward(T* __restrict out, const T* __restrict gu, int64_t N, int64_
 
 template <typename T>
 void swiglu_backward(T* __restrict dgu, const T* __restrict dout, const T* __restrict gu, int64_t N, int64_t H) {
-  using C = compute_t<T>;
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < N; ++r) {
     const T* gate = gu + r * 2 * H;
@@ -86,14 +113,93 @@ void swiglu_backward(T* __restrict dgu, const T* __restrict dout, const T* __res
     T* dup = dgate + H;
 #pragma omp simd
     for (int64_t h = 0; h < H; ++h) {
-      const C g = load(gate[h]), u = load(up[h]), dy = load(d[h]);
-      const C s = sigmoid(g);
-      const C silu = g * s;
-      // silu'(g) = s (1 + g (1 - s))
-      dgate[h] = store<T>(dy * u * s * (C(1) + g * (C(1) - s)));
-      dup[h] = store<T>(dy * silu);
+      const auto [dg, du] = swiglu_gradients(load(gate[h]), load(up[h]), load(d[h]));
+      dgate[h] = store<T>(dg);
+      dup[h] = store<T>(du);
     }
   }
+}
+
+template <typename T>
+void bias_gelu_forward(T* __restrict out, const T* __restrict h, const compute_t<T>* __restrict bias, int64_t N,
+                       int64_t F) {
+  using C = compute_t<T>;
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const T* x = h + n * F;
+    T* o = out + n * F;
+#pragma omp simd
+    for (int64_t f = 0; f < F; ++f) {
+      const C v = load(x[f]) + bias[f];
+      o[f] = store<T>(v * gelu_gate(v));
+    }
+  }
+}
+
+template <typename T>
+void bias_gelu_backward(T* __restrict dh, compute_t<T>* __restrict dbias, const T* __restrict dout,
+                        const T* __restrict h, const compute_t<T>* __restrict bias, int64_t N, int64_t F) {
+  using C = compute_t<T>;
+  on_column_slices(F, [&](int64_t f0, int64_t f1) {
+    std::vector<C> acc(f1 - f0);
+    for (int64_t n = 0; n < N; ++n) {
+      const T* x = h + n * F;
+      const T* d = dout + n * F;
+      T* dx = dh + n * F;
+#pragma omp simd
+      for (int64_t f = f0; f < f1; ++f) {
+        const T g = store<T>(load(d[f]) * gelu_derivative(C(load(x[f]) + bias[f])));
+        dx[f] = g;
+        acc[f - f0] += load(g);  // the stored gradient, as bias_backward would read it
+      }
+    }
+    for (int64_t f = f0; f < f1; ++f) dbias[f] += acc[f - f0];
+  });
+}
+
+template <typename T>
+void bias_swiglu_forward(T* __restrict out, const T* __restrict gu, const compute_t<T>* __restrict bias, int64_t N,
+                         int64_t H) {
+  using C = compute_t<T>;
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < N; ++r) {
+    const T* gate = gu + r * 2 * H;
+    const T* up = gate + H;
+    T* o = out + r * H;
+#pragma omp simd
+    for (int64_t h = 0; h < H; ++h) {
+      const C g = load(gate[h]) + bias[h];
+      o[h] = store<T>(g * sigmoid(g) * (load(up[h]) + bias[H + h]));
+    }
+  }
+}
+
+template <typename T>
+void bias_swiglu_backward(T* __restrict dgu, compute_t<T>* __restrict dbias, const T* __restrict dout,
+                          const T* __restrict gu, const compute_t<T>* __restrict bias, int64_t N, int64_t H) {
+  using C = compute_t<T>;
+  on_column_slices(H, [&](int64_t h0, int64_t h1) {
+    std::vector<C> acc_gate(h1 - h0), acc_up(h1 - h0);
+    for (int64_t r = 0; r < N; ++r) {
+      const T* gate = gu + r * 2 * H;
+      const T* up = gate + H;
+      const T* d = dout + r * H;
+      T* dgate = dgu + r * 2 * H;
+      T* dup = dgate + H;
+#pragma omp simd
+      for (int64_t h = h0; h < h1; ++h) {
+        const auto [dg, du] = swiglu_gradients(C(load(gate[h]) + bias[h]), C(load(up[h]) + bias[H + h]), load(d[h]));
+        dgate[h] = store<T>(dg);
+        dup[h] = store<T>(du);
+        acc_gate[h - h0] += load(dgate[h]);
+        acc_up[h - h0] += load(dup[h]);
+      }
+    }
+    for (int64_t h = h0; h < h1; ++h) {
+      dbias[h] += acc_gate[h - h0];
+      dbias[H + h] += acc_up[h - h0];
+    }
+  });
 }
 
 // No __restrict: out may alias a or b. Each index is still read before it is written, so the
@@ -109,7 +215,11 @@ void residual_forward(T* out, const T* a, const T* b, int64_t n) {
   template void gelu_backward<T>(T*, const T*, const T*, int64_t);            \
   template void swiglu_forward<T>(T*, const T*, int64_t, int64_t);            \
   template void swiglu_backward<T>(T*, const T*, const T*, int64_t, int64_t); \
-  template void residual_forward<T>(T*, const T*, const T*, int64_t);
+  template void residual_forward<T>(T*, const T*, const T*, int64_t);                                           \
+  template void bias_gelu_forward<T>(T*, const T*, const compute_t<T>*, int64_t, int64_t);                      \
+  template void bias_gelu_backward<T>(T*, compute_t<T>*, const T*, const T*, const compute_t<T>*, int64_t, int64_t); \
+  template void bias_swiglu_forward<T>(T*, const T*, const compute_t<T>*, int64_t, int64_t);                    \
+  template void bias_swiglu_backward<T>(T*, compute_t<T>*, const T*, const T*, const compute_t<T>*, int64_t, int64_t);
 MEGATON_INSTANTIATE(float)
 MEGATON_INSTANTIATE(double)
 MEGATON_INSTANTIATE(BFloat16)

@@ -2,6 +2,8 @@
 #pragma once
 #include <cstdint>
 
+#include "megaton/kernels/cpu/element.h"
+
 namespace megaton::kernels::cpu {
 
 // GeLU, tanh approximation (GPT-2's "gelu_new"): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
@@ -16,6 +18,23 @@ template <typename T>
 void swiglu_forward(T* out, const T* gu, int64_t N, int64_t H);
 template <typename T>
 void swiglu_backward(T* dgu, const T* dout, const T* gu, int64_t N, int64_t H);
+
+// The bias of the GEMM before the activation, fused into it (Megatron's bias_activation_fusion):
+// the GEMM writes h without its bias, forward computes act(h + bias) and backward recomputes
+// h + bias, writes dh and adds its column sums into dbias in the same pass. h and dh: [N, F] for
+// GeLU, [N, 2H] ([gate | up]) for SwiGLU; bias, dbias: [F] / [2H] in compute_t<T> (f32 for bf16).
+// dbias is summed over the rows in order per element (threads split the columns): bitwise
+// thread-count free, and bitwise what bias_backward would add from the stored dh.
+template <typename T>
+void bias_gelu_forward(T* out, const T* h, const compute_t<T>* bias, int64_t N, int64_t F);
+template <typename T>
+void bias_gelu_backward(T* dh, compute_t<T>* dbias, const T* dout, const T* h, const compute_t<T>* bias, int64_t N,
+                        int64_t F);
+template <typename T>
+void bias_swiglu_forward(T* out, const T* gu, const compute_t<T>* bias, int64_t N, int64_t H);
+template <typename T>
+void bias_swiglu_backward(T* dgu, compute_t<T>* dbias, const T* dout, const T* gu, const compute_t<T>* bias, int64_t N,
+                          int64_t H);
 
 // out = a + b (out may alias a or b). Its backward needs no kernel: both inputs receive dy.
 template <typename T>

@@ -6,6 +6,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "megaton/kernels/cpu/column_slice.h"
 #include "megaton/kernels/cpu/element.h"
 #include "megaton/kernels/cpu/gemm.h"
 #include "megaton/kernels/cpu/gemv.h"
@@ -17,12 +18,9 @@ namespace megaton::kernels::cpu {
 // streams its slice of every row with the inner loop vectorised over columns, summing in G.
 template <typename T, typename G>
 void bias_backward(G* dbias, const T* dout, int64_t N, int64_t C) {
-  constexpr int64_t kAlign = 16;  // column slices start on 64-byte boundaries for float
 #pragma omp parallel
   {
-    const int64_t nt = omp_get_num_threads(), tid = omp_get_thread_num();
-    const int64_t per = (C + nt * kAlign - 1) / (nt * kAlign) * kAlign;
-    const int64_t c0 = std::min(C, tid * per), c1 = std::min(C, c0 + per);
+    const auto [c0, c1] = column_slice(C, omp_get_num_threads(), omp_get_thread_num());
     if (c0 < c1) {
       std::vector<G> acc(c1 - c0);
       for (int64_t n = 0; n < N; ++n) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "megaton/kernels/cpu/element.h"
@@ -53,9 +54,10 @@ void normalize_row(T* __restrict out, const T* __restrict x, const W* __restrict
 // Input gradient of one row of y = xhat * weight (+ bias), xhat = (x - mean) * rstd. With
 // g = dout * weight: dx = rstd * (g - mean(g) - xhat * mean(g * xhat)). For RMSNorm (mean = 0,
 // centered = false) the statistics do not depend on mean(x), so the mean(g) term drops out.
+// dres (may be null): the residual stream's gradient, added before dx is stored.
 template <typename T, typename W>
 void norm_backward_row(T* __restrict dx, const T* __restrict dout, const T* __restrict x, const W* __restrict weight,
-                       compute_t<T> mean, compute_t<T> rstd, int64_t C, bool centered) {
+                       const T* __restrict dres, compute_t<T> mean, compute_t<T> rstd, int64_t C, bool centered) {
   using S = compute_t<T>;
   double sum_g = 0.0, sum_gx = 0.0;
 #pragma omp simd reduction(+ : sum_g, sum_gx)
@@ -66,11 +68,20 @@ void norm_backward_row(T* __restrict dx, const T* __restrict dout, const T* __re
   }
   const S mean_g = centered ? static_cast<S>(sum_g / static_cast<double>(C)) : S(0);
   const S mean_gx = static_cast<S>(sum_gx / static_cast<double>(C));
+  // The residual branch is chosen outside the loop: adding a zero would turn -0 into +0.
+  auto write = [&](auto with_residual) {
 #pragma omp simd
-  for (int64_t c = 0; c < C; ++c) {
-    const S xhat = (load(x[c]) - mean) * rstd;
-    dx[c] = store<T>(rstd * (load(dout[c]) * load(weight[c]) - mean_g - xhat * mean_gx));
-  }
+    for (int64_t c = 0; c < C; ++c) {
+      const S xhat = (load(x[c]) - mean) * rstd;
+      S g = rstd * (load(dout[c]) * load(weight[c]) - mean_g - xhat * mean_gx);
+      if constexpr (decltype(with_residual)::value) g += load(dres[c]);
+      dx[c] = store<T>(g);
+    }
+  };
+  if (dres)
+    write(std::true_type{});
+  else
+    write(std::false_type{});
 }
 
 // Column sums over N rows: add_row(n, acc) adds row n's contribution to acc[0, width). Rows are
@@ -129,28 +140,51 @@ S inverse_std(double mean_square, double eps) {
   return static_cast<S>(1.0 / std::sqrt(mean_square + eps));
 }
 
+// One pass per row: sum = x + residual first when residual is given (sum may alias x or residual:
+// each element is read before it is written), then the statistics and out = norm of that row while
+// it is in cache. mean == nullptr is RMSNorm (no centering, no bias).
+template <typename T, typename W>
+void norm_forward(T* sum, T* out, compute_t<T>* mean, compute_t<T>* rstd, const T* x, const T* residual,
+                  const W* weight, const W* bias, int64_t N, int64_t C, double eps) {
+  using S = compute_t<T>;
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const T* xr = x + n * C;
+    if (residual) {
+      T* s = sum + n * C;
+      const T* r = residual + n * C;
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) s[c] = store<T>(load(xr[c]) + load(r[c]));
+      xr = s;
+    }
+    const double m = mean ? row_mean(xr, C) : 0.0;
+    if (mean) mean[n] = static_cast<S>(m);
+    rstd[n] = inverse_std<S>(row_mean_square(xr, m, C), eps);
+    normalize_row(out + n * C, xr, weight, bias, mean ? mean[n] : S(0), rstd[n], C);
+  }
+}
+
 }  // namespace
 
 template <typename T, typename W>
 void layernorm_forward(T* out, compute_t<T>* mean, compute_t<T>* rstd, const T* x, const W* weight, const W* bias,
                        int64_t N, int64_t C, double eps) {
-  using S = compute_t<T>;
-#pragma omp parallel for schedule(static)
-  for (int64_t n = 0; n < N; ++n) {
-    const T* xr = x + n * C;
-    const double m = row_mean(xr, C);
-    mean[n] = static_cast<S>(m);
-    rstd[n] = inverse_std<S>(row_mean_square(xr, m, C), eps);
-    normalize_row(out + n * C, xr, weight, bias, mean[n], rstd[n], C);
-  }
+  norm_forward(static_cast<T*>(nullptr), out, mean, rstd, x, static_cast<const T*>(nullptr), weight, bias, N, C, eps);
+}
+
+template <typename T, typename W>
+void add_layernorm_forward(T* sum, T* out, compute_t<T>* mean, compute_t<T>* rstd, const T* x, const T* residual,
+                           const W* weight, const W* bias, int64_t N, int64_t C, double eps) {
+  norm_forward(sum, out, mean, rstd, x, residual, weight, bias, N, C, eps);
 }
 
 template <typename T, typename W>
 void layernorm_backward_input(T* dx, const T* dout, const T* x, const W* weight, const compute_t<T>* mean,
-                              const compute_t<T>* rstd, int64_t N, int64_t C) {
+                              const compute_t<T>* rstd, int64_t N, int64_t C, const T* dresidual) {
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n)
-    norm_backward_row(dx + n * C, dout + n * C, x + n * C, weight, mean[n], rstd[n], C, /*centered=*/true);
+    norm_backward_row(dx + n * C, dout + n * C, x + n * C, weight, dresidual ? dresidual + n * C : nullptr, mean[n],
+                      rstd[n], C, /*centered=*/true);
 }
 
 template <typename T, typename W>
@@ -161,22 +195,25 @@ void layernorm_backward_weight(W* dweight, W* dbias, const T* dout, const T* x, 
 
 template <typename T, typename W>
 void rmsnorm_forward(T* out, compute_t<T>* rstd, const T* x, const W* weight, int64_t N, int64_t C, double eps) {
-  using S = compute_t<T>;
-#pragma omp parallel for schedule(static)
-  for (int64_t n = 0; n < N; ++n) {
-    const T* xr = x + n * C;
-    rstd[n] = inverse_std<S>(row_mean_square(xr, 0.0, C), eps);
-    normalize_row(out + n * C, xr, weight, static_cast<const W*>(nullptr), S(0), rstd[n], C);
-  }
+  norm_forward(static_cast<T*>(nullptr), out, static_cast<compute_t<T>*>(nullptr), rstd, x,
+               static_cast<const T*>(nullptr), weight, static_cast<const W*>(nullptr), N, C, eps);
+}
+
+template <typename T, typename W>
+void add_rmsnorm_forward(T* sum, T* out, compute_t<T>* rstd, const T* x, const T* residual, const W* weight, int64_t N,
+                         int64_t C, double eps) {
+  norm_forward(sum, out, static_cast<compute_t<T>*>(nullptr), rstd, x, residual, weight,
+               static_cast<const W*>(nullptr), N, C, eps);
 }
 
 template <typename T, typename W>
 void rmsnorm_backward_input(T* dx, const T* dout, const T* x, const W* weight, const compute_t<T>* rstd, int64_t N,
-                            int64_t C) {
+                            int64_t C, const T* dresidual) {
   using S = compute_t<T>;
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n)
-    norm_backward_row(dx + n * C, dout + n * C, x + n * C, weight, S(0), rstd[n], C, /*centered=*/false);
+    norm_backward_row(dx + n * C, dout + n * C, x + n * C, weight, dresidual ? dresidual + n * C : nullptr, S(0),
+                      rstd[n], C, /*centered=*/false);
 }
 
 template <typename T, typename W>
@@ -190,13 +227,17 @@ void rmsnorm_backward_weight(W* dweight, const T* dout, const T* x, const comput
 #define MEGATON_INSTANTIATE(T, W)                                                                            \
   template void layernorm_forward<T, W>(T*, compute_t<T>*, compute_t<T>*, const T*, const W*, const W*, int64_t, \
                                         int64_t, double);                                                    \
+  template void add_layernorm_forward<T, W>(T*, T*, compute_t<T>*, compute_t<T>*, const T*, const T*, const W*,  \
+                                            const W*, int64_t, int64_t, double);                               \
   template void layernorm_backward_input<T, W>(T*, const T*, const T*, const W*, const compute_t<T>*,          \
-                                               const compute_t<T>*, int64_t, int64_t);                         \
+                                               const compute_t<T>*, int64_t, int64_t, const T*);               \
   template void layernorm_backward_weight<T, W>(W*, W*, const T*, const T*, const compute_t<T>*,               \
                                                 const compute_t<T>*, int64_t, int64_t);                        \
   template void rmsnorm_forward<T, W>(T*, compute_t<T>*, const T*, const W*, int64_t, int64_t, double);        \
+  template void add_rmsnorm_forward<T, W>(T*, T*, compute_t<T>*, const T*, const T*, const W*, int64_t, int64_t, \
+                                          double);                                                             \
   template void rmsnorm_backward_input<T, W>(T*, const T*, const T*, const W*, const compute_t<T>*, int64_t,   \
-                                             int64_t);                                                         \
+                                             int64_t, const T*);                                               \
   template void rmsnorm_backward_weight<T, W>(W*, const T*, const T*, const compute_t<T>*, int64_t, int64_t);
 MEGATON_INSTANTIATE(float, float)
 MEGATON_INSTANTIATE(double, double)

@@ -13,9 +13,15 @@ namespace megaton::kernels::cpu {
 template <typename T, typename W>
 void layernorm_forward(T* out, compute_t<T>* mean, compute_t<T>* rstd, const T* x, const W* weight, const W* bias,
                        int64_t N, int64_t C, double eps);
+// The residual add fused into the norm after it: sum = x + residual (sum may alias x or residual),
+// then out = layernorm(sum), in one pass over each row.
+template <typename T, typename W>
+void add_layernorm_forward(T* sum, T* out, compute_t<T>* mean, compute_t<T>* rstd, const T* x, const T* residual,
+                           const W* weight, const W* bias, int64_t N, int64_t C, double eps);
+// dx = the norm's input gradient, plus dresidual (the residual stream's gradient) when it is not null.
 template <typename T, typename W>
 void layernorm_backward_input(T* dx, const T* dout, const T* x, const W* weight, const compute_t<T>* mean,
-                              const compute_t<T>* rstd, int64_t N, int64_t C);
+                              const compute_t<T>* rstd, int64_t N, int64_t C, const T* dresidual = nullptr);
 // dweight += sum_n dout * xhat; dbias += sum_n dout (dbias may be null).
 template <typename T, typename W>
 void layernorm_backward_weight(W* dweight, W* dbias, const T* dout, const T* x, const compute_t<T>* mean,
@@ -25,8 +31,11 @@ void layernorm_backward_weight(W* dweight, W* dbias, const T* dout, const T* x, 
 template <typename T, typename W>
 void rmsnorm_forward(T* out, compute_t<T>* rstd, const T* x, const W* weight, int64_t N, int64_t C, double eps);
 template <typename T, typename W>
+void add_rmsnorm_forward(T* sum, T* out, compute_t<T>* rstd, const T* x, const T* residual, const W* weight, int64_t N,
+                         int64_t C, double eps);
+template <typename T, typename W>
 void rmsnorm_backward_input(T* dx, const T* dout, const T* x, const W* weight, const compute_t<T>* rstd, int64_t N,
-                            int64_t C);
+                            int64_t C, const T* dresidual = nullptr);
 template <typename T, typename W>
 void rmsnorm_backward_weight(W* dweight, const T* dout, const T* x, const compute_t<T>* rstd, int64_t N, int64_t C);
 
