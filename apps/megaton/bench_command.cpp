@@ -7,8 +7,9 @@
 #include <optional>
 
 #include "commands.h"
-#include "option_range.h"
+#include "fusion_kernels.h"
 #include "gemm_shapes.h"
+#include "option_range.h"
 #include "megaton/core/allocator.h"
 #include "megaton/core/cpu_info.h"
 #include "megaton/core/rng.h"
@@ -142,7 +143,7 @@ void add_bench_command(CLI::App& app) {
   static std::string preset = "gpt2-124m";
   static int64_t batch = 4, seq_len = 256;
   static int steps = 5, threads = 0;
-  static bool json = false, gemm_shapes = false, cpu_only = false;
+  static bool json = false, gemm_shapes = false, fusion_kernels = false, cpu_only = false;
   static std::string device_name = "cpu", dtype_text = "f32", cpu_gemm = "auto", precision = "fp32";
   static std::string recompute = "none", recompute_modules = "core_attn", fusion = "on";
   cmd->add_option("--model", preset, "Model preset")->capture_default_str();
@@ -153,8 +154,12 @@ void add_bench_command(CLI::App& app) {
   cmd->add_flag("--json", json, "Print one JSON line");
   cmd->add_flag("--gemm-shapes", gemm_shapes,
                 "Instead of training steps, time each linear's forward / dgrad / wgrad GEMM at batch x seq-len rows");
+  cmd->add_flag("--fusion-kernels", fusion_kernels,
+                "Instead of training steps, time each fused kernel (bias + activation, residual add + norm, forward "
+                "and backward) against the unfused kernels it replaces, at one layer's shapes of batch x seq-len rows "
+                "(cpu; --dtype f32 or bf16)");
   cmd->add_option("--device", device_name, "With --gemm-shapes: cpu, cuda or cuda:N")->capture_default_str();
-  cmd->add_option("--dtype", dtype_text, "With --gemm-shapes: f32 or bf16")->capture_default_str();
+  cmd->add_option("--dtype", dtype_text, "With --gemm-shapes or --fusion-kernels: f32 or bf16")->capture_default_str();
   cmd->add_option("--cpu-gemm", cpu_gemm,
                   "The library of the CPU GEMMs: auto (OpenBLAS for f32; oneDNN for bf16 where the CPU has native "
                   "bf16, else OpenBLAS on f32 copies), openblas or onednn")
@@ -194,6 +199,12 @@ void add_bench_command(CLI::App& app) {
       if (device.is_cpu() && dtype != DType::F32 && dtype != DType::BF16)
         fail("--dtype ", dtype_text, " on the cpu: the CPU GEMMs run f32 or bf16");
       print_gemm_shapes(models::preset(preset), batch * seq_len, steps, json, device, dtype);
+      return;
+    }
+    if (fusion_kernels) {
+      const DType dtype = dtype_from_name(dtype_text);
+      if (dtype != DType::F32 && dtype != DType::BF16) fail("--fusion-kernels --dtype ", dtype_text, ": f32 or bf16");
+      print_fusion_kernels(models::preset(preset), batch * seq_len, steps, json, dtype);
       return;
     }
     const Precision parsed = precision_from_name(precision);

@@ -191,6 +191,23 @@ TEST(BadInput, BenchGemmShapesNamesABadDeviceOrDtype) {
   }
 }
 
+TEST(BadInput, BenchFusionKernelsNamesABadDtypeAndTimesEveryFusion) {
+  const std::string bench = std::string(MEGATON_BINARY) + " bench --fusion-kernels --steps 1 --batch 1 --seq-len 16 ";
+  auto r = run_command(bench + "--dtype f16");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("--fusion-kernels --dtype f16: f32 or bf16"), std::string::npos) << r.output;
+  for (const char* model : {"gpt-tiny", "llama-tiny"}) {  // GeLU + LayerNorm, SwiGLU + RMSNorm
+    r = run_command(bench + "--json --model " + model);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    for (const char* line : {R"("fusion":"bias_activation","pass":"forward")", R"("fusion":"bias_activation","pass":"backward")",
+                             R"("fusion":"residual_norm","pass":"forward")", R"("fusion":"residual_norm","pass":"backward")"})
+      EXPECT_NE(r.output.find(line), std::string::npos) << line << " in " << r.output;
+  }
+  r = run_command(std::string(MEGATON_BINARY) + " bench --model gpt-tiny --steps 1 --fusion sometimes");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("--fusion"), std::string::npos) << r.output;
+}
+
 TEST(BadInput, BadFaultSpecsAndResumePathsNameTheCulprit) {
   TempDir dir;
   megaton::testing::write_byte_dataset(dir.file("data"), 50);

@@ -169,7 +169,7 @@ std::pair<std::vector<Reduction>, std::vector<float>> one_step(bool overlap) {
   parallel::LocalCommunicator pp("pp");  // no pipelining
   train::TrainingStep step(m, cfg, std::make_shared<PatternSource>(), dp, pp);
   EXPECT_GT(step.buffer().buckets().size(), 3u);
-  const auto r = step.forward_backward(1, 0);
+  const auto r = step.forward_backward(1, 0, 1e-3);
   EXPECT_TRUE(std::isfinite(r.loss) && std::isfinite(r.grad_norm));
   const float* g = step.buffer().grads().data<float>();
   return {log, std::vector<float>(g, g + step.buffer().grads().numel())};
@@ -223,13 +223,13 @@ TEST(DataParallel, OverlappedParamGathersAreWaitedForByTheForwardInOrderOfUse) {
   train::TrainingStep step(m, cfg, std::make_shared<PatternSource>(), dp, pp);
   const size_t buckets = step.buffer().buckets().size();
   ASSERT_GT(buckets, 3u);
-  const auto first = step.forward_backward(1, 0);
-  step.update(1e-3, first.grad_norm);
+  const auto first = step.forward_backward(1, 0, 1e-3);
+  step.update(1e-3, first);
   ASSERT_EQ(events.size(), buckets);
   for (size_t i = 0; i < buckets; ++i) EXPECT_EQ(events[i], "issue param_bucket_" + std::to_string(buckets - 1 - i));
   events.clear();
   live_activations.clear();
-  const auto second = step.forward_backward(2, 4);
+  const auto second = step.forward_backward(2, 4, 1e-3);
   EXPECT_TRUE(std::isfinite(second.loss));
   ASSERT_EQ(events.size(), buckets);
   for (size_t i = 0; i < buckets; ++i) EXPECT_EQ(events[i], "wait param_bucket_" + std::to_string(buckets - 1 - i));

@@ -10,6 +10,7 @@
 // stage holds about half the parameters; bad layouts are refused naming the sizes.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <tuple>
 #include <vector>
@@ -131,6 +132,42 @@ TEST(PipelineParallel, RewindRestoresEveryStage) {
         << r.dump();
     EXPECT_EQ(m.losses.size(), 8u) << name;
   }
+}
+
+// Zero Bubble's optimizer post-validation at pp2 under ZB-H2: every stage steps before the
+// pipeline-wide grad norm is known and undoes the step where clipping or the NaN check would have
+// changed it. With clip_grad between the clean run's smallest and largest norms (so both cases
+// occur) and a NaN at step 6 rewound, the untied Llama trains bitwise like the same run without it.
+TEST(PipelineParallel, OptimizerPostValidationTrainsBitwiseLikeWithout) {
+  TinyRunDir run("llama-tiny");
+  const std::string zbh2 = kShort + "--set pp=2 --set parallel.pipeline_schedule='\"zb-h2\"' ";
+  const Metrics probe = run.train_mpi_ok(2, "probe", zbh2, "schedule 'zb-h2'");
+  std::vector<double> norms;
+  for (const auto& r : probe.steps) norms.push_back(r["grad_norm"].get<double>());
+  std::sort(norms.begin(), norms.end());
+  const std::string args = zbh2 + "--set optimizer.clip_grad=" + std::to_string(norms[norms.size() / 2]) +
+                           " --set rewind.enabled=true --set rewind.window=20 --inject nan@step=6 ";
+  const Metrics plain = run.train_mpi_ok(2, "plain", args, "schedule 'zb-h2'");
+  const Metrics post = run.train_mpi_ok(2, "post", args + "--set parallel.optimizer_post_validation=true",
+                                        "schedule 'zb-h2'");
+  ASSERT_EQ(post.losses.size(), 8u);
+  EXPECT_EQ(post.events_of("rewind").size(), 1u);
+  std::map<std::string, int> outcomes;
+  for (const auto& r : post.steps) ++outcomes[r.value("post_validation", "")];
+  EXPECT_GT(outcomes["kept"], 0);
+  EXPECT_GT(outcomes["redone"], 1);  // the clipped steps and the NaN one
+  for (const auto& [step, loss] : plain.losses) {
+    EXPECT_EQ(post.losses.at(step), loss) << "step " << step;
+    EXPECT_EQ(post.last.at(step)["grad_norm"], plain.last.at(step)["grad_norm"]) << "step " << step;
+  }
+  megaton::testing::expect_bitwise_equal(megaton::testing::final_weights(run.run_dir("post")),
+                                         megaton::testing::final_weights(run.run_dir("plain")));
+  const megaton::testing::CommandResult r = run.train(
+      "refused", kShort + "--set parallel.optimizer_post_validation=true --set parallel.use_distributed_optimizer=true");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("'parallel.optimizer_post_validation': is not supported with parallel.use_distributed_optimizer"),
+            std::string::npos)
+      << r.output;
 }
 
 // Each stage holds its own layers only: with 4 layers at pp2 the first rank keeps half of them. The

@@ -57,6 +57,8 @@ void RunLog::step(int64_t step, const TrainingStep::Result& r, double lr, int64_
   if (cfg_.data_parallel_size > 1 || cfg_.tensor_model_parallel_size > 1) rec["comm_wait_s"] = r.comm_wait_seconds;
   if (r.loss_scale > 0) rec["loss_scale"] = r.loss_scale;
   if (r.skipped) rec["skipped"] = "fp16 gradient overflow: no update, loss scale lowered";
+  // Optimizer post-validation: whether the eager update stood or was undone and taken again.
+  if (cfg_.optimizer_post_validation) rec["post_validation"] = r.updated ? "kept" : "redone";
   if (rates_.size() == 1) {
     // After this process's first step every category has reached its steady-state peak: the
     // per-rank memory by category (Megatron's memory report), in MB.

@@ -156,6 +156,7 @@ const std::vector<Field>& fields() {
       field("parallel.data_parallel_size", &TC::data_parallel_size),
       field("parallel.sequence_parallel", &TC::sequence_parallel),
       field("parallel.use_distributed_optimizer", &TC::use_distributed_optimizer),
+      field("parallel.optimizer_post_validation", &TC::optimizer_post_validation),
       field("parallel.overlap_grad_reduce", &TC::overlap_grad_reduce),
       field("parallel.overlap_param_gather", &TC::overlap_param_gather),
       field("parallel.bucket_size", &TC::bucket_size),
@@ -387,6 +388,8 @@ void validate(const TrainConfig& c) {
             std::to_string(c.tensor_model_parallel_size));
   check(!c.overlap_param_gather || c.use_distributed_optimizer, "parallel.overlap_param_gather",
         "needs parallel.use_distributed_optimizer");
+  check(!c.optimizer_post_validation || !c.use_distributed_optimizer, "parallel.optimizer_post_validation",
+        "is not supported with parallel.use_distributed_optimizer yet (its update all-gathers the weights)");
   check(c.bucket_size >= 1, "parallel.bucket_size", "must be positive");
   if (c.data_parallel_size > 0)
     check(c.global_batch_size % (c.micro_batch_size * c.data_parallel_size) == 0, "training.global_batch_size",

@@ -74,6 +74,11 @@ struct TrainConfig {
   int64_t data_parallel_size = 0;      // 0: world size / (tp x cp x pp); else checked against it
   bool sequence_parallel = false;      // needs tp > 1
   bool use_distributed_optimizer = false;
+  // Zero Bubble's optimizer post-validation (train/step_undo.h): each stage steps as soon as its
+  // gradients are final, before the pipeline-wide grad norm, and undoes the step where clipping or
+  // the inf/NaN check would have changed it. Meant for zb-h2 / zbv; off by default; not with the
+  // distributed optimizer.
+  bool optimizer_post_validation = false;
   bool overlap_grad_reduce = true;     // reduce each gradient bucket as soon as backward finishes it
   bool overlap_param_gather = false;
   int64_t bucket_size = 40'000'000;    // elements per gradient bucket (Megatron's --ddp-bucket-size)

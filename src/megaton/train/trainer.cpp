@@ -293,7 +293,10 @@ TrainSummary Trainer::run() {
     if (faults_.fire(Fault::SignalAtStep, step)) std::raise(SIGTERM);
     checkpoints_.keep_rewind_point(*model_, *optimizer_, progress_);
     const int64_t first_sample = progress_.next_batch(cfg_.global_batch_size);
-    const TrainingStep::Result r = step_->forward_backward(step, first_sample);
+    // The schedule is indexed by the 1-based number of the update being made, so the first
+    // update of a warmup already moves the weights.
+    const double lr = schedule_.lr_at(step) * progress_.lr_multiplier(step);
+    const TrainingStep::Result r = step_->forward_backward(step, first_sample, lr);
     progress_.loss_scaler = step_->loss_scaler_state();
     if (r.skipped) {
       // FP16 overflow: the dynamic loss scaler lowered its scale; the step's batch is consumed
@@ -312,10 +315,7 @@ TrainSummary Trainer::run() {
       continue;
     }
     if (cfg_.rewind) detector_.accept(progress_.recent, r.loss, r.grad_norm);
-    // The schedule is indexed by the 1-based number of the update being made, so the first
-    // update of a warmup already moves the weights.
-    const double lr = schedule_.lr_at(step) * progress_.lr_multiplier(step);
-    step_->update(lr, r.grad_norm);
+    step_->update(lr, r);
     progress_.step = step;
     progress_.consumed_samples = first_sample + cfg_.global_batch_size;
     log_->step(step, r, lr, progress_.consumed_samples);

@@ -68,6 +68,7 @@ TrainingStep::TrainingStep(models::TransformerModel& model, const TrainConfig& c
   const std::vector<nn::ElementRange>& mine = distributed_ ? distributed_->owned() : all;
   norm_ranges_ = tp.active() || copy ? nn::intersect(counted, mine) : mine;
   if (const auto scaling = loss_scaler_config(cfg)) scaler_.emplace(*scaling);
+  if (cfg.optimizer_post_validation) undo_ = std::make_unique<StepUndo>(*buffer_, *optimizer_);
 }
 
 void TrainingStep::reduce_bucket(size_t bucket) {
@@ -136,7 +137,7 @@ void TrainingStep::begin_fp8_step() {
 
 TrainingStep::~TrainingStep() { model_.set_param_gate(nullptr); }
 
-TrainingStep::Result TrainingStep::forward_backward(int64_t step, int64_t first_sample) {
+TrainingStep::Result TrainingStep::forward_backward(int64_t step, int64_t first_sample, double lr) {
   const auto t0 = std::chrono::steady_clock::now();
   const double tp_wait0 = parallel::tensor_parallel_wait_seconds();
   const double gather_wait0 = distributed_ ? distributed_->gather_wait_seconds() : 0.0;
@@ -179,11 +180,15 @@ TrainingStep::Result TrainingStep::forward_backward(int64_t step, int64_t first_
   const double comm_wait = parallel::tensor_parallel_wait_seconds() - tp_wait0 +
                            (distributed_ ? distributed_->gather_wait_seconds() - gather_wait0 : 0.0) +
                            finish_reductions();
+  const double loss_scale = scaler_ ? scaler_->scale() : 0.0;
+  if (scaler_) unscale_gradients(loss_scale);
+  if (undo_) {  // post-validation: step now, while later stages may still be running their last ops
+    undo_->capture(*optimizer_);
+    optimizer_->step(lr, 1.0);
+  }
   double loss = stage.mean_loss();
   if (pp_.size() > 1) loss = pp_.all_reduce_scalar(loss);  // the last stage's; the others add 0
   if (dp_.size() > 1) loss = dp_.all_reduce_scalar(loss) / static_cast<double>(dp_.size());
-  const double loss_scale = scaler_ ? scaler_->scale() : 0.0;
-  if (scaler_) unscale_gradients(loss_scale);
   if (hook_) hook_(step, buffer_->grads(), loss);
   double grad_norm = this->grad_norm();  // the tensor-parallel group's: non-finite on every member if on one
   // Without the distributed optimizer the reduced gradients are the same on every data-parallel
@@ -199,8 +204,13 @@ TrainingStep::Result TrainingStep::forward_backward(int64_t step, int64_t first_
   if (pp_.size() > 1) agree(pp_);
   // The norm is the same on every rank now, so every rank's scaler takes the same decision.
   const bool skipped = scaler_ && scaler_->update(std::isfinite(grad_norm));
-  return {loss,       grad_norm, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
-          comm_wait,  model_.moe_step_stats(), loss_scale, skipped};
+  // The eager step stands where the update would have been the same: a finite norm clipping leaves
+  // alone (every rank decides alike, as the norm is the same everywhere).
+  const bool updated =
+      undo_ && !skipped && std::isfinite(grad_norm) && optim::clip_coefficient(grad_norm, cfg_.clip_grad) == 1.0;
+  if (undo_ && !updated) undo_->undo(*optimizer_);
+  return {loss,      grad_norm,  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+          comm_wait, model_.moe_step_stats(), loss_scale, skipped, updated};
 }
 
 void TrainingStep::unscale_gradients(double loss_scale) {
@@ -214,8 +224,8 @@ void TrainingStep::unscale_gradients(double loss_scale) {
   for (int64_t i = 0; i < n; ++i) p[i] *= inv;
 }
 
-void TrainingStep::update(double lr, double grad_norm) {
-  if (std::isfinite(grad_norm)) optimizer_->step(lr, optim::clip_coefficient(grad_norm, cfg_.clip_grad));
+void TrainingStep::update(double lr, const Result& r) {
+  if (!r.updated && std::isfinite(r.grad_norm)) optimizer_->step(lr, optim::clip_coefficient(r.grad_norm, cfg_.clip_grad));
   model_.update_moe_expert_bias({&dp_});  // a layer's loads come from its stage alone
 }
 

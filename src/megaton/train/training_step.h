@@ -47,6 +47,7 @@
 #include "megaton/parallel/distributed_optimizer.h"
 #include "megaton/pipeline/executor.h"
 #include "megaton/pipeline/generators.h"
+#include "megaton/train/step_undo.h"
 #include "megaton/train/train_config.h"
 
 namespace megaton::train {
@@ -61,6 +62,8 @@ class TrainingStep {
     // gradients overflowed so that the dynamic scaler skips it (update() then changes nothing).
     double loss_scale = 0;
     bool skipped = false;
+    // Optimizer post-validation: the eager update stands (update() then adds nothing).
+    bool updated = false;
   };
   // Called after backward with the step number, the flat gradients and the step's loss, before the
   // grad norm is taken: where fault injection corrupts a step.
@@ -88,11 +91,15 @@ class TrainingStep {
 
   // Forward and backward of the global batch starting at sample first_sample: the gradients hold the
   // mean over it (on every data-parallel rank). Reads this rank's slices through a prefetching
-  // loader, recreated when first_sample is not where it stands.
-  Result forward_backward(int64_t step, int64_t first_sample);
+  // loader, recreated when first_sample is not where it stands. With
+  // parallel.optimizer_post_validation the stage then steps with learning rate lr at once, before
+  // the loss and grad norm are summed over the pipeline group, and undoes that step when the norm
+  // calls for clipping or is not finite (Result::updated says whether it stands).
+  Result forward_backward(int64_t step, int64_t first_sample, double lr);
   // Clips to cfg.clip_grad and updates with lr; a non-finite norm skips the update (on every rank:
-  // the norm is the same everywhere). Not called for a step the loss scaler skipped.
-  void update(double lr, double grad_norm);
+  // the norm is the same everywhere); nothing when the eager update stands. Not called for a step the
+  // loss scaler skipped or the trainer rejected.
+  void update(double lr, const Result& r);
   // FP16's loss scaler state (empty without fp16), and its restore on resume or rewind (an empty
   // state, from a run without fp16, keeps the initial scale).
   std::vector<double> loss_scaler_state() const { return scaler_ ? scaler_->state() : std::vector<double>{}; }
@@ -120,6 +127,7 @@ class TrainingStep {
   GradientHook hook_;
   pipeline::OpTimes* op_times_ = nullptr;
   std::optional<optim::LossScaler> scaler_;  // [precision] fp16
+  std::unique_ptr<StepUndo> undo_;           // parallel.optimizer_post_validation
 
   void reduce_bucket(size_t bucket);  // all-reduce, or the distributed optimizer's reduce-scatter
   void wait_reductions();  // waits for the reductions in flight and forgets them

@@ -136,6 +136,15 @@ void bias_gelu_forward(T* __restrict out, const T* __restrict h, const compute_t
   }
 }
 
+// Adds a row's stored gradients [f0, f1) into acc (indexed from f0): a second loop over the row
+// segment the first one just wrote, read from L1, so that both loops vectorise (one loop doing both,
+// with the bf16 store in between, does not) and the memory traffic stays one pass.
+template <typename T, typename C>
+void add_row_segment(C* __restrict acc, const T* __restrict row, int64_t f0, int64_t f1) {
+#pragma omp simd
+  for (int64_t f = f0; f < f1; ++f) acc[f - f0] += load(row[f]);
+}
+
 template <typename T>
 void bias_gelu_backward(T* __restrict dh, compute_t<T>* __restrict dbias, const T* __restrict dout,
                         const T* __restrict h, const compute_t<T>* __restrict bias, int64_t N, int64_t F) {
@@ -143,15 +152,12 @@ void bias_gelu_backward(T* __restrict dh, compute_t<T>* __restrict dbias, const 
   on_column_slices(F, [&](int64_t f0, int64_t f1) {
     std::vector<C> acc(f1 - f0);
     for (int64_t n = 0; n < N; ++n) {
-      const T* x = h + n * F;
-      const T* d = dout + n * F;
-      T* dx = dh + n * F;
+      const T* __restrict x = h + n * F;
+      const T* __restrict d = dout + n * F;
+      T* __restrict dx = dh + n * F;
 #pragma omp simd
-      for (int64_t f = f0; f < f1; ++f) {
-        const T g = store<T>(load(d[f]) * gelu_derivative(C(load(x[f]) + bias[f])));
-        dx[f] = g;
-        acc[f - f0] += load(g);  // the stored gradient, as bias_backward would read it
-      }
+      for (int64_t f = f0; f < f1; ++f) dx[f] = store<T>(load(d[f]) * gelu_derivative(C(load(x[f]) + bias[f])));
+      add_row_segment(acc.data(), dx, f0, f1);  // the stored gradient, as bias_backward reads it
     }
     for (int64_t f = f0; f < f1; ++f) dbias[f] += acc[f - f0];
   });
@@ -181,19 +187,19 @@ void bias_swiglu_backward(T* __restrict dgu, compute_t<T>* __restrict dbias, con
   on_column_slices(H, [&](int64_t h0, int64_t h1) {
     std::vector<C> acc_gate(h1 - h0), acc_up(h1 - h0);
     for (int64_t r = 0; r < N; ++r) {
-      const T* gate = gu + r * 2 * H;
-      const T* up = gate + H;
-      const T* d = dout + r * H;
-      T* dgate = dgu + r * 2 * H;
-      T* dup = dgate + H;
+      const T* __restrict gate = gu + r * 2 * H;
+      const T* __restrict up = gate + H;
+      const T* __restrict d = dout + r * H;
+      T* __restrict dgate = dgu + r * 2 * H;
+      T* __restrict dup = dgate + H;
 #pragma omp simd
       for (int64_t h = h0; h < h1; ++h) {
         const auto [dg, du] = swiglu_gradients(C(load(gate[h]) + bias[h]), C(load(up[h]) + bias[H + h]), load(d[h]));
         dgate[h] = store<T>(dg);
         dup[h] = store<T>(du);
-        acc_gate[h - h0] += load(dgate[h]);
-        acc_up[h - h0] += load(dup[h]);
       }
+      add_row_segment(acc_gate.data(), dgate, h0, h1);
+      add_row_segment(acc_up.data(), dup, h0, h1);
     }
     for (int64_t h = h0; h < h1; ++h) {
       dbias[h] += acc_gate[h - h0];

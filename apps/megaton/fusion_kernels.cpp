@@ -1,0 +1,116 @@
+#include "fusion_kernels.h"
+
+#include <cstdio>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "bench_timing.h"
+#include "megaton/kernels/activation.h"
+#include "megaton/kernels/linear.h"
+#include "megaton/kernels/norm.h"
+
+namespace megaton::app {
+
+namespace {
+
+struct Case {
+  std::string fusion, pass;
+  // Elements read + written by the passes outside the GEMM, unfused and fused.
+  int64_t unfused_elements, fused_elements;
+  std::function<void()> unfused, fused;
+};
+
+}  // namespace
+
+void print_fusion_kernels(const models::TransformerConfig& c, int64_t N, int repeats, bool json, DType dtype) {
+  const Device cpu = Device::cpu();
+  const kernels::ExecContext ctx{cpu, nullptr};
+  const bool swiglu = c.activation == models::Activation::SwiGLU;
+  const bool rms = c.normalization == models::Normalization::RMSNorm;
+  const int64_t H = c.hidden_size, A = c.ffn_hidden_size, F = swiglu ? 2 * A : A;
+  auto t = [&](Shape s, uint64_t seed, const char* name, DType d) { return random_tensor(std::move(s), d, cpu, seed, name); };
+  // fc1 and its activation.
+  const Tensor x = t({N, H}, 1, "x", dtype), w1 = t({F, H}, 2, "w1", dtype), b1 = t({F}, 3, "b1", DType::F32);
+  const Tensor h = t({N, F}, 4, "h", dtype), a = t({N, A}, 5, "a", dtype), da = t({N, A}, 6, "da", dtype);
+  const Tensor dh = t({N, F}, 7, "dh", dtype), db1 = t({F}, 8, "db1", DType::F32);
+  // The residual stream and the norm.
+  const Tensor branch = t({N, H}, 9, "branch", dtype), resid = t({N, H}, 10, "resid", dtype);
+  const Tensor out = t({N, H}, 11, "out", dtype), gamma = t({H}, 12, "gamma", DType::F32);
+  const Tensor beta = rms ? Tensor() : t({H}, 13, "beta", DType::F32);
+  const Tensor mean = t({N}, 14, "mean", DType::F32), rstd = t({N}, 15, "rstd", DType::F32);
+  const Tensor dout = t({N, H}, 16, "dout", dtype), dx = t({N, H}, 17, "dx", dtype), dres = t({N, H}, 18, "dres", dtype);
+
+  auto act = [&] { swiglu ? kernels::swiglu_forward(ctx, a, h) : kernels::gelu_forward(ctx, a, h); };
+  auto norm = [&](const Tensor& in) {
+    rms ? kernels::rmsnorm_forward(ctx, out, rstd, in, gamma, c.norm_epsilon)
+        : kernels::layernorm_forward(ctx, out, mean, rstd, in, gamma, beta, c.norm_epsilon);
+  };
+  auto norm_backward = [&](const Tensor& dresidual) {
+    rms ? kernels::rmsnorm_backward_input(ctx, dx, dout, resid, gamma, rstd, dresidual)
+        : kernels::layernorm_backward_input(ctx, dx, dout, resid, gamma, mean, rstd, dresidual);
+  };
+  norm(resid);  // statistics for the backward cases
+  const std::vector<Case> cases{
+      // Unfused: the GEMM seeds its output with the bias and accumulates onto it (OpenBLAS: a write
+      // and a read of h; oneDNN adds it in its epilogue), then the activation reads h.
+      {"bias_activation", "forward", 2 * N * F + N * F + N * A, N * F + N * A,
+       [&] {
+         kernels::linear_forward(ctx, h, x, w1, b1);
+         act();
+       },
+       [&] {
+         kernels::linear_forward(ctx, h, x, w1, Tensor());
+         swiglu ? kernels::bias_swiglu_forward(ctx, a, h, b1) : kernels::bias_gelu_forward(ctx, a, h, b1);
+       }},
+      {"bias_activation", "backward", N * A + 2 * N * F + N * F, N * A + 2 * N * F,
+       [&] {
+         swiglu ? kernels::swiglu_backward(ctx, dh, da, h) : kernels::gelu_backward(ctx, dh, da, h);
+         kernels::bias_backward(ctx, db1, dh);
+       },
+       [&] {
+         swiglu ? kernels::bias_swiglu_backward(ctx, dh, db1, da, h, b1)
+                : kernels::bias_gelu_backward(ctx, dh, db1, da, h, b1);
+       }},
+      // Unfused: the add reads two and writes the sum; the norm reads it again and writes its output.
+      {"residual_norm", "forward", 3 * N * H + 2 * N * H, 4 * N * H,
+       [&] {
+         kernels::residual_forward(ctx, branch, branch, resid);
+         norm(branch);
+       },
+       [&] {
+         rms ? kernels::add_rmsnorm_forward(ctx, branch, out, rstd, branch, resid, gamma, c.norm_epsilon)
+             : kernels::add_layernorm_forward(ctx, branch, out, mean, rstd, branch, resid, gamma, beta, c.norm_epsilon);
+       }},
+      // Unfused: the norm backward reads dout and x and writes dx; the add reads dx and dres and writes dx.
+      {"residual_norm", "backward", 3 * N * H + 3 * N * H, 4 * N * H,
+       [&] {
+         norm_backward(Tensor());
+         kernels::residual_forward(ctx, dx, dx, dres);
+       },
+       [&] { norm_backward(dres); }},
+  };
+  const double elem = static_cast<double>(dtype_size(dtype));
+  if (!json)
+    std::printf("%s fused kernels at %ld rows, hidden %ld, fc1 width %ld (%s, %s); elementwise MB unfused -> fused\n",
+                std::string(dtype_name(dtype)).c_str(), N, H, F, swiglu ? "swiglu" : "gelu", rms ? "rmsnorm" : "layernorm");
+  for (const Case& k : cases) {
+    const double unfused_s = median_seconds(cpu, repeats, 1, k.unfused);
+    const double fused_s = median_seconds(cpu, repeats, 1, k.fused);
+    const double unfused_mb = static_cast<double>(k.unfused_elements) * elem / 1e6;
+    const double fused_mb = static_cast<double>(k.fused_elements) * elem / 1e6;
+    if (json)
+      std::printf("%s\n", nlohmann::json{{"fusion", k.fusion}, {"pass", k.pass}, {"rows", N}, {"dtype", dtype_name(dtype)},
+                                         {"unfused_s", unfused_s}, {"fused_s", fused_s},
+                                         {"unfused_mb", unfused_mb}, {"fused_mb", fused_mb}}
+                              .dump()
+                              .c_str());
+    else
+      std::printf("%-16s %-8s unfused %8.3f ms  fused %8.3f ms  (%5.1f%% less)  %7.1f -> %7.1f MB\n", k.fusion.c_str(),
+                  k.pass.c_str(), 1e3 * unfused_s, 1e3 * fused_s, 100.0 * (1.0 - fused_s / unfused_s), unfused_mb,
+                  fused_mb);
+  }
+}
+
+}  // namespace megaton::app
