@@ -98,6 +98,39 @@ TEST(MoePermute, GradientsMatchFiniteDifferences) {
   EXPECT_TRUE(fd::close(values(dprobs), fd::numeric_gradient(probs, unpermute_loss), 1e-8));
 }
 
+// bf16 and fp16 rows (the compute dtypes of mixed precision): every permutation and its backward
+// against the f64 kernels on the same (rounded) inputs, to the format's rounding of one result.
+TEST(MoePermute, HalfPrecisionRowsMatchDoubleToTheirRounding) {
+  const Routed r = route_random(37, 4, 2, 7);
+  const int64_t C = 40, M = r.plan.rows, N = r.N, K = r.K;
+  for (const DType dt : {DType::BF16, DType::F16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const double tol = dt == DType::BF16 ? 1e-2 : 2e-3;
+    auto rounded = [&](Shape shape, uint64_t seed, double lo = -1.0) {  // f64 values exact in dt
+      Tensor t = Tensor::empty(shape, DType::F32);
+      const auto v = fd::random_vector<float>(static_cast<size_t>(t.numel()), seed, lo, 1.0);
+      std::copy(v.begin(), v.end(), t.data<float>());
+      return t.to(dt).to(DType::F64);
+    };
+    const Tensor x = rounded({N, C}, 20), rows = rounded({M, C}, 21), probs = rounded({N, K}, 22, 0.1);
+    const Tensor dxp = rounded({M, C}, 23), dy = rounded({N, C}, 24);
+    auto both = [&](auto&& op, std::vector<Shape> outs, std::vector<Tensor> ins) {
+      std::vector<Tensor> o64, o16, i16;
+      for (const Shape& s : outs) o64.push_back(Tensor::empty(s, DType::F64)), o16.push_back(Tensor::empty(s, dt));
+      for (const Tensor& t : ins) i16.push_back(t.to(dt));
+      op(o64, ins);
+      op(o16, i16);
+      for (size_t i = 0; i < o64.size(); ++i)
+        EXPECT_TRUE(fd::close_elementwise(values(o16[i].to(DType::F64)), values(o64[i]), tol, 1e-3)) << "output " << i;
+    };
+    both([&](auto& o, auto& in) { moe_permute(kCpu, o[0], in[0], r.pos); }, {{M, C}}, {x});
+    both([&](auto& o, auto& in) { moe_permute_backward(kCpu, o[0], in[0], r.pos); }, {{N, C}}, {dxp});
+    both([&](auto& o, auto& in) { moe_unpermute(kCpu, o[0], in[0], r.pos, in[1]); }, {{N, C}}, {rows, probs});
+    both([&](auto& o, auto& in) { moe_unpermute_backward(kCpu, o[0], o[1], in[0], in[1], r.pos, in[2]); },
+         {{M, C}, {N, K}}, {dy, rows, probs});
+  }
+}
+
 TEST(MoePermute, PositionOutsideThePermutedRowsIsAnError) {
   Tensor x = Tensor::zeros({2, 3}, DType::F64), out = Tensor::zeros({2, 3}, DType::F64);
   EXPECT_THROW(moe_permute(kCpu, out, x, i32({0, 2}, {2, 1})), Error);

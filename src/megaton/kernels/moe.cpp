@@ -228,7 +228,7 @@ void moe_permute(const ExecContext& ctx, const Tensor& out, const Tensor& x, con
   expect_slots(op, pos, N, K);
   expect_dtype(x.dtype(), op, {&out});
   expect_positions(op, pos, rows_of_matrix(op, out, C));
-  dispatch_cpu_float(x.dtype(), op, [&]<typename T>(T) {
+  dispatch_cpu_io(x.dtype(), op, [&]<typename T>(T) {
     cpu::moe_permute(out.data<T>(), x.data<T>(), pos.data<int32_t>(), N, K, C);
   });
 }
@@ -240,7 +240,7 @@ void moe_permute_backward(const ExecContext& ctx, const Tensor& dx, const Tensor
   expect_slots(op, pos, N, K);
   expect_dtype(dx.dtype(), op, {&dout});
   expect_positions(op, pos, rows_of_matrix(op, dout, C));
-  dispatch_cpu_float(dx.dtype(), op, [&]<typename T>(T) {
+  dispatch_cpu_io(dx.dtype(), op, [&]<typename T>(T) {
     cpu::moe_permute_backward(dx.data<T>(), dout.data<T>(), pos.data<int32_t>(), N, K, C);
   });
 }
@@ -253,7 +253,7 @@ void moe_unpermute(const ExecContext& ctx, const Tensor& y, const Tensor& rows, 
   expect_dtype(y.dtype(), op, {&rows, &probs});
   expect_matrix(op, probs, N, K);
   expect_positions(op, pos, rows_of_matrix(op, rows, C));
-  dispatch_cpu_float(y.dtype(), op, [&]<typename T>(T) {
+  dispatch_cpu_io(y.dtype(), op, [&]<typename T>(T) {
     cpu::moe_unpermute(y.data<T>(), rows.data<T>(), pos.data<int32_t>(), probs.data<T>(), N, K, C);
   });
 }
@@ -270,7 +270,7 @@ void moe_unpermute_backward(const ExecContext& ctx, const Tensor& drows, const T
   const int64_t M = rows_of_matrix(op, rows, C);
   expect_matrix(op, drows, M, C);
   expect_positions(op, pos, M);
-  dispatch_cpu_float(dy.dtype(), op, [&]<typename T>(T) {
+  dispatch_cpu_io(dy.dtype(), op, [&]<typename T>(T) {
     cpu::moe_unpermute_backward(drows.data<T>(), dprobs.data<T>(), dy.data<T>(), rows.data<T>(),
                                 pos.data<int32_t>(), probs.data<T>(), N, K, C);
   });

@@ -1,5 +1,7 @@
 #include "megaton/kernels/cpu/moe.h"
 
+#include "megaton/kernels/cpu/element.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -239,33 +241,51 @@ void moe_permute(T* out, const T* x, const int32_t* pos, int64_t N, int64_t K, i
       if (const int32_t p = pos[n * K + k]; p >= 0) std::copy(x + n * C, x + (n + 1) * C, out + p * C);
 }
 
+namespace {
+
+// Runs row(n, acc) for every n in [0, N) over threads, each with its own zeroed compute_t<T>
+// accumulator of C elements (bf16 and fp16 rows are summed in f32, and stored once).
+template <typename T, typename Row>
+void rows_with_accumulator(int64_t N, int64_t K, int64_t C, Row row) {
+#pragma omp parallel if (N * K * C >= (1 << 16))
+  {
+    std::vector<compute_t<T>> acc(static_cast<size_t>(C));
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+      std::fill(acc.begin(), acc.end(), compute_t<T>(0));
+      row(n, acc.data());
+    }
+  }
+}
+
+}  // namespace
+
 template <typename T>
 void moe_permute_backward(T* dx, const T* dout, const int32_t* pos, int64_t N, int64_t K, int64_t C) {
-#pragma omp parallel for schedule(static) if (N * K * C >= (1 << 16))
-  for (int64_t n = 0; n < N; ++n) {
-    T* d = dx + n * C;
-    std::fill(d, d + C, T(0));
+  rows_with_accumulator<T>(N, K, C, [&](int64_t n, compute_t<T>* acc) {
     for (int64_t k = 0; k < K; ++k)
       if (const int32_t p = pos[n * K + k]; p >= 0)
-        for (int64_t c = 0; c < C; ++c) d[c] += dout[p * C + c];
-  }
+        for (int64_t c = 0; c < C; ++c) acc[c] += load(dout[p * C + c]);
+    for (int64_t c = 0; c < C; ++c) dx[n * C + c] = store<T>(acc[c]);
+  });
 }
 
 template <typename T>
 void moe_unpermute(T* y, const T* rows, const int32_t* pos, const T* probs, int64_t N, int64_t K, int64_t C) {
-#pragma omp parallel for schedule(static) if (N * K * C >= (1 << 16))
-  for (int64_t n = 0; n < N; ++n) {
-    T* o = y + n * C;
-    std::fill(o, o + C, T(0));
+  rows_with_accumulator<T>(N, K, C, [&](int64_t n, compute_t<T>* acc) {
     for (int64_t k = 0; k < K; ++k)
-      if (const int32_t p = pos[n * K + k]; p >= 0)
-        for (int64_t c = 0; c < C; ++c) o[c] += probs[n * K + k] * rows[p * C + c];
-  }
+      if (const int32_t p = pos[n * K + k]; p >= 0) {
+        const compute_t<T> w = load(probs[n * K + k]);
+        for (int64_t c = 0; c < C; ++c) acc[c] += w * load(rows[p * C + c]);
+      }
+    for (int64_t c = 0; c < C; ++c) y[n * C + c] = store<T>(acc[c]);
+  });
 }
 
 template <typename T>
 void moe_unpermute_backward(T* drows, T* dprobs, const T* dy, const T* rows, const int32_t* pos, const T* probs,
                             int64_t N, int64_t K, int64_t C) {
+  using S = compute_t<T>;
 #pragma omp parallel for schedule(static) if (N * K * C >= (1 << 16))
   for (int64_t n = 0; n < N; ++n)
     for (int64_t k = 0; k < K; ++k) {
@@ -274,12 +294,13 @@ void moe_unpermute_backward(T* drows, T* dprobs, const T* dy, const T* rows, con
         dprobs[n * K + k] = T(0);
         continue;
       }
-      T dot = 0;
+      const S w = load(probs[n * K + k]);
+      S dot = 0;
       for (int64_t c = 0; c < C; ++c) {
-        drows[p * C + c] = probs[n * K + k] * dy[n * C + c];
-        dot += dy[n * C + c] * rows[p * C + c];
+        drows[p * C + c] = store<T>(w * load(dy[n * C + c]));
+        dot += load(dy[n * C + c]) * load(rows[p * C + c]);
       }
-      dprobs[n * K + k] = dot;
+      dprobs[n * K + k] = store<T>(dot);
     }
 }
 
@@ -299,5 +320,15 @@ void moe_unpermute_backward(T* drows, T* dprobs, const T* dy, const T* rows, con
 MEGATON_MOE_INSTANTIATE(float)
 MEGATON_MOE_INSTANTIATE(double)
 #undef MEGATON_MOE_INSTANTIATE
+// The permutations also move bf16 and fp16 activations (summing in f32); routing stays f32 / f64.
+#define MEGATON_MOE_PERMUTE_INSTANTIATE(T)                                                                        \
+  template void moe_permute<T>(T*, const T*, const int32_t*, int64_t, int64_t, int64_t);                          \
+  template void moe_permute_backward<T>(T*, const T*, const int32_t*, int64_t, int64_t, int64_t);                 \
+  template void moe_unpermute<T>(T*, const T*, const int32_t*, const T*, int64_t, int64_t, int64_t);              \
+  template void moe_unpermute_backward<T>(T*, T*, const T*, const T*, const int32_t*, const T*, int64_t, int64_t, \
+                                          int64_t);
+MEGATON_MOE_PERMUTE_INSTANTIATE(BFloat16)
+MEGATON_MOE_PERMUTE_INSTANTIATE(Float16)
+#undef MEGATON_MOE_PERMUTE_INSTANTIATE
 
 }  // namespace megaton::kernels::cpu
