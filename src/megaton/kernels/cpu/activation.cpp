@@ -60,7 +60,9 @@ template <typename Body>
 void on_column_slices(int64_t C, Body body) {
 #pragma omp parallel
   {
-    const auto [c0, c1] = column_slice(C, omp_get_num_threads(), omp_get_thread_num());
+    // No structured bindings: clang 14 cannot use them inside OpenMP regions.
+    const std::pair<int64_t, int64_t> slice = column_slice(C, omp_get_num_threads(), omp_get_thread_num());
+    const int64_t c0 = slice.first, c1 = slice.second;
     if (c0 < c1) body(c0, c1);
   }
 }
@@ -113,9 +115,9 @@ void swiglu_backward(T* __restrict dgu, const T* __restrict dout, const T* __res
     T* dup = dgate + H;
 #pragma omp simd
     for (int64_t h = 0; h < H; ++h) {
-      const auto [dg, du] = swiglu_gradients(load(gate[h]), load(up[h]), load(d[h]));
-      dgate[h] = store<T>(dg);
-      dup[h] = store<T>(du);
+      const auto g = swiglu_gradients(load(gate[h]), load(up[h]), load(d[h]));
+      dgate[h] = store<T>(g.first);
+      dup[h] = store<T>(g.second);
     }
   }
 }
@@ -194,9 +196,9 @@ void bias_swiglu_backward(T* __restrict dgu, compute_t<T>* __restrict dbias, con
       T* __restrict dup = dgate + H;
 #pragma omp simd
       for (int64_t h = h0; h < h1; ++h) {
-        const auto [dg, du] = swiglu_gradients(C(load(gate[h]) + bias[h]), C(load(up[h]) + bias[H + h]), load(d[h]));
-        dgate[h] = store<T>(dg);
-        dup[h] = store<T>(du);
+        const std::pair<C, C> g = swiglu_gradients(C(load(gate[h]) + bias[h]), C(load(up[h]) + bias[H + h]), load(d[h]));
+        dgate[h] = store<T>(g.first);
+        dup[h] = store<T>(g.second);
       }
       add_row_segment(acc_gate.data(), dgate, h0, h1);
       add_row_segment(acc_up.data(), dup, h0, h1);

@@ -20,7 +20,9 @@ template <typename T, typename G>
 void bias_backward(G* dbias, const T* dout, int64_t N, int64_t C) {
 #pragma omp parallel
   {
-    const auto [c0, c1] = column_slice(C, omp_get_num_threads(), omp_get_thread_num());
+    // No structured bindings: clang 14 cannot use them inside OpenMP regions.
+    const std::pair<int64_t, int64_t> slice = column_slice(C, omp_get_num_threads(), omp_get_thread_num());
+    const int64_t c0 = slice.first, c1 = slice.second;
     if (c0 < c1) {
       std::vector<G> acc(c1 - c0);
       for (int64_t n = 0; n < N; ++n) {

@@ -291,7 +291,7 @@ void moe_unpermute_backward(T* drows, T* dprobs, const T* dy, const T* rows, con
     for (int64_t k = 0; k < K; ++k) {
       const int32_t p = pos[n * K + k];
       if (p < 0) {
-        dprobs[n * K + k] = T(0);
+        dprobs[n * K + k] = store<T>(S(0));
         continue;
       }
       const S w = load(probs[n * K + k]);
