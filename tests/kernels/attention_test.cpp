@@ -26,10 +26,13 @@ namespace {
 // q, k and v of each token in one fused buffer in Megatron's per-query-group layout, as a fused QKV
 // projection produces them: per kv group a block of [Hq / Hkv q heads | k head | v head] (+ pad).
 // pad > 0 leaves unused columns after each group's heads, so the group stride is not implied by D.
+// Dv > 0 gives the v heads (and the output's) their own size, as multi-latent attention has.
 struct AttnShape {
-  int64_t B, T, Hq, Hkv, D, pad = 0;
+  int64_t B, T, Hq, Hkv, D, pad = 0, Dv = 0;
   int64_t q_per_group() const { return Hq / Hkv; }
-  int64_t group_stride() const { return (q_per_group() + 2) * D + pad; }
+  int64_t dv() const { return Dv > 0 ? Dv : D; }
+  HeadDim dims() const { return {D, dv()}; }
+  int64_t group_stride() const { return (q_per_group() + 1) * D + dv() + pad; }
   int64_t stride() const { return Hkv * group_stride(); }
   HeadStrides fused() const { return {stride(), group_stride()}; }
   // Where query head h, and the k / v head of group g, start in a token's row.
@@ -39,10 +42,10 @@ struct AttnShape {
   int64_t k_offset() const { return q_per_group() * D; }
   int64_t v_offset() const { return (q_per_group() + 1) * D; }
   size_t qkv_size() const { return B * T * stride(); }
-  size_t out_size() const { return B * T * Hq * D; }
+  size_t out_size() const { return B * T * Hq * dv(); }
   size_t lse_size() const { return B * Hq * T; }
   double scale() const { return 1.0 / std::sqrt(double(D)); }
-  bool is_pad(size_t i) const { return int64_t(i % group_stride()) >= (q_per_group() + 2) * D; }
+  bool is_pad(size_t i) const { return int64_t(i % group_stride()) >= (q_per_group() + 1) * D + dv(); }
 };
 
 template <typename To, typename From>
@@ -75,11 +78,11 @@ Result naive_attention(const std::vector<T>& qkv, const std::vector<T>& dout, co
         const double lse = mx + std::log(sum);
         r.lse[(b * s.Hq + h) * s.T + t] = lse;
         for (double& x : p) x = std::exp(x - lse);
-        const int64_t orow = ((b * s.T + t) * s.Hq + h) * s.D;
+        const int64_t orow = ((b * s.T + t) * s.Hq + h) * s.dv();
         std::vector<double> dp(t + 1);
         double di = 0;
         for (int64_t j = 0; j <= t; ++j) {
-          for (int64_t d = 0; d < s.D; ++d) {
+          for (int64_t d = 0; d < s.dv(); ++d) {
             r.out[orow + d] += p[j] * qkv[at(b, j, vo + d)];
             dp[j] += double(dout[orow + d]) * qkv[at(b, j, vo + d)];
           }
@@ -90,8 +93,8 @@ Result naive_attention(const std::vector<T>& qkv, const std::vector<T>& dout, co
           for (int64_t d = 0; d < s.D; ++d) {
             r.dqkv[at(b, t, qo + d)] += s.scale() * ds * qkv[at(b, j, ko + d)];
             r.dqkv[at(b, j, ko + d)] += s.scale() * ds * qkv[at(b, t, qo + d)];
-            r.dqkv[at(b, j, vo + d)] += p[j] * dout[orow + d];
           }
+          for (int64_t d = 0; d < s.dv(); ++d) r.dqkv[at(b, j, vo + d)] += p[j] * dout[orow + d];
         }
       }
     }
@@ -101,8 +104,8 @@ Result naive_attention(const std::vector<T>& qkv, const std::vector<T>& dout, co
 template <typename T>
 void forward(std::vector<T>& out, std::vector<T>& lse, const std::vector<T>& qkv, const AttnShape& s) {
   const T* q = qkv.data();
-  cpu::attention_forward(out.data(), lse.data(), q, q + s.k_offset(), q + s.v_offset(), s.B, s.T, s.Hq, s.Hkv, s.D,
-                         s.fused(), s.fused(), s.scale());
+  cpu::attention_forward(out.data(), lse.data(), q, q + s.k_offset(), q + s.v_offset(), s.B, s.T, s.Hq, s.Hkv,
+                         s.dims(), s.fused(), s.fused(), s.scale());
 }
 
 // Kernel forward and backward; dqkv starts as NaN so that any element the backward should write but
@@ -115,7 +118,7 @@ Result run_kernel(const std::vector<T>& qkv, const std::vector<T>& dout, const A
   const T* q = qkv.data();
   T* dq = dqkv.data();
   cpu::attention_backward(dq, dq + s.k_offset(), dq + s.v_offset(), dout.data(), out.data(), lse.data(), q,
-                          q + s.k_offset(), q + s.v_offset(), s.B, s.T, s.Hq, s.Hkv, s.D, s.fused(), s.fused(),
+                          q + s.k_offset(), q + s.v_offset(), s.B, s.T, s.Hq, s.Hkv, s.dims(), s.fused(), s.fused(),
                           s.scale());
   return {convert<double>(out), convert<double>(lse), convert<double>(dqkv)};
 }
@@ -167,13 +170,13 @@ using megaton::testing::zeros;
 // The tensor API's training calls on a fused QKV tensor of shape s, as nn/attention.cpp makes them.
 void forward_tensor(const ExecContext& ctx, const Tensor& out, const Tensor& lse, const Tensor& qkv,
                     const AttnShape& s) {
-  attention_forward(ctx, out, lse, qkv, {qkv, s.k_offset()}, {qkv, s.v_offset()}, s.B, s.T, s.Hq, s.Hkv, s.D, s.fused(),
-                    s.fused(), s.scale());
+  attention_forward(ctx, out, lse, qkv, {qkv, s.k_offset()}, {qkv, s.v_offset()}, s.B, s.T, s.Hq, s.Hkv, s.dims(),
+                    s.fused(), s.fused(), s.scale());
 }
 void backward_tensor(const ExecContext& ctx, const Tensor& dqkv, const Tensor& dout, const Tensor& out,
                      const Tensor& lse, const Tensor& qkv, const AttnShape& s) {
   attention_backward(ctx, dqkv, {dqkv, s.k_offset()}, {dqkv, s.v_offset()}, dout, out, lse, qkv, {qkv, s.k_offset()},
-                     {qkv, s.v_offset()}, s.B, s.T, s.Hq, s.Hkv, s.D, s.fused(), s.fused(), s.scale());
+                     {qkv, s.v_offset()}, s.B, s.T, s.Hq, s.Hkv, s.dims(), s.fused(), s.fused(), s.scale());
 }
 
 }  // namespace
@@ -185,6 +188,20 @@ TEST(Attention, MhaGradientsMatchFiniteDifferences) { check_gradients({.B = 2, .
 TEST(Attention, MatchesNaiveInDouble) { check_against_naive(kLongGqa, 1e-12, false); }
 
 TEST(Attention, MatchesNaiveInFloat) { check_against_naive(kLongGqa, 5e-6, true); }
+
+// Multi-latent attention's shapes: value heads narrower than the q / k heads (nope + rope), and the
+// absorbed decoding's one kv head with values wider than its keys' share of a vector register.
+TEST(Attention, ValueHeadSizeOfItsOwnGradientsMatchFiniteDifferences) {
+  check_gradients({.B = 2, .T = 13, .Hq = 3, .Hkv = 3, .D = 24, .Dv = 16});
+  check_gradients({.B = 1, .T = 11, .Hq = 4, .Hkv = 1, .D = 12, .Dv = 20});
+}
+
+TEST(Attention, ValueHeadSizeOfItsOwnMatchesNaive) {
+  const AttnShape s{.B = 2, .T = 150, .Hq = 4, .Hkv = 4, .D = 48, .pad = 3, .Dv = 32};
+  check_against_naive(s, 1e-12, false);
+  check_against_naive(s, 5e-6, true);
+  check_against_naive({.B = 1, .T = 70, .Hq = 4, .Hkv = 1, .D = 40, .Dv = 72}, 5e-6, true);
+}
 
 // Decoding with a KV cache: the first 70 tokens as one chunk, then one token at a time, each chunk's
 // queries gathered into their own contiguous [len, Hq, D] buffer and k/v read from the full fused
@@ -248,7 +265,7 @@ TEST(Attention, TensorApiEqualsTheFloatTemplate) {
   float* dq = dqkv_ref.data();
   const float* q = qkv.data();
   cpu::attention_backward(dq, dq + s.k_offset(), dq + s.v_offset(), dout.data(), out_ref.data(), lse_ref.data(), q,
-                          q + s.k_offset(), q + s.v_offset(), s.B, s.T, s.Hq, s.Hkv, s.D, s.fused(), s.fused(),
+                          q + s.k_offset(), q + s.v_offset(), s.B, s.T, s.Hq, s.Hkv, s.dims(), s.fused(), s.fused(),
                           s.scale());
 
   const Tensor QKV = tensor_of(qkv, {s.B * s.T, s.stride()}, "qkv"),

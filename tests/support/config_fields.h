@@ -16,9 +16,12 @@ namespace megaton::testing {
 // (field name, value printed exactly: doubles with 17 significant digits).
 inline std::vector<std::pair<std::string, std::string>> config_fields(const models::TransformerConfig& c) {
   const auto& [name, num_layers, hidden_size, num_attention_heads, num_query_groups, kv_channels, ffn_hidden_size,
-               vocab_size, make_vocab_size_divisible_by, max_position_embeddings, attention_type, mlp_type, moe, first_k_dense_replace, normalization, activation, position_embedding, rope_layout,
-               rotary_base, rope_scaling, add_bias_linear, tie_embeddings, norm_epsilon, init_method_std] = c;
-  const auto& [factor, low_freq_factor, high_freq_factor, original_max_position] = rope_scaling;
+               vocab_size, make_vocab_size_divisible_by, max_position_embeddings, attention_type, mlp_type, mla, moe,
+               first_k_dense_replace, normalization, activation, position_embedding, rope_layout, rotary_base,
+               rope_scaling, add_bias_linear, tie_embeddings, norm_epsilon, init_method_std] = c;
+  const auto& [factor, low_freq_factor, high_freq_factor, original_max_position, yarn, beta_fast, beta_slow, mscale,
+               mscale_all_dim] = rope_scaling;
+  const auto& [q_lora_rank, kv_lora_rank, qk_head_dim, qk_pos_emb_head_dim, v_head_dim] = mla;
   const auto& [num_moe_experts, moe_router_topk, moe_ffn_hidden_size, moe_shared_expert_intermediate_size,
                moe_router_score_function, moe_router_pre_softmax, moe_router_num_groups, moe_router_group_topk,
                moe_router_norm_topk_prob, moe_router_topk_scaling_factor, moe_router_load_balancing_type,
@@ -42,6 +45,11 @@ inline std::vector<std::pair<std::string, std::string>> config_fields(const mode
           {"max_position_embeddings", str(max_position_embeddings)},
           {"attention_type", attention_type},
           {"mlp_type", mlp_type},
+          {"mla.q_lora_rank", str(q_lora_rank)},
+          {"mla.kv_lora_rank", str(kv_lora_rank)},
+          {"mla.qk_head_dim", str(qk_head_dim)},
+          {"mla.qk_pos_emb_head_dim", str(qk_pos_emb_head_dim)},
+          {"mla.v_head_dim", str(v_head_dim)},
           {"moe.num_moe_experts", str(num_moe_experts)},
           {"moe.moe_router_topk", str(moe_router_topk)},
           {"moe.moe_ffn_hidden_size", str(moe_ffn_hidden_size)},
@@ -69,6 +77,11 @@ inline std::vector<std::pair<std::string, std::string>> config_fields(const mode
           {"rope_scaling.low_freq_factor", str(low_freq_factor)},
           {"rope_scaling.high_freq_factor", str(high_freq_factor)},
           {"rope_scaling.original_max_position", str(original_max_position)},
+          {"rope_scaling.yarn", str(yarn)},
+          {"rope_scaling.beta_fast", str(beta_fast)},
+          {"rope_scaling.beta_slow", str(beta_slow)},
+          {"rope_scaling.mscale", str(mscale)},
+          {"rope_scaling.mscale_all_dim", str(mscale_all_dim)},
           {"add_bias_linear", str(add_bias_linear)},
           {"tie_embeddings", str(tie_embeddings)},
           {"norm_epsilon", str(norm_epsilon)},

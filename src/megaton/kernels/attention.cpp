@@ -8,19 +8,21 @@ namespace megaton::kernels {
 namespace {
 
 struct AttentionDims {
-  int64_t B, Tlen, Hq, Hkv, D;
+  int64_t B, Tlen, Hq, Hkv;
+  HeadDim D;
 };
 
 void check_dims(std::string_view op, const AttentionDims& d, int64_t pos_offset) {
-  if (d.B < 0 || d.Tlen < 0 || d.D <= 0 || d.Hkv <= 0 || d.Hq <= 0 || d.Hq % d.Hkv != 0 || pos_offset < 0)
-    fail("kernel ", op, ": invalid sizes B ", d.B, ", Tlen ", d.Tlen, ", Hq ", d.Hq, ", Hkv ", d.Hkv, ", D ", d.D,
-         ", pos_offset ", pos_offset, " (Hq must be a positive multiple of Hkv, D positive)");
+  if (d.B < 0 || d.Tlen < 0 || d.D.qk <= 0 || d.D.v <= 0 || d.Hkv <= 0 || d.Hq <= 0 || d.Hq % d.Hkv != 0 ||
+      pos_offset < 0)
+    fail("kernel ", op, ": invalid sizes B ", d.B, ", Tlen ", d.Tlen, ", Hq ", d.Hq, ", Hkv ", d.Hkv, ", D ", d.D.qk,
+         " (qk) / ", d.D.v, " (v), pos_offset ", pos_offset, " (Hq must be a positive multiple of Hkv, D positive)");
 }
 
-// out / dout [B*Tlen, Hq*D] and lse [B, Hq, Tlen], with overflow-checked element counts.
+// out / dout [B*Tlen, Hq*D.v] and lse [B, Hq, Tlen], with overflow-checked element counts.
 void check_outputs(std::string_view op, const AttentionDims& d, std::initializer_list<const Tensor*> like_out,
                    const Tensor& lse) {
-  const int64_t rows = checked_mul(op, d.B, d.Tlen), cols = checked_mul(op, d.Hq, d.D);
+  const int64_t rows = checked_mul(op, d.B, d.Tlen), cols = checked_mul(op, d.Hq, d.D.v);
   checked_mul(op, rows, cols);
   for (const Tensor* t : like_out) expect_matrix(op, *t, rows, cols);
   expect_matrix(op, lse, checked_mul(op, d.B, d.Hq), d.Tlen);
@@ -28,20 +30,20 @@ void check_outputs(std::string_view op, const AttentionDims& d, std::initializer
 
 // Query heads: Tlen tokens per batch row, each with Hkv groups of Hq/Hkv heads.
 void expect_q_heads(std::string_view op, TensorAt q, const AttentionDims& d, HeadStrides at) {
-  expect_holds(op, q.t, q.offset, {{checked_mul(op, d.B, d.Tlen), at.row}, {d.Hkv, at.group}, {d.Hq / d.Hkv, d.D}},
-               d.D);
+  expect_holds(op, q.t, q.offset,
+               {{checked_mul(op, d.B, d.Tlen), at.row}, {d.Hkv, at.group}, {d.Hq / d.Hkv, d.D.qk}}, d.D.qk);
 }
 
-// kv heads: Tk tokens per batch row (batch rows batch_stride apart), one head per group.
+// kv heads of `width` elements: Tk tokens per batch row (batch rows batch_stride apart), one head per group.
 void expect_kv_heads(std::string_view op, TensorAt kv, const AttentionDims& d, int64_t Tk, int64_t batch_stride,
-                     HeadStrides at) {
-  expect_holds(op, kv.t, kv.offset, {{d.B, batch_stride}, {Tk, at.row}, {d.Hkv, at.group}}, d.D);
+                     HeadStrides at, int64_t width) {
+  expect_holds(op, kv.t, kv.offset, {{d.B, batch_stride}, {Tk, at.row}, {d.Hkv, at.group}}, width);
 }
 
 }  // namespace
 
 void attention_forward(const ExecContext& ctx, const Tensor& out, const Tensor& lse, TensorAt q, TensorAt k, TensorAt v,
-                       int64_t B, int64_t Tlen, int64_t Hq, int64_t Hkv, int64_t D, HeadStrides q_at, HeadStrides kv_at,
+                       int64_t B, int64_t Tlen, int64_t Hq, int64_t Hkv, HeadDim D, HeadStrides q_at, HeadStrides kv_at,
                        double scale, int64_t pos_offset, int64_t kv_batch_stride) {
   constexpr std::string_view op = "attention_forward";
   expect_on_device(ctx, op, {&out, &lse, &q.t, &k.t, &v.t});
@@ -52,8 +54,8 @@ void attention_forward(const ExecContext& ctx, const Tensor& out, const Tensor& 
   if (kv_batch_stride < -1) fail("kernel ", op, ": negative kv_batch_stride ", kv_batch_stride);
   const int64_t kv_batch = kv_batch_stride == -1 ? checked_mul(op, Tk, kv_at.row) : kv_batch_stride;
   expect_q_heads(op, q, d, q_at);
-  expect_kv_heads(op, k, d, Tk, kv_batch, kv_at);
-  expect_kv_heads(op, v, d, Tk, kv_batch, kv_at);
+  expect_kv_heads(op, k, d, Tk, kv_batch, kv_at, D.qk);
+  expect_kv_heads(op, v, d, Tk, kv_batch, kv_at, D.v);
   if (!ctx.device.is_cpu()) fail_no_backend(ctx, op);
   expect_dtype(q.t.dtype(), op, {&out, &lse, &k.t, &v.t});
   dispatch_cpu_float(q.t.dtype(), op, [&]<typename T>(T) {
@@ -76,8 +78,8 @@ void decode_attention(const ExecContext& ctx, const Tensor& out, TensorAt q, Ten
   checked_mul(op, B, cols);
   expect_matrix(op, out, B, cols);
   expect_q_heads(op, q, d, q_at);
-  expect_kv_heads(op, k, d, Tk, kv_batch_stride, kv_at);
-  expect_kv_heads(op, v, d, Tk, kv_batch_stride, kv_at);
+  expect_kv_heads(op, k, d, Tk, kv_batch_stride, kv_at, D);
+  expect_kv_heads(op, v, d, Tk, kv_batch_stride, kv_at, D);
   if (!ctx.device.is_cpu()) fail_no_backend(ctx, op);
   expect_dtype(q.t.dtype(), op, {&out, &k.t, &v.t});
   dispatch_cpu_float(q.t.dtype(), op, [&]<typename T>(T) {
@@ -88,7 +90,7 @@ void decode_attention(const ExecContext& ctx, const Tensor& out, TensorAt q, Ten
 
 void attention_backward(const ExecContext& ctx, TensorAt dq, TensorAt dk, TensorAt dv, const Tensor& dout,
                         const Tensor& out, const Tensor& lse, TensorAt q, TensorAt k, TensorAt v, int64_t B,
-                        int64_t Tlen, int64_t Hq, int64_t Hkv, int64_t D, HeadStrides q_at, HeadStrides kv_at,
+                        int64_t Tlen, int64_t Hq, int64_t Hkv, HeadDim D, HeadStrides q_at, HeadStrides kv_at,
                         double scale) {
   constexpr std::string_view op = "attention_backward";
   expect_on_device(ctx, op, {&dq.t, &dk.t, &dv.t, &dout, &out, &lse, &q.t, &k.t, &v.t});
@@ -97,7 +99,8 @@ void attention_backward(const ExecContext& ctx, TensorAt dq, TensorAt dk, Tensor
   check_outputs(op, d, {&dout, &out}, lse);
   const int64_t kv_batch = checked_mul(op, Tlen, kv_at.row);
   for (const TensorAt& t : {q, dq}) expect_q_heads(op, t, d, q_at);
-  for (const TensorAt& t : {k, v, dk, dv}) expect_kv_heads(op, t, d, Tlen, kv_batch, kv_at);
+  for (const TensorAt& t : {k, dk}) expect_kv_heads(op, t, d, Tlen, kv_batch, kv_at, D.qk);
+  for (const TensorAt& t : {v, dv}) expect_kv_heads(op, t, d, Tlen, kv_batch, kv_at, D.v);
   if (!ctx.device.is_cpu()) fail_no_backend(ctx, op);
   expect_dtype(q.t.dtype(), op, {&dq.t, &dk.t, &dv.t, &dout, &out, &lse, &k.t, &v.t});
   dispatch_cpu_float(q.t.dtype(), op, [&]<typename T>(T) {

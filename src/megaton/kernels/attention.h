@@ -21,7 +21,8 @@ struct TensorAt {
   int64_t offset;
 };
 
-// out [B*Tlen, Hq*D] (contiguous [B, Tlen, Hq, D]) and lse [B, Hq, Tlen] are written. Query head h
+// q and k heads hold D.qk elements, v heads D.v (head_strides.h; an integer is both).
+// out [B*Tlen, Hq*D.v] (contiguous [B, Tlen, Hq, D.v]) and lse [B, Hq, Tlen] are written. Query head h
 // belongs to group g = h / (Hq/Hkv) and attends with kv head g. q (and dq) are addressed by q_at
 // (head h is head h % (Hq/Hkv) of its group; batch rows Tlen * q_at.row apart), k and v by kv_at
 // (one head per group). pos_offset: q token t sits at absolute position pos_offset + t and sees
@@ -30,7 +31,7 @@ struct TensorAt {
 // Tk * kv_at.row (a KV cache with room for more tokens passes capacity * kv_at.row).
 // Every tensor must hold the elements its layout reaches; all share one dtype.
 void attention_forward(const ExecContext& ctx, const Tensor& out, const Tensor& lse, TensorAt q, TensorAt k, TensorAt v,
-                       int64_t B, int64_t Tlen, int64_t Hq, int64_t Hkv, int64_t D, HeadStrides q_at, HeadStrides kv_at,
+                       int64_t B, int64_t Tlen, int64_t Hq, int64_t Hkv, HeadDim D, HeadStrides q_at, HeadStrides kv_at,
                        double scale, int64_t pos_offset = 0, int64_t kv_batch_stride = -1);
 
 // Decode: one new query token per batch row (Tlen = 1) against the Tk tokens of its KV cache, the
@@ -47,7 +48,7 @@ void decode_attention(const ExecContext& ctx, const Tensor& out, TensorAt q, Ten
 // Training only: pos_offset 0, k / v batch rows Tlen * kv_at.row apart.
 void attention_backward(const ExecContext& ctx, TensorAt dq, TensorAt dk, TensorAt dv, const Tensor& dout,
                         const Tensor& out, const Tensor& lse, TensorAt q, TensorAt k, TensorAt v, int64_t B,
-                        int64_t Tlen, int64_t Hq, int64_t Hkv, int64_t D, HeadStrides q_at, HeadStrides kv_at,
+                        int64_t Tlen, int64_t Hq, int64_t Hkv, HeadDim D, HeadStrides q_at, HeadStrides kv_at,
                         double scale);
 
 }  // namespace megaton::kernels

@@ -39,6 +39,41 @@ void copy_rows(const ExecContext& ctx, BlockAt dst, BlockAt src, int64_t rows, i
   });
 }
 
+namespace {
+// The shared checks of broadcast_rows and sum_rows: `wide` holds `copies` rows from its corner,
+// `one` a single row.
+void check_shared_rows(std::string_view op, const BlockAt& wide, const BlockAt& one, int64_t copies, int64_t cols) {
+  check_block(op, wide, copies, cols);
+  check_block(op, one, 1, cols);
+  if (wide.t.size(0) != one.t.size(0))
+    fail("kernel ", op, ": '", wide.t.name(), "' has ", wide.t.size(0), " batch rows, '", one.t.name(), "' ",
+         one.t.size(0));
+  expect_dtype(wide.t.dtype(), op, {&one.t});
+}
+}  // namespace
+
+void broadcast_rows(const ExecContext& ctx, BlockAt dst, BlockAt src, int64_t copies, int64_t cols) {
+  constexpr std::string_view op = "broadcast_rows";
+  expect_on_device(ctx, op, {&dst.t, &src.t});
+  check_shared_rows(op, dst, src, copies, cols);
+  if (!ctx.device.is_cpu()) fail_no_backend(ctx, op);
+  dispatch_cpu_io(src.t.dtype(), op, [&]<typename T>(T) {
+    cpu::broadcast_rows(dst.t.data<T>(), dst.t.size(1), dst.t.size(2), dst.row, dst.col, src.t.data<T>(),
+                        src.t.size(1), src.t.size(2), src.row, src.col, src.t.size(0), copies, cols);
+  });
+}
+
+void sum_rows(const ExecContext& ctx, BlockAt dst, BlockAt src, int64_t copies, int64_t cols) {
+  constexpr std::string_view op = "sum_rows";
+  expect_on_device(ctx, op, {&dst.t, &src.t});
+  check_shared_rows(op, src, dst, copies, cols);
+  if (!ctx.device.is_cpu()) fail_no_backend(ctx, op);
+  dispatch_cpu_io(src.t.dtype(), op, [&]<typename T>(T) {
+    cpu::sum_rows(dst.t.data<T>(), dst.t.size(1), dst.t.size(2), dst.row, dst.col, src.t.data<T>(), src.t.size(1),
+                  src.t.size(2), src.row, src.col, src.t.size(0), copies, cols);
+  });
+}
+
 void fill_columns(const ExecContext& ctx, const Tensor& t, int64_t from, double value) {
   constexpr std::string_view op = "fill_columns";
   expect_on_device(ctx, op, {&t});

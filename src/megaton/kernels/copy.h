@@ -17,6 +17,15 @@ struct BlockAt {
 // Throws naming the op and tensor when a block does not fit or B / dtypes differ.
 void copy_rows(const ExecContext& ctx, BlockAt dst, BlockAt src, int64_t rows, int64_t cols);
 
+// A row block shared by several rows and its backward: multi-latent attention's one rotary key,
+// which every query head's key carries. broadcast_rows writes
+// dst[b, dst.row + r, dst.col + c] = src[b, src.row, src.col + c] for r < copies, c < cols;
+// sum_rows writes the gradient the other way, dst[b, dst.row, dst.col + c] = the sum over r < copies
+// of src[b, src.row + r, src.col + c], accumulated in order of r in f32 (f64 for f64 tensors), so the
+// result does not depend on the thread count. f32, f64, bf16, fp16 on the cpu.
+void broadcast_rows(const ExecContext& ctx, BlockAt dst, BlockAt src, int64_t copies, int64_t cols);
+void sum_rows(const ExecContext& ctx, BlockAt dst, BlockAt src, int64_t copies, int64_t cols);
+
 // t[r, c] = value for every row r and every column c >= from of a 2-D t (f32, f64, bf16 or fp16 on
 // the cpu; value rounded to t's dtype): the -inf in a padded vocabulary's columns of the logits.
 void fill_columns(const ExecContext& ctx, const Tensor& t, int64_t from, double value);

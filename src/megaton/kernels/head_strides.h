@@ -15,4 +15,14 @@ struct HeadStrides {
   int64_t group;  // elements from one query group's first head to the next group's
 };
 
+// Head sizes: q and k heads hold `qk` elements, v heads and the output's heads `v`. The usual
+// attention has one size (the implicit conversion from an integer); multi-latent attention has
+// qk = nope + rope and v = v_head_dim, and its absorbed decoding qk = kv_lora_rank + rope against
+// v = kv_lora_rank (the values are the first columns of the keys).
+struct HeadDim {
+  HeadDim(int64_t d) : qk(d), v(d) {}  // NOLINT(google-explicit-constructor): one size for all
+  HeadDim(int64_t qk_dim, int64_t v_dim) : qk(qk_dim), v(v_dim) {}
+  int64_t qk, v;
+};
+
 }  // namespace megaton::kernels

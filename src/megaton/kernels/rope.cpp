@@ -1,5 +1,6 @@
 #include "megaton/kernels/rope.h"
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 
@@ -32,6 +33,22 @@ int64_t check_tables(std::string_view op, const Tensor& cos, const Tensor& sin, 
   return P;
 }
 
+// YaRN, as DeepSeek's yarn_find_correction_range / yarn_linear_ramp_mask: the (fractional) pair
+// index whose wavelength turns `rotations` times over the original context, and the weight of the
+// unscaled frequency of pair i, 1 below the fast bound falling linearly to 0 at the slow one.
+double yarn_correction_dim(double rotations, double D, double theta, double original_max_position) {
+  return D * std::log(original_max_position / (rotations * 2.0 * std::numbers::pi)) / (2.0 * std::log(theta));
+}
+
+double yarn_kept_weight(int64_t i, int64_t D, double theta, const RopeScaling& s) {
+  const double d = static_cast<double>(D);
+  const double low = std::max(std::floor(yarn_correction_dim(s.beta_fast, d, theta, s.original_max_position)), 0.0);
+  double high = std::min(std::ceil(yarn_correction_dim(s.beta_slow, d, theta, s.original_max_position)), d - 1.0);
+  if (high == low) high += 0.001;  // as DeepSeek: no division by zero
+  const double ramp = std::clamp((static_cast<double>(i) - low) / (high - low), 0.0, 1.0);
+  return 1.0 - ramp;
+}
+
 }  // namespace
 
 std::vector<double> rope_inv_freq(int64_t D, double theta, const RopeScaling& scaling) {
@@ -39,12 +56,33 @@ std::vector<double> rope_inv_freq(int64_t D, double theta, const RopeScaling& sc
   std::vector<double> inv_freq(static_cast<size_t>(D / 2));
   for (int64_t i = 0; i < D / 2; ++i) {
     const double f = 1.0 / std::pow(theta, static_cast<double>(2 * i) / static_cast<double>(D));
-    inv_freq[static_cast<size_t>(i)] = scaling.factor > 0.0 ? llama3_scaled(f, scaling) : f;
+    double scaled = f;
+    if (scaling.factor > 0.0 && scaling.yarn) {
+      const double kept = yarn_kept_weight(i, D, theta, scaling);
+      scaled = f / scaling.factor * (1.0 - kept) + f * kept;
+    } else if (scaling.factor > 0.0) {
+      scaled = llama3_scaled(f, scaling);
+    }
+    inv_freq[static_cast<size_t>(i)] = scaled;
   }
   return inv_freq;
 }
 
-void rope_tables(const ExecContext& ctx, const Tensor& cos, const Tensor& sin, const std::vector<double>& inv_freq) {
+double yarn_mscale(double factor, double m) { return factor <= 1.0 ? 1.0 : 0.1 * m * std::log(factor) + 1.0; }
+
+double rope_magnitude(const RopeScaling& s) {
+  if (!(s.factor > 0.0 && s.yarn)) return 1.0;
+  return yarn_mscale(s.factor, s.mscale) / yarn_mscale(s.factor, s.mscale_all_dim);
+}
+
+double rope_softmax_factor(const RopeScaling& s) {
+  if (!(s.factor > 0.0 && s.yarn) || s.mscale_all_dim == 0.0) return 1.0;
+  const double m = yarn_mscale(s.factor, s.mscale_all_dim);
+  return m * m;
+}
+
+void rope_tables(const ExecContext& ctx, const Tensor& cos, const Tensor& sin, const std::vector<double>& inv_freq,
+                 double magnitude) {
   constexpr std::string_view op = "rope_tables";
   expect_on_device(ctx, op, {&cos, &sin});
   const int64_t half = static_cast<int64_t>(inv_freq.size());
@@ -52,7 +90,7 @@ void rope_tables(const ExecContext& ctx, const Tensor& cos, const Tensor& sin, c
   if (!ctx.device.is_cpu()) fail_no_backend(ctx, op);
   expect_dtype(cos.dtype(), op, {&sin});
   dispatch_cpu_float(cos.dtype(), op,
-                     [&]<typename T>(T) { cpu::rope_tables(cos.data<T>(), sin.data<T>(), P, 2 * half, inv_freq); });
+                     [&]<typename T>(T) { cpu::rope_tables(cos.data<T>(), sin.data<T>(), P, 2 * half, inv_freq, magnitude); });
 }
 
 void rope_apply(const ExecContext& ctx, const Tensor& x, const Tensor& cos, const Tensor& sin, int64_t B, int64_t Tlen,

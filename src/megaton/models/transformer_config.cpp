@@ -53,8 +53,25 @@ void TransformerConfig::validate() const {
       fail("model config: first_k_dense_replace must be in [0, num_layers = ", num_layers, "], got ",
            first_k_dense_replace);
   }
-  if (position_embedding == PositionEmbedding::Rope && head_dim() % 2 != 0)
+  if (position_embedding == PositionEmbedding::Rope && head_dim() % 2 != 0 && !is_mla())
     fail("model config: rotary embeddings need an even head dim, got ", head_dim());
+  if (is_mla()) {
+    mla.validate();
+    if (position_embedding != PositionEmbedding::Rope)
+      fail("model config: attention_type mla needs position_embedding_type rope (its decoupled rotary key)");
+  }
+  if (rope_scaling.yarn && rope_scaling.factor > 0) {
+    for (const double v : {rope_scaling.beta_fast, rope_scaling.beta_slow, rope_scaling.mscale,
+                           rope_scaling.mscale_all_dim})
+      if (!std::isfinite(v) || v < 0) fail("model config: YaRN rope_scaling values must be finite and >= 0, got ", v);
+    if (!(rope_scaling.original_max_position > 0) || !(rope_scaling.beta_fast > 0) || !(rope_scaling.beta_slow > 0))
+      fail("model config: YaRN needs positive beta_fast, beta_slow and original_max_position_embeddings");
+  }
+}
+
+double TransformerConfig::softmax_scale() const {
+  const double d = static_cast<double>(is_mla() ? mla.qk_dim() : head_dim());
+  return kernels::rope_softmax_factor(rope_scaling) / std::sqrt(d);
 }
 
 int64_t TransformerConfig::padded_vocab_size(int64_t tp) const {
@@ -78,12 +95,26 @@ int64_t mlp_matmul_params(const TransformerConfig& c, int64_t layer, bool active
 }
 }  // namespace
 
+namespace {
+// Weights (matmul = true: the GEMMs' only; else with norms and biases) of one layer's attention.
+int64_t attention_params(const TransformerConfig& c, bool matmul) {
+  const int64_t C = c.hidden_size, H = c.num_attention_heads, b = c.add_bias_linear && !matmul ? 1 : 0;
+  const int64_t norm = matmul ? 0 : 1;
+  if (!c.is_mla()) return C * c.qkv_size() + b * c.qkv_size() + H * c.head_dim() * C + b * C;
+  const nn::MlaConfig& m = c.mla;
+  const int64_t Q = m.q_lora_rank, R = m.kv_lora_rank, r = m.qk_pos_emb_head_dim;
+  const int64_t q_out = H * m.qk_dim(), kv_out = H * (m.qk_head_dim + m.v_head_dim);
+  const int64_t query = Q > 0 ? C * Q + b * Q + norm * Q + Q * q_out + b * q_out : C * q_out + b * q_out;
+  return query + C * (R + r) + b * (R + r) + norm * R + R * kv_out + b * kv_out + H * m.v_head_dim * C + b * C;
+}
+}  // namespace
+
 int64_t TransformerConfig::num_parameters() const {
-  const int64_t C = hidden_size, D = head_dim(), Hq = num_attention_heads, F = ffn_hidden_size;
+  const int64_t C = hidden_size, F = ffn_hidden_size;
   const int64_t b = add_bias_linear ? 1 : 0;
   const int64_t norm = normalization == Normalization::LayerNorm ? 2 * C : C;
   const int64_t fc1_out = activation == Activation::SwiGLU ? 2 * F : F;
-  const int64_t attn = norm + C * qkv_size() + b * qkv_size() + Hq * D * C + b * C + norm;
+  const int64_t attn = norm + attention_params(*this, false) + norm;
   int64_t n = vocab_size * C + norm;
   for (int64_t i = 0; i < num_layers; ++i) {
     n += attn + mlp_matmul_params(*this, i, false);
@@ -96,12 +127,15 @@ int64_t TransformerConfig::num_parameters() const {
 }
 
 double TransformerConfig::flops_per_token(int64_t seq_len) const {
-  const double C = static_cast<double>(hidden_size), D = static_cast<double>(head_dim());
+  const double C = static_cast<double>(hidden_size);
+  const double qk = static_cast<double>(is_mla() ? mla.qk_dim() : head_dim());
+  const double v = static_cast<double>(is_mla() ? mla.v_head_dim : head_dim());
   double matmul_params = static_cast<double>(vocab_size) * C;
   for (int64_t i = 0; i < num_layers; ++i)
-    matmul_params += C * static_cast<double>(qkv_size()) + static_cast<double>(num_attention_heads) * D * C +
+    matmul_params += static_cast<double>(attention_params(*this, true)) +
                      static_cast<double>(mlp_matmul_params(*this, i, true));
-  const double attention = 12.0 * num_layers * num_attention_heads * D * seq_len / 2.0;
+  // Scores (qk) and the weighted values (v), 2 FLOPs per multiply-add, x3 for backward, causal half.
+  const double attention = 6.0 * num_layers * num_attention_heads * (qk + v) * seq_len / 2.0;
   return 6.0 * matmul_params + attention;
 }
 
@@ -136,6 +170,82 @@ TransformerConfig llama_shape(const char* name, int64_t layers, int64_t hidden, 
   c.rope_scaling = {32.0, 1.0, 4.0, 8192.0};
   c.add_bias_linear = false;
   c.tie_embeddings = false;
+  return c;
+}
+}  // namespace
+
+namespace {
+// DeepSeek's models: multi-latent attention, the first layers dense, the rest mixtures of experts with
+// shared experts; the published shapes from their HF config.json, and a tiny one of the V3 kind.
+TransformerConfig deepseek(const std::string& name) {
+  TransformerConfig c = llama_shape(name.c_str(), 4, 192, 6, 6, 512);
+  c.attention_type = "mla";
+  c.mlp_type = "moe";
+  c.rope_layout = kernels::RopeLayout::Interleaved;  // DeepSeek's checkpoints pair dims 2i, 2i + 1
+  c.rotary_base = 10000.0;
+  c.norm_epsilon = 1e-6;
+  nn::MoeConfig& m = c.moe;
+  // V3: sigmoid scores, the top 4 of 8 groups, normalised top-k weights scaled by 2.5, bias-based
+  // balancing plus a small sequence-wise auxiliary loss.
+  m.moe_router_score_function = "sigmoid";
+  m.moe_router_pre_softmax = false;
+  m.moe_router_norm_topk_prob = true;
+  m.moe_router_enable_expert_bias = true;
+  m.moe_router_load_balancing_type = "seq_aux_loss";
+  m.moe_aux_loss_coeff = 1e-4;
+  const kernels::RopeScaling yarn{40.0, 1.0, 4.0, 4096.0, true, 32.0, 1.0, 1.0, 1.0};
+  if (name == "deepseek-v3-tiny") {
+    c.vocab_size = 257;
+    c.max_position_embeddings = 256;
+    c.rope_scaling = {};
+    c.first_k_dense_replace = 1;
+    c.mla = {48, 32, 16, 8, 16};
+    m.num_moe_experts = 8;
+    m.moe_router_topk = 2;
+    m.moe_router_num_groups = 4;
+    m.moe_router_group_topk = 2;
+    m.moe_ffn_hidden_size = 64;
+    m.moe_shared_expert_intermediate_size = 64;
+    m.moe_router_topk_scaling_factor = 2.5;
+    return c;
+  }
+  c.rope_scaling = yarn;
+  c.max_position_embeddings = 163840;
+  if (name == "deepseek-v3-671b") {
+    c.num_layers = 61;
+    c.hidden_size = 7168;
+    c.num_attention_heads = c.num_query_groups = 128;
+    c.ffn_hidden_size = 18432;
+    c.vocab_size = 129280;
+    c.first_k_dense_replace = 3;
+    c.mla = {1536, 512, 128, 64, 128};
+    m.num_moe_experts = 256;
+    m.moe_router_topk = 8;
+    m.moe_router_num_groups = 8;
+    m.moe_router_group_topk = 4;
+    m.moe_ffn_hidden_size = 2048;
+    m.moe_shared_expert_intermediate_size = 2048;
+    m.moe_router_topk_scaling_factor = 2.5;
+    return c;
+  }
+  // V2-Lite: no query latent, softmax over all 64 experts then the top 6, unnormalised, 2 shared experts.
+  c.num_layers = 27;
+  c.hidden_size = 2048;
+  c.num_attention_heads = c.num_query_groups = 16;
+  c.ffn_hidden_size = 10944;
+  c.vocab_size = 102400;
+  c.first_k_dense_replace = 1;
+  c.mla = {0, 512, 128, 64, 128};
+  c.rope_scaling.mscale = c.rope_scaling.mscale_all_dim = 0.707;
+  m.num_moe_experts = 64;
+  m.moe_router_topk = 6;
+  m.moe_router_score_function = "softmax";
+  m.moe_router_pre_softmax = true;
+  m.moe_router_norm_topk_prob = false;
+  m.moe_router_enable_expert_bias = false;
+  m.moe_aux_loss_coeff = 1e-3;
+  m.moe_ffn_hidden_size = 1408;
+  m.moe_shared_expert_intermediate_size = 2 * 1408;
   return c;
 }
 }  // namespace
@@ -182,13 +292,15 @@ TransformerConfig preset(const std::string& name) {
     c.moe.moe_aux_loss_coeff = 0.02;  // Mixtral's router_aux_loss_coef
     return c;
   }
+  if (name == "deepseek-v3-tiny" || name == "deepseek-v3-671b" || name == "deepseek-v2-lite") return deepseek(name);
   std::string known;
   for (const auto& n : preset_names()) known += (known.empty() ? "" : ", ") + n;
   fail("unknown model preset '", name, "' (known: ", known, ")");
 }
 
 std::vector<std::string> preset_names() {
-  return {"gpt-tiny", "gpt2-124m", "gpt2-350m", "llama-tiny", "llama3-1b", "llama3-8b", "mixtral-tiny", "mixtral-8x7b"};
+  return {"gpt-tiny",     "gpt2-124m",    "gpt2-350m",        "llama-tiny",       "llama3-1b",       "llama3-8b",
+          "mixtral-tiny", "mixtral-8x7b", "deepseek-v3-tiny", "deepseek-v2-lite", "deepseek-v3-671b"};
 }
 
 namespace {

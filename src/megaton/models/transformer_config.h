@@ -7,6 +7,7 @@
 
 #include "megaton/kernels/rope.h"
 #include "megaton/nn/layer_kinds.h"
+#include "megaton/nn/mla_config.h"
 #include "megaton/nn/moe/moe_config.h"
 
 namespace megaton::models {
@@ -32,6 +33,9 @@ struct TransformerConfig {
   // The block's sublayer kinds (nn/block_spec.h: Megatron's ModuleSpec idea).
   std::string attention_type = "self_attention";
   std::string mlp_type = "dense";
+  // With attention_type "mla": the latent ranks and head parts (nn/mla_config.h); num_query_groups
+  // and kv_channels do not apply, the rotary tables have qk_pos_emb_head_dim.
+  nn::MlaConfig mla;
   // With mlp_type "moe": the experts (nn/moe/moe_config.h), and how many first layers keep a dense
   // MLP (DeepSeek-V3's first_k_dense_replace).
   nn::MoeConfig moe;
@@ -48,6 +52,11 @@ struct TransformerConfig {
   double init_method_std = 0.02;
 
   int64_t head_dim() const { return kv_channels > 0 ? kv_channels : hidden_size / num_attention_heads; }
+  bool is_mla() const { return attention_type == "mla"; }
+  // The dimension the rotary tables rotate: a head, or MLA's rotary part.
+  int64_t rope_dim() const { return is_mla() ? mla.qk_pos_emb_head_dim : head_dim(); }
+  // The attention's softmax scale: 1 / sqrt(query head size), times YaRN's factor.
+  double softmax_scale() const;
   int64_t qkv_size() const { return (num_attention_heads + 2 * num_query_groups) * head_dim(); }
   // vocab_size rounded up to a multiple of make_vocab_size_divisible_by x tp.
   int64_t padded_vocab_size(int64_t tp) const;
@@ -62,7 +71,8 @@ struct TransformerConfig {
   double flops_per_token(int64_t seq_len) const;
 };
 
-// Named presets: gpt-tiny, gpt2-124m, gpt2-350m, llama-tiny, llama3-1b, llama3-8b.
+// Named presets: gpt-tiny, gpt2-124m, gpt2-350m, llama-tiny, llama3-1b, llama3-8b, mixtral-tiny,
+// mixtral-8x7b, deepseek-v3-tiny, deepseek-v2-lite, deepseek-v3-671b.
 TransformerConfig preset(const std::string& name);
 std::vector<std::string> preset_names();
 

@@ -18,6 +18,8 @@ nn::BlockSpec block_spec(const TransformerConfig& c, const nn::TensorParallel& t
   s.norm = c.normalization;
   s.norm_eps = c.norm_epsilon;
   s.attn = {c.hidden_size, c.num_attention_heads, c.num_query_groups, c.head_dim()};
+  s.mla = c.mla;
+  s.softmax_scale = c.softmax_scale();
   s.ffn_hidden = c.ffn_hidden_size;
   s.activation = c.activation;
   s.moe = c.moe;
@@ -40,12 +42,13 @@ TransformerModel::TransformerModel(const TransformerConfig& config, StageLayout 
   layout_.validate(config.num_layers);
   const bool rope = config.position_embedding == PositionEmbedding::Rope;
   if (rope) {
-    const int64_t P = config.max_position_embeddings, D = config.head_dim();
+    const int64_t P = config.max_position_embeddings, D = config.rope_dim();
     rope_.cos = Tensor::empty({P, D / 2}, DType::F32, MemCategory::Workspace, "rope.cos");
     rope_.sin = Tensor::empty({P, D / 2}, DType::F32, MemCategory::Workspace, "rope.sin");
     rope_.layout = config.rope_layout;
     kernels::rope_tables(kernels::ExecContext::on(rope_.cos), rope_.cos, rope_.sin,
-                         kernels::rope_inv_freq(D, config.rotary_base, config.rope_scaling));
+                         kernels::rope_inv_freq(D, config.rotary_base, config.rope_scaling),
+                         kernels::rope_magnitude(config.rope_scaling));
   }
   const int64_t L = config.num_layers;
   const size_t last = layout_.num_chunks() - 1;

@@ -1,8 +1,10 @@
 #include "megaton/nn/block_spec.h"
 
+#include <cmath>
 #include <mutex>
 #include <utility>
 
+#include "megaton/nn/mla_attention.h"
 #include "megaton/nn/mlp.h"
 #include "megaton/nn/moe/moe_layer.h"
 
@@ -48,6 +50,15 @@ KindTable<AttentionFactory>& attention_table() {
       {{"self_attention",  // multi-head / grouped-query attention with a fused QKV projection
         [](const std::string& name, const BlockSpec& s, const RopeTables* rope) -> std::unique_ptr<AttentionLayer> {
           return std::make_unique<SelfAttention>(name, s.attn, s.bias, rope, s.tp);
+        }},
+       {"mla",  // multi-latent attention (DeepSeek-V2 / V3): low-rank q and kv latents, a shared rope key
+        [](const std::string& name, const BlockSpec& s, const RopeTables* rope) -> std::unique_ptr<AttentionLayer> {
+          if (s.tp.size() > 1)
+            fail("layer ", name, ": the mla attention kind does not support tensor parallelism yet "
+                 "(tensor_model_parallel_size ", s.tp.size(), ")");
+          const double scale = s.softmax_scale > 0 ? s.softmax_scale : 1.0 / std::sqrt(double(s.mla.qk_dim()));
+          return std::make_unique<MultiLatentAttention>(name, s.attn.hidden, s.attn.heads, s.mla, s.bias, s.norm_eps,
+                                                        rope, scale);
         }}}};
   return table;
 }

@@ -10,6 +10,7 @@
 
 #include "megaton/nn/attention.h"
 #include "megaton/nn/layer_kinds.h"
+#include "megaton/nn/mla_config.h"
 #include "megaton/nn/moe/moe_config.h"
 #include "megaton/nn/sublayer.h"
 
@@ -21,6 +22,8 @@ struct BlockSpec {
   Normalization norm = Normalization::LayerNorm;
   double norm_eps = 1e-5;
   AttentionShape attn{};
+  MlaConfig mla;                             // of the "mla" attention kind
+  double softmax_scale = 0.0;                // 0: 1 / sqrt(the query head's size)
   int64_t ffn_hidden = 0;
   Activation activation = Activation::GeLU;  // of the dense MLP
   MoeConfig moe;                             // of the "moe" MLP kind

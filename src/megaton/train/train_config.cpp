@@ -55,14 +55,23 @@ Field model_field(std::string name, T models::TransformerConfig::*member) {
   return f;
 }
 
-// MoE keys (model.num_moe_experts, ...): members of the model's MoeConfig.
-template <typename T>
-Field moe_field(std::string name, T nn::MoeConfig::*member) {
+// Keys of a section of the model config, spelled flat as Megatron's arguments: model.num_moe_experts
+// is a member of the model's MoeConfig, model.kv_lora_rank of its MlaConfig.
+template <auto Section, typename S, typename T>
+Field section_field(std::string name, T S::*member) {
   Field f = field<T>(std::move(name), nullptr);
   f.model = true;
-  f.set = [member](TrainConfig& c, const Value& v) { c.model.moe.*member = std::get<T>(v); };
-  f.get = [member](const TrainConfig& c) { return Value(c.model.moe.*member); };
+  f.set = [member](TrainConfig& c, const Value& v) { (c.model.*Section).*member = std::get<T>(v); };
+  f.get = [member](const TrainConfig& c) { return Value((c.model.*Section).*member); };
   return f;
+}
+template <typename T>
+Field moe_field(std::string name, T nn::MoeConfig::*member) {
+  return section_field<&models::TransformerConfig::moe>(std::move(name), member);
+}
+template <typename T>
+Field mla_field(std::string name, T nn::MlaConfig::*member) {
+  return section_field<&models::TransformerConfig::mla>(std::move(name), member);
 }
 
 // Model keys stored as enums, spelled as strings.
@@ -97,6 +106,11 @@ const std::vector<Field>& fields() {
       model_field("model.attention_type", &MC::attention_type),
       model_field("model.mlp_type", &MC::mlp_type),
       model_field("model.first_k_dense_replace", &MC::first_k_dense_replace),
+      mla_field("model.q_lora_rank", &nn::MlaConfig::q_lora_rank),
+      mla_field("model.kv_lora_rank", &nn::MlaConfig::kv_lora_rank),
+      mla_field("model.qk_head_dim", &nn::MlaConfig::qk_head_dim),
+      mla_field("model.qk_pos_emb_head_dim", &nn::MlaConfig::qk_pos_emb_head_dim),
+      mla_field("model.v_head_dim", &nn::MlaConfig::v_head_dim),
       moe_field("model.num_moe_experts", &nn::MoeConfig::num_moe_experts),
       moe_field("model.moe_router_topk", &nn::MoeConfig::moe_router_topk),
       moe_field("model.moe_ffn_hidden_size", &nn::MoeConfig::moe_ffn_hidden_size),

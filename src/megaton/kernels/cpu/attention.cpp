@@ -127,17 +127,18 @@ void score_tile(T* s, const T* q, int64_t q_stride, const T* kt, int64_t ld_kt, 
 // Per-thread buffers, reused across the tasks a thread runs.
 template <typename T>
 struct ForwardScratch {
-  ForwardScratch(int64_t D, int64_t ld) : kt(D * ld), s(kTile * kTile), acc(kTile * D), m(kTile), l(kTile) {}
-  std::vector<T> kt, s, acc, m, l;  // K^T [D, ld], score tile, and the running softmax state per row
+  ForwardScratch(HeadDim D, int64_t ld)
+      : kt(D.qk * ld), s(kTile * kTile), acc(kTile * D.v), m(kTile), l(kTile) {}
+  std::vector<T> kt, s, acc, m, l;  // K^T [D.qk, ld], score tile, and the running softmax state per row
 };
 
 // One (batch, query head): q rows at q_stride, k/v rows (Tk = pos_offset + Tlen of them) at kv_stride,
 // out rows at out_stride, lse[Tlen].
 template <typename T>
 void forward_head(T* out, int64_t out_stride, T* lse, const T* q, int64_t q_stride, const T* k, const T* v,
-                  int64_t kv_stride, int64_t Tlen, int64_t pos_offset, int64_t D, T scale, ForwardScratch<T>& w) {
+                  int64_t kv_stride, int64_t Tlen, int64_t pos_offset, HeadDim D, T scale, ForwardScratch<T>& w) {
   const int64_t Tk = pos_offset + Tlen, ld = transposed_ld(Tk);
-  transpose_head(w.kt.data(), ld, k, kv_stride, Tk, D);
+  transpose_head(w.kt.data(), ld, k, kv_stride, Tk, D.qk);
   for (int64_t i0 = 0; i0 < Tlen; i0 += kTile) {
     const int64_t rows = std::min(kTile, Tlen - i0), pos0 = pos_offset + i0;
     const int64_t key_end = pos0 + rows;  // keys [0, key_end) are visible to some row of this tile
@@ -145,15 +146,15 @@ void forward_head(T* out, int64_t out_stride, T* lse, const T* q, int64_t q_stri
     std::fill(w.l.begin(), w.l.end(), T(0));
     std::fill(w.acc.begin(), w.acc.end(), T(0));
     for (int64_t j0 = 0; j0 < key_end; j0 += kTile) {
-      score_tile(w.s.data(), q + i0 * q_stride, q_stride, w.kt.data(), ld, rows, j0, pos0, D, scale);
-      online_softmax_step(w.s.data(), kTile, kTile, w.m.data(), w.l.data(), w.acc.data(), rows, D);
-      gemm_acc(w.acc.data(), D, w.s.data(), kTile, 1, v + j0 * kv_stride, kv_stride, rows, D,
+      score_tile(w.s.data(), q + i0 * q_stride, q_stride, w.kt.data(), ld, rows, j0, pos0, D.qk, scale);
+      online_softmax_step(w.s.data(), kTile, kTile, w.m.data(), w.l.data(), w.acc.data(), rows, D.v);
+      gemm_acc(w.acc.data(), D.v, w.s.data(), kTile, 1, v + j0 * kv_stride, kv_stride, rows, D.v,
                std::min(kTile, key_end - j0));
     }
     for (int64_t i = 0; i < rows; ++i) {
       const T inv_l = T(1) / w.l[i];
       T* oi = out + (i0 + i) * out_stride;
-      for (int64_t d = 0; d < D; ++d) oi[d] = w.acc[i * D + d] * inv_l;
+      for (int64_t d = 0; d < D.v; ++d) oi[d] = w.acc[i * D.v + d] * inv_l;
       lse[i0 + i] = w.m[i] + std::log(w.l[i]);
     }
   }
@@ -161,17 +162,17 @@ void forward_head(T* out, int64_t out_stride, T* lse, const T* q, int64_t q_stri
 
 template <typename T>
 struct BackwardScratch {
-  BackwardScratch(int64_t Tlen, int64_t D, int64_t ld)
-      : kt(D * ld),
-        vt(D * ld),
-        dk(Tlen * D),
-        dv(Tlen * D),
+  BackwardScratch(int64_t Tlen, HeadDim D, int64_t ld)
+      : kt(D.qk * ld),
+        vt(D.v * ld),
+        dk(Tlen * D.qk),
+        dv(Tlen * D.v),
         p(kTile * kTile),
         ds(kTile * kTile),
-        dq(kTile * D),
+        dq(kTile * D.qk),
         di(kTile) {}
-  std::vector<T> kt, vt;  // the kv head transposed, [D, ld]
-  std::vector<T> dk, dv;  // the kv head's gradient sums over its query group, [Tlen, D]
+  std::vector<T> kt, vt;  // the kv head transposed, [D.qk, ld] and [D.v, ld]
+  std::vector<T> dk, dv;  // the kv head's gradient sums over its query group, [Tlen, D.qk] and [Tlen, D.v]
   std::vector<T> p, ds;   // probability and dS tiles
   std::vector<T> dq, di;  // one query tile's dQ sum and rowsum(dO * O)
 };
@@ -188,7 +189,7 @@ struct HeadRows {
 // and v transposed.
 template <typename T>
 void backward_head(const HeadRows<T>& h, int64_t q_stride, int64_t o_stride, const T* k, int64_t kv_stride,
-                   int64_t Tlen, int64_t D, T scale, BackwardScratch<T>& w) {
+                   int64_t Tlen, HeadDim D, T scale, BackwardScratch<T>& w) {
   const int64_t ld = transposed_ld(Tlen);
   for (int64_t i0 = 0; i0 < Tlen; i0 += kTile) {
     const int64_t rows = std::min(kTile, Tlen - i0);
@@ -198,7 +199,7 @@ void backward_head(const HeadRows<T>& h, int64_t q_stride, int64_t o_stride, con
       const T *o_i = h.o + (i0 + i) * o_stride, *dout_i = doi + i * o_stride;
       T sum = 0;
 #pragma omp simd reduction(+ : sum)
-      for (int64_t d = 0; d < D; ++d) sum += o_i[d] * dout_i[d];
+      for (int64_t d = 0; d < D.v; ++d) sum += o_i[d] * dout_i[d];
       w.di[i] = sum;
     }
     std::fill(w.dq.begin(), w.dq.end(), T(0));
@@ -206,7 +207,7 @@ void backward_head(const HeadRows<T>& h, int64_t q_stride, int64_t o_stride, con
       const int64_t nk = std::min(kTile, i0 + rows - j0);  // keys of this tile visible to some row
       // P = exp(scale * q k - lse): the forward softmax, rebuilt instead of stored.
       T* p = w.p.data();
-      score_tile(p, qi, q_stride, w.kt.data(), ld, rows, j0, i0, D, scale);
+      score_tile(p, qi, q_stride, w.kt.data(), ld, rows, j0, i0, D.qk, scale);
       for (int64_t i = 0; i < rows; ++i) {
         const T lse_i = h.lse[i0 + i];
 #pragma omp simd
@@ -215,17 +216,17 @@ void backward_head(const HeadRows<T>& h, int64_t q_stride, int64_t o_stride, con
       // dS = P * (dO v - Di), the softmax backward.
       T* ds = w.ds.data();
       std::fill(w.ds.begin(), w.ds.end(), T(0));
-      gemm_acc(ds, kTile, doi, o_stride, 1, w.vt.data() + j0, ld, rows, kTile, D);
+      gemm_acc(ds, kTile, doi, o_stride, 1, w.vt.data() + j0, ld, rows, kTile, D.v);
       for (int64_t i = 0; i < rows; ++i) {
 #pragma omp simd
         for (int64_t j = 0; j < kTile; ++j) ds[i * kTile + j] = p[i * kTile + j] * (ds[i * kTile + j] - w.di[i]);
       }
-      gemm_acc(w.dv.data() + j0 * D, D, p, 1, kTile, doi, o_stride, nk, D, rows);          // dV += P^T dO
-      gemm_acc(w.dq.data(), D, ds, kTile, 1, k + j0 * kv_stride, kv_stride, rows, D, nk);  // dQ += dS K
-      gemm_acc(w.dk.data() + j0 * D, D, ds, 1, kTile, qi, q_stride, nk, D, rows);          // dK += dS^T Q
+      gemm_acc(w.dv.data() + j0 * D.v, D.v, p, 1, kTile, doi, o_stride, nk, D.v, rows);             // dV += P^T dO
+      gemm_acc(w.dq.data(), D.qk, ds, kTile, 1, k + j0 * kv_stride, kv_stride, rows, D.qk, nk);  // dQ += dS K
+      gemm_acc(w.dk.data() + j0 * D.qk, D.qk, ds, 1, kTile, qi, q_stride, nk, D.qk, rows);         // dK += dS^T Q
     }
     for (int64_t i = 0; i < rows; ++i)
-      for (int64_t d = 0; d < D; ++d) h.dq[(i0 + i) * q_stride + d] = scale * w.dq[i * D + d];
+      for (int64_t d = 0; d < D.qk; ++d) h.dq[(i0 + i) * q_stride + d] = scale * w.dq[i * D.qk + d];
   }
 }
 
@@ -233,21 +234,21 @@ void backward_head(const HeadRows<T>& h, int64_t q_stride, int64_t o_stride, con
 
 template <typename T>
 void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, int64_t B, int64_t Tlen, int64_t Hq,
-                       int64_t Hkv, int64_t D, HeadStrides q_at, HeadStrides kv_at, double scale, int64_t pos_offset,
+                       int64_t Hkv, HeadDim D, HeadStrides q_at, HeadStrides kv_at, double scale, int64_t pos_offset,
                        int64_t kv_batch_stride) {
   MEGATON_CHECK(Hkv > 0 && Hq % Hkv == 0, "attention_forward: Hq=", Hq, " is not a multiple of Hkv=", Hkv);
   MEGATON_CHECK(pos_offset >= 0, "attention_forward: negative pos_offset ", pos_offset);
   if (kv_batch_stride < 0) kv_batch_stride = (pos_offset + Tlen) * kv_at.row;
-  const int64_t group = Hq / Hkv, out_stride = Hq * D, ld = transposed_ld(pos_offset + Tlen);
+  const int64_t group = Hq / Hkv, out_stride = Hq * D.v, ld = transposed_ld(pos_offset + Tlen);
 #pragma omp parallel
   {
     ForwardScratch<T> w(D, ld);
 #pragma omp for schedule(static)
     for (int64_t task = 0; task < B * Hq; ++task) {
       const int64_t b = task / Hq, h = task % Hq, g = h / group;
-      const int64_t q_off = b * Tlen * q_at.row + g * q_at.group + (h - g * group) * D;
+      const int64_t q_off = b * Tlen * q_at.row + g * q_at.group + (h - g * group) * D.qk;
       const int64_t kv_off = b * kv_batch_stride + g * kv_at.group;
-      forward_head(out + b * Tlen * out_stride + h * D, out_stride, lse + task * Tlen, q + q_off, q_at.row, k + kv_off,
+      forward_head(out + b * Tlen * out_stride + h * D.v, out_stride, lse + task * Tlen, q + q_off, q_at.row, k + kv_off,
                    v + kv_off, kv_at.row, Tlen, pos_offset, D, static_cast<T>(scale), w);
     }
   }
@@ -255,10 +256,10 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, int64
 
 template <typename T>
 void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const T* lse, const T* q, const T* k,
-                        const T* v, int64_t B, int64_t Tlen, int64_t Hq, int64_t Hkv, int64_t D, HeadStrides q_at,
+                        const T* v, int64_t B, int64_t Tlen, int64_t Hq, int64_t Hkv, HeadDim D, HeadStrides q_at,
                         HeadStrides kv_at, double scale) {
   MEGATON_CHECK(Hkv > 0 && Hq % Hkv == 0, "attention_backward: Hq=", Hq, " is not a multiple of Hkv=", Hkv);
-  const int64_t group = Hq / Hkv, o_stride = Hq * D, ld = transposed_ld(Tlen);
+  const int64_t group = Hq / Hkv, o_stride = Hq * D.v, ld = transposed_ld(Tlen);
   const T scale_t = static_cast<T>(scale);
   // One task per (batch, kv head): it owns that head's dk/dv rows and the dq rows of its query group,
   // so no two tasks write the same memory and the summation order never depends on the threads.
@@ -269,36 +270,34 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const 
     for (int64_t task = 0; task < B * Hkv; ++task) {
       const int64_t b = task / Hkv, g = task % Hkv;
       const int64_t kv_off = b * Tlen * kv_at.row + g * kv_at.group;
-      transpose_head(w.kt.data(), ld, k + kv_off, kv_at.row, Tlen, D);
-      transpose_head(w.vt.data(), ld, v + kv_off, kv_at.row, Tlen, D);
+      transpose_head(w.kt.data(), ld, k + kv_off, kv_at.row, Tlen, D.qk);
+      transpose_head(w.vt.data(), ld, v + kv_off, kv_at.row, Tlen, D.v);
       std::fill(w.dk.begin(), w.dk.end(), T(0));
       std::fill(w.dv.begin(), w.dv.end(), T(0));
       for (int64_t i = 0; i < group; ++i) {
         const int64_t h = g * group + i;
-        const int64_t q_off = b * Tlen * q_at.row + g * q_at.group + i * D, o_off = b * Tlen * o_stride + h * D;
+        const int64_t q_off = b * Tlen * q_at.row + g * q_at.group + i * D.qk, o_off = b * Tlen * o_stride + h * D.v;
         const HeadRows<T> head{q + q_off, out + o_off, dout + o_off, lse + (b * Hq + h) * Tlen, dq + q_off};
         backward_head(head, q_at.row, o_stride, k + kv_off, kv_at.row, Tlen, D, scale_t, w);
       }
       for (int64_t t = 0; t < Tlen; ++t) {
         T *dk_t = dk + kv_off + t * kv_at.row, *dv_t = dv + kv_off + t * kv_at.row;
-        for (int64_t d = 0; d < D; ++d) {
-          dk_t[d] = scale_t * w.dk[t * D + d];
-          dv_t[d] = w.dv[t * D + d];
-        }
+        for (int64_t d = 0; d < D.qk; ++d) dk_t[d] = scale_t * w.dk[t * D.qk + d];
+        for (int64_t d = 0; d < D.v; ++d) dv_t[d] = w.dv[t * D.v + d];
       }
     }
   }
 }
 
 template void attention_forward<float>(float*, float*, const float*, const float*, const float*, int64_t, int64_t,
-                                       int64_t, int64_t, int64_t, HeadStrides, HeadStrides, double, int64_t, int64_t);
+                                       int64_t, int64_t, HeadDim, HeadStrides, HeadStrides, double, int64_t, int64_t);
 template void attention_forward<double>(double*, double*, const double*, const double*, const double*, int64_t, int64_t,
-                                        int64_t, int64_t, int64_t, HeadStrides, HeadStrides, double, int64_t, int64_t);
+                                        int64_t, int64_t, HeadDim, HeadStrides, HeadStrides, double, int64_t, int64_t);
 template void attention_backward<float>(float*, float*, float*, const float*, const float*, const float*, const float*,
-                                        const float*, const float*, int64_t, int64_t, int64_t, int64_t, int64_t,
+                                        const float*, const float*, int64_t, int64_t, int64_t, int64_t, HeadDim,
                                         HeadStrides, HeadStrides, double);
 template void attention_backward<double>(double*, double*, double*, const double*, const double*, const double*,
                                          const double*, const double*, const double*, int64_t, int64_t, int64_t,
-                                         int64_t, int64_t, HeadStrides, HeadStrides, double);
+                                         int64_t, HeadDim, HeadStrides, HeadStrides, double);
 
 }  // namespace megaton::kernels::cpu

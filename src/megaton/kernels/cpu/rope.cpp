@@ -45,7 +45,7 @@ void rotate_tokens(T* x, const T* cos, const T* sin, int64_t B, int64_t Tlen, in
 // Angles are formed and evaluated in double: pos * inv_freq reaches ~1e5 rad at long contexts,
 // where a float angle would already be off by ~1e-2.
 template <typename T>
-void rope_tables(T* cos, T* sin, int64_t Tlen, int64_t D, const std::vector<double>& inv_freq) {
+void rope_tables(T* cos, T* sin, int64_t Tlen, int64_t D, const std::vector<double>& inv_freq, double magnitude) {
   const int64_t half = D / 2;
   MEGATON_CHECK(static_cast<int64_t>(inv_freq.size()) == half, "rope inv_freq has ", inv_freq.size(),
                 " entries, head_dim ", D, " needs ", half);
@@ -53,8 +53,8 @@ void rope_tables(T* cos, T* sin, int64_t Tlen, int64_t D, const std::vector<doub
   for (int64_t t = 0; t < Tlen; ++t) {
     for (int64_t i = 0; i < half; ++i) {
       const double angle = static_cast<double>(t) * inv_freq[static_cast<size_t>(i)];
-      cos[t * half + i] = static_cast<T>(std::cos(angle));
-      sin[t * half + i] = static_cast<T>(std::sin(angle));
+      cos[t * half + i] = static_cast<T>(magnitude * std::cos(angle));
+      sin[t * half + i] = static_cast<T>(magnitude * std::sin(angle));
     }
   }
 }
@@ -70,7 +70,7 @@ void rope_apply(T* x, const T* cos, const T* sin, int64_t B, int64_t Tlen, int64
 }
 
 #define MEGATON_INSTANTIATE(T)                                                                                  \
-  template void rope_tables<T>(T*, T*, int64_t, int64_t, const std::vector<double>&);                           \
+  template void rope_tables<T>(T*, T*, int64_t, int64_t, const std::vector<double>&, double);                           \
   template void rope_apply<T>(T*, const T*, const T*, int64_t, int64_t, int64_t, int64_t, int64_t, HeadStrides, \
                               int64_t, RopeLayout, bool);
 MEGATON_INSTANTIATE(float)

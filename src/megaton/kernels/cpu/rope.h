@@ -11,7 +11,7 @@ namespace megaton::kernels::cpu {
 
 // cos/sin tables [Tlen, D/2] for positions 0..Tlen-1: angle = pos * inv_freq[i].
 template <typename T>
-void rope_tables(T* cos, T* sin, int64_t Tlen, int64_t D, const std::vector<double>& inv_freq);
+void rope_tables(T* cos, T* sin, int64_t Tlen, int64_t D, const std::vector<double>& inv_freq, double magnitude = 1.0);
 
 // Rotate x in place: in every token, heads 0..H-1 of each of the `groups` groups, placed as `at`
 // says (head_strides.h). In Megatron's fused QKV row a group's q heads are followed by its k head,

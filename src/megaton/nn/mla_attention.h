@@ -1,0 +1,97 @@
+// Multi-latent attention (DeepSeek-V2 / V3; Megatron-Core's MLASelfAttention), the "mla" kind of
+// block_spec.h. Per token x:
+//   queries:  q = W_q_up RMSNorm(W_q_down x)   (or q = W_q x when q_lora_rank is 0), per head
+//             [q_nope (qk_head_dim) | q_rope (qk_pos_emb_head_dim)], q_rope rotated;
+//   latent:   [c | k_rope] = W_kv_down x, with c of kv_lora_rank and one rotary key k_rope shared by
+//             every head; kv = W_kv_up RMSNorm(c), per head [k_nope | v];
+//   keys:     per head [k_nope | rotated k_rope];  values v (v_head_dim);
+//   out:      W_proj softmax(scale q k^T + causal) v.
+// RoPE and the attention run in f32 (as SelfAttention); the activations a bf16 run keeps for
+// backward are f32 here. Decoding caches the latent only: each token's normalised c and rotated
+// k_rope (kv_lora_rank + qk_pos_emb_head_dim values instead of heads x (k + v)), and attends in the
+// absorbed form, W_uk folded into the query and W_uv into the output projection (absorb()), a
+// multi-query attention over the latent with keys [c | k_rope] and values c, equal to the naive
+// form above up to rounding.
+#pragma once
+#include "megaton/nn/attention.h"
+#include "megaton/nn/mla_config.h"
+#include "megaton/nn/norm.h"
+
+namespace megaton::nn {
+
+struct MlaCtx : SublayerCtx {
+  LinearCtx q_down_ctx, q_up_ctx, kv_down_ctx, kv_up_ctx, proj_ctx;
+  NormCtx q_norm_ctx, kv_norm_ctx;
+  Tensor q;    // [N, heads * qk_dim] f32, q_rope rotated
+  Tensor kv;   // [N, heads * (qk_dim + v_head_dim)] f32: per head [k_nope | rotated k_rope | v]
+  Tensor out;  // [N, heads * v_head_dim] attention output as the projection read it
+  Tensor lse;  // [B, heads, T]
+};
+
+// The absorbed decoding weights (made by absorb() from the current weights): per head h,
+// query rows [W_uk_h^T W_q_nope_h ; W_q_rope_h] over the query latent (or x), and the output
+// projection's columns W_proj_h W_uv_h over the attention's latent output.
+struct MlaAbsorbed {
+  Tensor q_weight;     // [heads * (kv_lora_rank + rope), q_lora_rank or hidden]
+  Tensor proj_weight;  // [hidden, heads * kv_lora_rank]
+};
+
+class MultiLatentAttention final : public AttentionLayer {
+ public:
+  // rope: tables of qk_pos_emb_head_dim; softmax_scale: 1 / sqrt(qk_dim) times YaRN's factor.
+  MultiLatentAttention(const std::string& name, int64_t hidden, int64_t heads, const MlaConfig& config, bool bias,
+                       double norm_eps, const RopeTables* rope, double softmax_scale);
+  std::unique_ptr<SublayerCtx> new_ctx() const override { return std::make_unique<MlaCtx>(); }
+  Tensor forward(SublayerCtx& ctx, const Tensor& x, int64_t B, int64_t T) override;
+  Tensor backward_input(SublayerCtx& ctx, const Tensor& dy, int64_t B, int64_t T) override;
+  void backward_weight(SublayerCtx& ctx) override;
+  // The cache holds the latent: k [B, max_len, kv_lora_rank + qk_pos_emb_head_dim], no v.
+  KVCache new_cache(int64_t B, int64_t max_len) const override;
+  Tensor forward_cached(KVCache& cache, const Tensor& x, int64_t B, int64_t T) override;
+  // The naive form of forward_cached for the same cache (each step expands the cached latent back
+  // into per-head keys and values), to check and measure the absorbed one against.
+  Tensor forward_cached_naive(KVCache& cache, const Tensor& x, int64_t B, int64_t T);
+  void set_recompute_core(bool on) override { recompute_core_ = on; }
+  void parameters(ParameterList& out) override;
+  void gemm_weights(ParameterList& out) override;
+  void linears(std::vector<Linear*>& out) override;
+  const MlaConfig& config() const { return config_; }
+  int64_t heads() const { return heads_; }
+
+  std::unique_ptr<Linear> q_down, q_up;  // with q_lora_rank > 0
+  std::unique_ptr<Norm> q_norm;          // with q_lora_rank > 0
+  std::unique_ptr<Linear> q_proj;        // with q_lora_rank == 0
+  Linear kv_down;
+  Norm kv_norm;
+  Linear kv_up;
+  Linear proj;
+
+ private:
+  // Query heads [N, heads * qk_dim] in x's dtype (not yet rotated), through the latent or directly.
+  Tensor query(MlaCtx& ctx, const Tensor& x);
+  Tensor query_backward(MlaCtx& ctx, const Tensor& dq);  // -> dx
+  // Rotates (or, inverse, rotates back) the rope part of `heads` heads of width `width` whose
+  // rope part starts `at` elements into each head, at positions pos_offset ...
+  void rotate(const Tensor& t, int64_t B, int64_t T, int64_t heads, int64_t width, int64_t at, int64_t pos_offset,
+              bool inverse) const;
+  // f32 keys and values [N, heads * (qk_dim + v)], per head [k_nope | k_rope | v], from the
+  // up-projected kv ([N, heads * (nope + v)]) and the latent rows [c | k_rope] ([N, kv_lora_rank + rope]),
+  // k_rope copied as it is there (the caller rotates it where it is not yet).
+  Tensor expand_keys(const Tensor& kv_up_out, const Tensor& kv_latent) const;
+  // Decoding: appends the latent of x's T tokens per sequence to the cache at cache.len (the
+  // normalised c and the rotated k_rope), leaving cache.len as it was.
+  void append_latent(KVCache& cache, const Tensor& x, int64_t B, int64_t T);
+  Tensor core_forward(MlaCtx& ctx, int64_t B, int64_t T) const;
+  // The current absorbed weights, remade when a weight's version moved.
+  const MlaAbsorbed& absorbed();
+
+  MlaConfig config_;
+  int64_t hidden_, heads_;
+  const RopeTables* rope_;
+  double scale_;
+  bool recompute_core_ = false;
+  MlaAbsorbed absorbed_;
+  std::vector<uint64_t> absorbed_versions_;
+};
+
+}  // namespace megaton::nn
