@@ -116,3 +116,39 @@ TEST(Reduce, AbsMaxFindsTheLargestMagnitudeAndReportsNaN) {
   }
   EXPECT_THROW(kernels::abs_max(cpu, ids({1, 2})), Error);
 }
+
+// Multi-latent attention's shared rope key: broadcast_rows copies one row block into `copies` rows
+// of every batch row, sum_rows is its adjoint (<broadcast(x), y> = <x, sum(y)> for all x, y), and
+// neither touches anything outside its block.
+TEST(SharedRows, BroadcastCopiesAndSumRowsIsItsAdjoint) {
+  const int64_t B = 5, H = 3, W = 9, R = 7, cols = 4;
+  for (DType dtype : {DType::F32, DType::F64}) {
+    Tensor x = iota({B, 1, R}, dtype, 1, "latent");
+    Tensor wide = Tensor::zeros({B, H + 1, W}, dtype, MemCategory::Other, "keys");
+    kernels::broadcast_rows(cpu, {wide, 1, 2}, {x, 0, 3}, H, cols);
+    Tensor w64 = wide.to(DType::F64), x64 = x.to(DType::F64);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t r = 0; r < H + 1; ++r)
+        for (int64_t c = 0; c < W; ++c) {
+          const bool inside = r >= 1 && c >= 2 && c < 2 + cols;
+          const double want = inside ? x64.data<double>()[b * R + 3 + c - 2] : 0.0;
+          ASSERT_EQ(w64.data<double>()[(b * (H + 1) + r) * W + c], want) << b << " " << r << " " << c;
+        }
+    Tensor y = iota({B, H + 1, W}, dtype, -20, "dkeys");
+    Tensor dx = Tensor::zeros({B, 1, R}, dtype, MemCategory::Other, "dlatent");
+    kernels::sum_rows(cpu, {dx, 0, 3}, {y, 1, 2}, H, cols);
+    const Tensor y64 = y.to(DType::F64), dx64 = dx.to(DType::F64);
+    double lhs = 0, rhs = 0;
+    for (int64_t i = 0; i < w64.numel(); ++i) lhs += w64.data<double>()[i] * y64.data<double>()[i];
+    for (int64_t i = 0; i < x64.numel(); ++i) rhs += x64.data<double>()[i] * dx64.data<double>()[i];
+    EXPECT_EQ(lhs, rhs);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t c = 0; c < R; ++c)
+        if (c < 3) EXPECT_EQ(dx64.data<double>()[b * R + c], 0.0) << "written outside the block";
+  }
+  Tensor x = iota({2, 1, 4}, DType::F32, 1, "one");
+  Tensor small = Tensor::zeros({3, 2, 4}, DType::F32, MemCategory::Other, "small");
+  EXPECT_THROW(kernels::broadcast_rows(cpu, {small, 0, 0}, {x, 0, 0}, 2, 4), Error);  // batch rows differ
+  Tensor narrow = Tensor::zeros({2, 2, 4}, DType::F32, MemCategory::Other, "narrow");
+  EXPECT_THROW(kernels::sum_rows(cpu, {x, 0, 0}, {narrow, 0, 0}, 3, 4), Error);  // 3 rows do not fit
+}

@@ -342,7 +342,9 @@ def _check_eval(cli, chk, case, model_dir, corpus, work):
     inputs, labels = TokenSamples(corpus.tokens, case.seq_len).batch(range(case.eval_samples))
     loss = lm_loss(model(inputs), labels)
     (loss + aux_loss(model)).backward()  # megaton's gradient includes the balancing losses'; its loss does not
-    ref_grads = {n: p.grad.numpy() for n, p in model.named_parameters()}
+    # A parameter without a gradient (DeepSeek's selection-only expert bias) has a zero one in megaton's dump.
+    ref_grads = {n: p.grad.numpy() if p.grad is not None else np.zeros(tuple(p.shape), dtype=np.float32)
+                 for n, p in model.named_parameters()}
     grads_file = work / f"{case.name}_grads.safetensors"
     result = cli.eval(model_dir, corpus.prefix, case.seq_len, case.eval_samples, grads_file)
     print(f"  eval: megaton loss={result['loss']!r} tokens={result.get('tokens')}, torch loss={loss.item()!r}")

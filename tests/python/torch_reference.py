@@ -160,17 +160,69 @@ class MixtralConfig(LlamaConfig):
         return {"model_type": "mixtral", "architectures": ["MixtralForCausalLM"], "sliding_window": None, **hf}
 
 
+@dataclass
+class DeepseekConfig:
+    """HF DeepseekV2 / DeepseekV3 (model_type "deepseek_v2" / "deepseek_v3"): multi-latent attention, the first
+    first_k_dense_replace layers with a dense SwiGLU MLP of intermediate_size, the rest mixtures of
+    n_routed_experts SwiGLU experts of moe_intermediate_size plus n_shared_experts fused into one."""
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    q_lora_rank: int | None
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    moe_intermediate_size: int
+    n_routed_experts: int | None
+    n_shared_experts: int
+    num_experts_per_tok: int
+    first_k_dense_replace: int
+    scoring_func: str = "sigmoid"
+    topk_method: str = "noaux_tc"
+    n_group: int = 1
+    topk_group: int = 1
+    norm_topk_prob: bool = True
+    routed_scaling_factor: float = 1.0
+    aux_loss_alpha: float = 0.0
+    seq_aux: bool = True
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None  # None or {"type": "yarn", factor, original_max_position_embeddings, ...}
+    max_position_embeddings: int = 2048
+    tie_word_embeddings: bool = False
+
+    # Not HF keys: the auxiliary-loss-free balancing update after each training step (noaux_tc), as
+    # Megatron's moe_router_bias_update_rate (its default, which a trainer loading an HF folder uses).
+    BIAS_UPDATE_RATE = 1e-3
+
+    def to_hf(self) -> dict:
+        arch = "DeepseekV3ForCausalLM" if self.model_type == "deepseek_v3" else "DeepseekV2ForCausalLM"
+        return {"architectures": [arch], "num_key_value_heads": self.num_attention_heads, "moe_layer_freq": 1,
+                "num_nextn_predict_layers": 0, "attention_bias": False, "hidden_act": "silu", **asdict(self)}
+
+
 def config_from_hf(hf: dict):
-    """Builds a GPT2Config / LlamaConfig / MixtralConfig from a config.json dict, ignoring unrelated HF keys."""
+    """Builds a GPT2Config / LlamaConfig / MixtralConfig / DeepseekConfig from a config.json dict, ignoring
+    unrelated HF keys."""
     kind = hf.get("model_type")
-    cls = {"gpt2": GPT2Config, "llama": LlamaConfig, "mixtral": MixtralConfig}.get(kind)
+    cls = {"gpt2": GPT2Config, "llama": LlamaConfig, "mixtral": MixtralConfig, "deepseek_v2": DeepseekConfig,
+           "deepseek_v3": DeepseekConfig}.get(kind)
     if cls is None:
         raise ValueError(f"unsupported model_type {kind!r}")
     known = cls.__dataclass_fields__
     cfg = cls(**{k: v for k, v in hf.items() if k in known})
     if kind == "gpt2" and cfg.activation_function not in ("gelu_new", "gelu_pytorch_tanh"):
         raise ValueError(f"unsupported GPT-2 activation {cfg.activation_function!r}")
-    if kind in ("llama", "mixtral") and cfg.rope_scaling is not None:
+    if kind.startswith("deepseek"):
+        if hf.get("moe_layer_freq", 1) != 1 or hf.get("attention_bias", False):
+            raise ValueError("moe_layer_freq other than 1 and attention biases are not supported")
+        if cfg.rope_scaling is not None and cfg.rope_scaling.get("type", cfg.rope_scaling.get("rope_type")) != "yarn":
+            raise ValueError(f"unsupported rope_scaling {cfg.rope_scaling!r}")
+    elif kind in ("llama", "mixtral") and cfg.rope_scaling is not None:
         rope_type = cfg.rope_scaling.get("rope_type", cfg.rope_scaling.get("type"))
         if rope_type != "llama3":
             raise ValueError(f"unsupported rope_scaling {cfg.rope_scaling!r}")
@@ -496,10 +548,233 @@ class Llama(nn.Module):
 
 
 # ----------------------------------------------------------------------------------------------
+# DeepSeek-V2 / V3 (HF modeling_deepseek.py semantics; MoE balancing as Megatron-Core trains it)
+# ----------------------------------------------------------------------------------------------
+
+def yarn_mscale(scale: float, mscale: float) -> float:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+class DeepseekRope:
+    """DeepSeek's rotary embedding (with YaRN when rope_scaling asks): cos / sin of [T, D] angles times
+    YaRN's magnitude, applied after DeepSeek's apply_rotary_pos_emb moves each head's interleaved pairs
+    (2i, 2i + 1) to (i, i + D/2) and rotates by rotate_half."""
+
+    def __init__(self, cfg: DeepseekConfig, t: int):
+        d, base = cfg.qk_rope_head_dim, cfg.rope_theta
+        freq_extra = 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+        magnitude = 1.0
+        s = cfg.rope_scaling
+        if s is None:
+            inv_freq = freq_extra
+        else:
+            factor, old = s["factor"], s.get("original_max_position_embeddings", 4096)
+            fast, slow = s.get("beta_fast", 32), s.get("beta_slow", 1)
+            corr = lambda rot: d * math.log(old / (rot * 2 * math.pi)) / (2 * math.log(base))  # noqa: E731
+            low, high = max(math.floor(corr(fast)), 0), min(math.ceil(corr(slow)), d - 1)
+            if low == high:
+                high += 0.001
+            ramp = ((torch.arange(d // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+            kept = 1.0 - ramp  # weight of the unscaled frequency
+            inv_freq = freq_extra / factor * (1 - kept) + freq_extra * kept
+            magnitude = yarn_mscale(factor, s.get("mscale", 1)) / yarn_mscale(factor, s.get("mscale_all_dim", 0))
+        angles = torch.outer(torch.arange(t, dtype=torch.float64), inv_freq)
+        emb = torch.cat((angles, angles), dim=-1)
+        self.cos, self.sin = (emb.cos() * magnitude).float(), (emb.sin() * magnitude).float()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [B, H, T, D]
+        b, h, t, d = x.shape
+        x = x.view(b, h, t, d // 2, 2).transpose(4, 3).reshape(b, h, t, d)
+        return x * self.cos + rotate_half(x) * self.sin
+
+
+def deepseek_softmax_scale(cfg: DeepseekConfig) -> float:
+    scale = (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim) ** -0.5
+    s = cfg.rope_scaling
+    if s is not None and s.get("mscale_all_dim", 0):
+        m = yarn_mscale(s["factor"], s["mscale_all_dim"])
+        scale *= m * m
+    return scale
+
+
+class DeepseekAttention(nn.Module):
+    """DeepseekV2/V3Attention: q through the q_lora_rank latent (or q_proj), [c | k_pe] = kv_a_proj_with_mqa(x),
+    per head [k_nope | v] = kv_b_proj(RMSNorm(c)), the one k_pe shared by every head."""
+
+    def __init__(self, cfg: DeepseekConfig):
+        super().__init__()
+        self.cfg = cfg
+        h, qk = cfg.num_attention_heads, cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
+        if cfg.q_lora_rank:
+            self.q_a_proj = nn.Linear(cfg.hidden_size, cfg.q_lora_rank, bias=False)
+            self.q_a_layernorm = RMSNorm(cfg.q_lora_rank, cfg.rms_norm_eps)
+            self.q_b_proj = nn.Linear(cfg.q_lora_rank, h * qk, bias=False)
+        else:
+            self.q_proj = nn.Linear(cfg.hidden_size, h * qk, bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(cfg.hidden_size, cfg.kv_lora_rank + cfg.qk_rope_head_dim, bias=False)
+        self.kv_a_layernorm = RMSNorm(cfg.kv_lora_rank, cfg.rms_norm_eps)
+        self.kv_b_proj = nn.Linear(cfg.kv_lora_rank, h * (cfg.qk_nope_head_dim + cfg.v_head_dim), bias=False)
+        self.o_proj = nn.Linear(h * cfg.v_head_dim, cfg.hidden_size, bias=False)
+
+    def forward(self, x, rope):
+        c = self.cfg
+        b, t, _ = x.shape
+        h, nope, r, dv = c.num_attention_heads, c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim
+        q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x))) if c.q_lora_rank else self.q_proj(x)
+        q_nope, q_pe = q.view(b, t, h, nope + r).transpose(1, 2).split([nope, r], dim=-1)
+        latent, k_pe = self.kv_a_proj_with_mqa(x).split([c.kv_lora_rank, r], dim=-1)
+        kv = self.kv_b_proj(self.kv_a_layernorm(latent)).view(b, t, h, nope + dv).transpose(1, 2)
+        k_nope, v = kv.split([nope, dv], dim=-1)
+        k_pe = rope(k_pe.view(b, t, 1, r).transpose(1, 2))
+        q = torch.cat((q_nope, rope(q_pe)), dim=-1)
+        k = torch.cat((k_nope, k_pe.expand(b, h, t, r)), dim=-1)
+        scores = q @ k.transpose(-1, -2) * deepseek_softmax_scale(c)
+        future = torch.ones(t, t, dtype=torch.bool).triu(1)
+        y = torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1) @ v
+        return self.o_proj(y.transpose(1, 2).reshape(b, t, h * dv))
+
+
+class DeepseekMLP(nn.Module):
+    def __init__(self, hidden: int, inner: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, inner, bias=False)
+        self.up_proj = nn.Linear(hidden, inner, bias=False)
+        self.down_proj = nn.Linear(inner, hidden, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DeepseekGate(nn.Module):
+    """MoEGate: scores (sigmoid or softmax of the logits); "noaux_tc" (V3) chooses by scores + the
+    selection-only e_score_correction_bias within the topk_group groups of highest top-2 sums; "greedy" (V2)
+    takes the top-k scores. Weights are the chosen scores, normalised when norm_topk_prob (then, in V2 only,
+    not scaled) and scaled by routed_scaling_factor."""
+
+    def __init__(self, cfg: DeepseekConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.weight = nn.Parameter(torch.empty(cfg.n_routed_experts, cfg.hidden_size))
+        if cfg.topk_method == "noaux_tc":
+            # Moved by the balancing update after each step, never by the optimizer (no gradient).
+            self.e_score_correction_bias = nn.Parameter(torch.zeros(cfg.n_routed_experts), requires_grad=False)
+
+    def forward(self, x):  # x [N, C] -> chosen [N, K], weights [N, K], scores [N, E]
+        c = self.cfg
+        logits = x @ self.weight.t()
+        scores = logits.sigmoid() if c.scoring_func == "sigmoid" else logits.softmax(dim=-1)
+        n, e = scores.shape
+        if c.topk_method == "noaux_tc":
+            choice = scores.detach() + self.e_score_correction_bias
+            groups = choice.view(n, c.n_group, -1).topk(2, dim=-1).values.sum(dim=-1)
+            keep = torch.zeros(n, c.n_group, dtype=torch.bool).scatter_(1, groups.topk(c.topk_group, dim=-1).indices,
+                                                                         True)
+            choice = choice.masked_fill(~keep.repeat_interleave(e // c.n_group, dim=1), float("-inf"))
+            chosen = choice.topk(c.num_experts_per_tok, dim=-1).indices
+        else:
+            chosen = scores.detach().topk(c.num_experts_per_tok, dim=-1).indices
+        weights = scores.gather(1, chosen)
+        normalised = c.num_experts_per_tok > 1 and c.norm_topk_prob
+        if normalised:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        if c.model_type == "deepseek_v3" or not normalised:
+            weights = weights * c.routed_scaling_factor
+        return chosen, weights, scores
+
+
+class DeepseekMoE(nn.Module):
+    """Routed experts + shared experts. `balance_loss` after forward: the sequence-wise balancing loss of
+    DeepSeek-V2 / V3 (seq_aux), alpha * mean over sequences of sum_i f_i P_i with f_i = E / (K T) * (tokens of
+    the sequence choosing i) and P_i the mean over its tokens of the scores normalised to sum 1 (softmax
+    scores already do); or Megatron's micro-batch Switch loss when seq_aux is false. `loads` counts the
+    tokens each expert got, for the bias update."""
+
+    def __init__(self, cfg: DeepseekConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.gate = DeepseekGate(cfg)
+        self.experts = nn.ModuleList(DeepseekMLP(cfg.hidden_size, cfg.moe_intermediate_size)
+                                     for _ in range(cfg.n_routed_experts))
+        if cfg.n_shared_experts:
+            self.shared_experts = DeepseekMLP(cfg.hidden_size, cfg.moe_intermediate_size * cfg.n_shared_experts)
+        self.balance_loss = torch.zeros(())
+        self.loads = torch.zeros(cfg.n_routed_experts)
+
+    def forward(self, x):
+        c = self.cfg
+        b, t, _ = x.shape
+        flat = x.reshape(b * t, -1)
+        chosen, weights, scores = self.gate(flat)
+        y = torch.zeros_like(flat)
+        for expert_id, expert in enumerate(self.experts):
+            token, slot = (chosen == expert_id).nonzero(as_tuple=True)
+            if token.numel():
+                y = y.index_add(0, token, weights[token, slot, None] * expert(flat[token]))
+        if c.n_shared_experts:
+            y = y + self.shared_experts(flat)
+        e, k = c.n_routed_experts, c.num_experts_per_tok
+        counts = torch.zeros(b * t, e).scatter_(1, chosen, 1.0)
+        self.loads = counts.sum(dim=0)
+        p = scores / (scores.sum(dim=-1, keepdim=True) + 1e-20) if c.scoring_func == "sigmoid" else scores
+        if c.seq_aux:
+            f = counts.view(b, t, e).sum(dim=1) * (e / (k * t))
+            self.balance_loss = c.aux_loss_alpha * (f * p.view(b, t, e).mean(dim=1)).sum(dim=1).mean()
+        else:
+            self.balance_loss = c.aux_loss_alpha * e / ((b * t) ** 2 * k) * torch.sum(p.sum(dim=0) * self.loads)
+        return y.view(b, t, -1)
+
+    @torch.no_grad()
+    def update_bias(self):
+        """Auxiliary-loss-free balancing (noaux_tc): bias += rate * sign(mean load - load), in float32."""
+        if self.cfg.topk_method == "noaux_tc":
+            delta = torch.sign(self.loads.mean() - self.loads).float() * DeepseekConfig.BIAS_UPDATE_RATE
+            self.gate.e_score_correction_bias.add_(delta)
+
+
+class DeepseekLayer(nn.Module):
+    def __init__(self, cfg: DeepseekConfig, index: int):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = DeepseekAttention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        moe = cfg.n_routed_experts is not None and index >= cfg.first_k_dense_replace
+        self.mlp = DeepseekMoE(cfg) if moe else DeepseekMLP(cfg.hidden_size, cfg.intermediate_size)
+
+    def forward(self, x, rope):
+        x = x + self.self_attn(self.input_layernorm(x), rope)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Deepseek(nn.Module):
+    def __init__(self, cfg: DeepseekConfig):
+        super().__init__()
+        self.config = cfg
+        self.model = nn.ModuleDict(dict(
+            embed_tokens=nn.Embedding(cfg.vocab_size, cfg.hidden_size),
+            layers=nn.ModuleList(DeepseekLayer(cfg, i) for i in range(cfg.num_hidden_layers)),
+            norm=RMSNorm(cfg.hidden_size, cfg.rms_norm_eps),
+        ))
+        if not cfg.tie_word_embeddings:
+            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+
+    def head_weight(self) -> torch.Tensor:
+        return self.model.embed_tokens.weight if self.config.tie_word_embeddings else self.lm_head.weight
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        rope = DeepseekRope(self.config, idx.shape[1])
+        x = self.model.embed_tokens(idx)
+        for layer in self.model.layers:
+            x = layer(x, rope)
+        return self.model.norm(x) @ self.head_weight().t()
+
+
+# ----------------------------------------------------------------------------------------------
 # Construction, HF folders, random init
 # ----------------------------------------------------------------------------------------------
 
 def build_model(cfg) -> nn.Module:
+    if isinstance(cfg, DeepseekConfig):
+        return Deepseek(cfg)
     return GPT2(cfg) if isinstance(cfg, GPT2Config) else Llama(cfg)
 
 
@@ -513,6 +788,8 @@ def random_init(model: nn.Module, seed: int) -> nn.Module:
     gen = torch.Generator().manual_seed(seed)
     norm_weights = {f"{m}.weight" for m, mod in model.named_modules() if isinstance(mod, (nn.LayerNorm, RMSNorm))}
     for name, p in model.named_parameters():
+        if name.endswith("e_score_correction_bias"):
+            continue  # starts at zero: moved by balancing, not initialised
         if name in norm_weights:
             p.fill_(1.0)
         else:
@@ -749,6 +1026,9 @@ def train_reference(model: nn.Module, samples, s: TrainSettings, bf16: bool = Fa
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), s.clip)
         opt.lr = scheduled_lr(s, k + 1)
         opt.step()
+        for m in model.modules():
+            if isinstance(m, DeepseekMoE):
+                m.update_bias()
         history.append({"step": k + 1, "loss": loss.item(), "grad_norm": norm.item(), "lr": opt.lr})
     return history
 
@@ -756,7 +1036,8 @@ def train_reference(model: nn.Module, samples, s: TrainSettings, bf16: bool = Fa
 def aux_loss(model: nn.Module) -> torch.Tensor:
     """The MoE layers' balancing losses of the model's latest forward (zero without MoE): added to the
     LM loss for backward, reported apart from it."""
-    return sum((m.balance_loss for m in model.modules() if isinstance(m, MixtralSparseMoe)), torch.zeros(()))
+    return sum((m.balance_loss for m in model.modules() if isinstance(m, (MixtralSparseMoe, DeepseekMoE))),
+               torch.zeros(()))
 
 
 def rel_err(a, b) -> float:

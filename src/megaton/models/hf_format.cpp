@@ -78,6 +78,62 @@ void read_mixtral_moe(TransformerConfig& c, const json& j, const std::string& so
     fail(source, ": router_jitter_noise is not supported (it must be 0)");
 }
 
+// DeepseekV2ForCausalLM / DeepseekV3ForCausalLM keys: multi-latent attention, YaRN, the first
+// first_k_dense_replace layers dense and the rest MoE with shared experts. V3 routes by sigmoid scores
+// plus e_score_correction_bias ("noaux_tc": group-limited, a group scored by its top-2) and scales the
+// normalised weights by routed_scaling_factor; V2 "greedy" by a softmax over every expert.
+void read_deepseek(TransformerConfig& c, const json& j, const std::string& source, bool v3) {
+  c.attention_type = "mla";
+  c.num_query_groups = c.num_attention_heads;
+  c.kv_channels = 0;
+  c.rope_layout = kernels::RopeLayout::Interleaved;  // DeepSeek's q / k rope rows pair 2i with 2i + 1
+  c.mla.q_lora_rank = get_or<int64_t>(j, "q_lora_rank", 0, source);
+  c.mla.kv_lora_rank = require<int64_t>(j, "kv_lora_rank", source);
+  c.mla.qk_head_dim = require<int64_t>(j, "qk_nope_head_dim", source);
+  c.mla.qk_pos_emb_head_dim = require<int64_t>(j, "qk_rope_head_dim", source);
+  c.mla.v_head_dim = require<int64_t>(j, "v_head_dim", source);
+  const auto routed = read<int64_t>(j, "n_routed_experts", source);
+  if (!routed) return;  // every layer dense
+  if (get_or<int64_t>(j, "moe_layer_freq", 1, source) != 1)
+    fail(source, ": moe_layer_freq other than 1 is not supported");
+  nn::MoeConfig& m = c.moe;
+  c.mlp_type = "moe";
+  c.first_k_dense_replace = get_or<int64_t>(j, "first_k_dense_replace", 0, source);
+  m.num_moe_experts = *routed;
+  m.moe_router_topk = require<int64_t>(j, "num_experts_per_tok", source);
+  m.moe_ffn_hidden_size = require<int64_t>(j, "moe_intermediate_size", source);
+  m.moe_shared_expert_intermediate_size = get_or<int64_t>(j, "n_shared_experts", 0, source) * m.moe_ffn_hidden_size;
+  m.moe_router_score_function = get_or<std::string>(j, "scoring_func", "softmax", source);
+  m.moe_router_norm_topk_prob = get_or<bool>(j, "norm_topk_prob", false, source);
+  m.moe_router_topk_scaling_factor = get_or<double>(j, "routed_scaling_factor", 1.0, source);
+  const auto method = get_or<std::string>(j, "topk_method", v3 ? "noaux_tc" : "greedy", source);
+  if (method == "noaux_tc") {
+    m.moe_router_enable_expert_bias = true;
+    m.moe_router_num_groups = get_or<int64_t>(j, "n_group", 1, source);
+    m.moe_router_group_topk = get_or<int64_t>(j, "topk_group", 1, source);
+    m.moe_router_pre_softmax = false;
+  } else if (method == "greedy") {
+    m.moe_router_pre_softmax = true;
+    // V2 scales the weights only when it does not normalise them.
+    if (!v3 && m.moe_router_norm_topk_prob) m.moe_router_topk_scaling_factor = 1.0;
+  } else {
+    fail(source, ": topk_method '", method, "' is not supported (noaux_tc or greedy)");
+  }
+  m.moe_aux_loss_coeff = get_or<double>(j, "aux_loss_alpha", 0.0, source);
+  m.moe_router_load_balancing_type = get_or<bool>(j, "seq_aux", true, source) ? "seq_aux_loss" : "aux_loss";
+}
+
+void read_yarn(TransformerConfig& c, const json& s, const std::string& where) {
+  kernels::RopeScaling& r = c.rope_scaling;
+  r.yarn = true;
+  r.factor = require<double>(s, "factor", where);
+  r.original_max_position = get_or<double>(s, "original_max_position_embeddings", 4096.0, where);
+  r.beta_fast = get_or<double>(s, "beta_fast", 32.0, where);
+  r.beta_slow = get_or<double>(s, "beta_slow", 1.0, where);
+  r.mscale = get_or<double>(s, "mscale", 1.0, where);
+  r.mscale_all_dim = get_or<double>(s, "mscale_all_dim", 0.0, where);
+}
+
 }  // namespace
 
 bool is_mixtral_shaped(const TransformerConfig& c) {
@@ -105,7 +161,8 @@ TransformerConfig config_from_hf(const json& j, const std::string& source) {
     const auto act = get_or<std::string>(j, "activation_function", "gelu_new", source);
     if (act != "gelu_new" && act != "gelu_pytorch_tanh")
       fail(source, ": activation_function '", act, "' is not supported (Megaton's GPT-2 uses tanh GeLU, gelu_new)");
-  } else if (type == "llama" || type == "mixtral") {
+  } else if (type == "llama" || type == "mixtral" || type == "deepseek_v2" || type == "deepseek_v3") {
+    const bool deepseek = type.starts_with("deepseek");
     c.vocab_size = require<int64_t>(j, "vocab_size", source);
     c.hidden_size = require<int64_t>(j, "hidden_size", source);
     c.ffn_hidden_size = require<int64_t>(j, "intermediate_size", source);
@@ -128,22 +185,77 @@ TransformerConfig config_from_hf(const json& j, const std::string& source) {
       if (!it->is_object()) fail(source, ": key 'rope_scaling' must be an object, got ", shown(*it));
       const std::string where = source + " rope_scaling";
       const auto rt = get_or<std::string>(*it, "rope_type", get_or<std::string>(*it, "type", "", where), where);
-      if (rt != "llama3") fail(source, ": rope_scaling type '", rt, "' is not supported (only llama3)");
-      c.rope_scaling.factor = require<double>(*it, "factor", where);
-      c.rope_scaling.low_freq_factor = get_or<double>(*it, "low_freq_factor", 1.0, where);
-      c.rope_scaling.high_freq_factor = get_or<double>(*it, "high_freq_factor", 4.0, where);
-      c.rope_scaling.original_max_position = get_or<double>(*it, "original_max_position_embeddings", 8192.0, where);
+      if (rt == "yarn" && deepseek) {
+        read_yarn(c, *it, where);
+      } else {
+        if (rt != "llama3")
+          fail(source, ": rope_scaling type '", rt, "' is not supported (llama3; yarn for deepseek models)");
+        c.rope_scaling.factor = require<double>(*it, "factor", where);
+        c.rope_scaling.low_freq_factor = get_or<double>(*it, "low_freq_factor", 1.0, where);
+        c.rope_scaling.high_freq_factor = get_or<double>(*it, "high_freq_factor", 4.0, where);
+        c.rope_scaling.original_max_position = get_or<double>(*it, "original_max_position_embeddings", 8192.0, where);
+      }
     }
     if (type == "mixtral") read_mixtral_moe(c, j, source);
+    if (deepseek) read_deepseek(c, j, source, type == "deepseek_v3");
   } else {
-    fail(source, ": model_type '", type, "' is not supported (expected gpt2, llama or mixtral)");
+    fail(source, ": model_type '", type,
+         "' is not supported (expected gpt2, llama, mixtral, deepseek_v2 or deepseek_v3)");
   }
   c.validate();
   return c;
 }
 
+namespace {
+// The DeepseekV2 / V3 config.json of an MLA model (config_to_hf's Llama keys in `j` already).
+void write_deepseek(json& j, const TransformerConfig& c) {
+  const nn::MlaConfig& a = c.mla;
+  const nn::MoeConfig& m = c.moe;
+  const bool moe = c.mlp_type == "moe";
+  // V3's router (sigmoid + selection bias) or V2's greedy softmax one; other routers have no HF form.
+  const bool v3 = !moe || (m.sigmoid() && m.moe_router_enable_expert_bias);
+  const bool v2 = moe && !m.sigmoid() && m.moe_router_pre_softmax && m.moe_router_num_groups == 1 &&
+                  !m.moe_router_enable_expert_bias && (!m.moe_router_norm_topk_prob || m.moe_router_topk_scaling_factor == 1.0);
+  if (moe && !(v3 || v2))
+    fail("model '", c.name, "': its router has no DeepSeek HF form (V3: sigmoid scores with the expert bias; V2: "
+         "softmax over every expert, one group)");
+  if (moe && (m.moe_shared_expert_intermediate_size % m.moe_ffn_hidden_size != 0 || m.moe_z_loss_coeff != 0.0 ||
+              m.moe_expert_capacity_factor != 0.0))
+    fail("model '", c.name, "': shared experts of a multiple of moe_ffn_hidden_size, no z-loss and dropless routing "
+         "are what DeepSeek's HF format holds");
+  j["model_type"] = v3 ? "deepseek_v3" : "deepseek_v2";
+  j["architectures"] = {v3 ? "DeepseekV3ForCausalLM" : "DeepseekV2ForCausalLM"};
+  j["num_key_value_heads"] = c.num_attention_heads;
+  j.erase("head_dim");
+  j.erase("mlp_bias");
+  j["q_lora_rank"] = a.q_lora_rank > 0 ? json(a.q_lora_rank) : json(nullptr);
+  j["kv_lora_rank"] = a.kv_lora_rank;
+  j["qk_nope_head_dim"] = a.qk_head_dim;
+  j["qk_rope_head_dim"] = a.qk_pos_emb_head_dim;
+  j["v_head_dim"] = a.v_head_dim;
+  j["num_nextn_predict_layers"] = 0;
+  j["n_routed_experts"] = nullptr;
+  if (!moe) return;
+  j["n_routed_experts"] = m.num_moe_experts;
+  j["num_experts_per_tok"] = m.moe_router_topk;
+  j["moe_intermediate_size"] = m.moe_ffn_hidden_size;
+  j["n_shared_experts"] = m.moe_shared_expert_intermediate_size / m.moe_ffn_hidden_size;
+  j["moe_layer_freq"] = 1;
+  j["first_k_dense_replace"] = c.first_k_dense_replace;
+  j["scoring_func"] = m.moe_router_score_function;
+  j["topk_method"] = v3 ? "noaux_tc" : "greedy";
+  j["n_group"] = m.moe_router_num_groups;
+  j["topk_group"] = m.moe_router_group_topk;
+  j["norm_topk_prob"] = m.moe_router_norm_topk_prob;
+  j["routed_scaling_factor"] = m.moe_router_topk_scaling_factor;
+  j["aux_loss_alpha"] = m.moe_aux_loss_coeff;
+  j["seq_aux"] = m.moe_router_load_balancing_type == "seq_aux_loss";
+}
+}  // namespace
+
 json config_to_hf(const TransformerConfig& c) {
-  if (c.attention_type != "self_attention" || (c.mlp_type != "dense" && c.mlp_type != "moe"))
+  if ((c.attention_type != "self_attention" && c.attention_type != "mla") ||
+      (c.mlp_type != "dense" && c.mlp_type != "moe"))
     fail("model '", c.name, "' has attention_type '", c.attention_type, "' and mlp_type '", c.mlp_type,
          "'; the HF formats (GPT-2, Llama) need self_attention and dense");
   if (c.mlp_type == "moe" && c.position_embedding != PositionEmbedding::Rope)
@@ -187,7 +299,11 @@ json config_to_hf(const TransformerConfig& c) {
             {"mlp_bias", false},
             {"torch_dtype", "float32"},
             {"rope_scaling", nullptr}};
-  if (is_mixtral_shaped(c)) {
+  if (c.is_mla()) {
+    if (c.rope_layout != kernels::RopeLayout::Interleaved)
+      fail("model '", c.name, "': DeepSeek's HF format holds interleaved rotary dims (rope_layout interleaved)");
+    write_deepseek(j, c);
+  } else if (is_mixtral_shaped(c)) {
     const nn::MoeConfig& m = c.moe;
     j["model_type"] = "mixtral";
     j["architectures"] = {"MixtralForCausalLM"};
@@ -217,7 +333,15 @@ json config_to_hf(const TransformerConfig& c) {
     j["routed_scaling_factor"] = m.moe_router_topk_scaling_factor;
     j["first_k_dense_replace"] = c.first_k_dense_replace;
   }
-  if (c.rope_scaling.factor > 0)
+  if (c.rope_scaling.factor > 0 && c.rope_scaling.yarn)
+    j["rope_scaling"] = {{"type", "yarn"},
+                         {"factor", c.rope_scaling.factor},
+                         {"original_max_position_embeddings", c.rope_scaling.original_max_position},
+                         {"beta_fast", c.rope_scaling.beta_fast},
+                         {"beta_slow", c.rope_scaling.beta_slow},
+                         {"mscale", c.rope_scaling.mscale},
+                         {"mscale_all_dim", c.rope_scaling.mscale_all_dim}};
+  else if (c.rope_scaling.factor > 0)
     j["rope_scaling"] = {{"rope_type", "llama3"},
                          {"factor", c.rope_scaling.factor},
                          {"low_freq_factor", c.rope_scaling.low_freq_factor},
@@ -274,6 +398,23 @@ void moe_bindings(std::vector<Binding>& out, const std::string& p, nn::MoeLayer&
   }
 }
 
+// Multi-latent attention under DeepSeek's names, every tensor whole (the rotary rows are in the
+// interleaved order Megaton uses).
+void mla_bindings(std::vector<Binding>& out, const std::string& p, nn::MultiLatentAttention& a) {
+  const std::string s = p + "self_attn.";
+  if (a.q_proj) {
+    out.push_back({s + "q_proj.weight", &a.q_proj->weight});
+  } else {
+    out.push_back({s + "q_a_proj.weight", &a.q_down->weight});
+    out.push_back({s + "q_a_layernorm.weight", &a.q_norm->weight});
+    out.push_back({s + "q_b_proj.weight", &a.q_up->weight});
+  }
+  out.push_back({s + "kv_a_proj_with_mqa.weight", &a.kv_down.weight});
+  out.push_back({s + "kv_a_layernorm.weight", &a.kv_norm.weight});
+  out.push_back({s + "kv_b_proj.weight", &a.kv_up.weight});
+  out.push_back({s + "o_proj.weight", &a.proj.weight});
+}
+
 std::vector<Binding> bindings(TransformerModel& m) {
   const TransformerConfig& c = m.config();
   if (m.tensor_parallel().active())
@@ -313,10 +454,14 @@ std::vector<Binding> bindings(TransformerModel& m) {
       auto& l = *m.layers()[i];
       const std::string p = "model.layers." + std::to_string(i) + ".";
       out.push_back({p + "input_layernorm.weight", &l.input_norm.weight});
-      out.push_back({p + "self_attn.q_proj.weight", &l.self_attention().qkv.weight, 0, q, false, rope, attn});
-      out.push_back({p + "self_attn.k_proj.weight", &l.self_attention().qkv.weight, q, kv, false, rope, attn});
-      out.push_back({p + "self_attn.v_proj.weight", &l.self_attention().qkv.weight, q + kv, kv, false, 0, attn});
-      out.push_back({p + "self_attn.o_proj.weight", &l.self_attention().proj.weight});
+      if (c.is_mla()) {
+        mla_bindings(out, p, l.latent_attention());
+      } else {
+        out.push_back({p + "self_attn.q_proj.weight", &l.self_attention().qkv.weight, 0, q, false, rope, attn});
+        out.push_back({p + "self_attn.k_proj.weight", &l.self_attention().qkv.weight, q, kv, false, rope, attn});
+        out.push_back({p + "self_attn.v_proj.weight", &l.self_attention().qkv.weight, q + kv, kv, false, 0, attn});
+        out.push_back({p + "self_attn.o_proj.weight", &l.self_attention().proj.weight});
+      }
       out.push_back({p + "post_attention_layernorm.weight", &l.pre_mlp_norm.weight});
       if (c.is_moe_layer(static_cast<int64_t>(i))) {
         moe_bindings(out, p, dynamic_cast<nn::MoeLayer&>(*l.mlp), c.hidden_size, is_mixtral_shaped(c));
@@ -376,9 +521,20 @@ std::vector<std::pair<std::string, Tensor>> to_hf_tensors(TransformerModel& mode
 
 void load_hf_tensors(TransformerModel& model, const std::map<std::string, Tensor>& tensors, const std::string& source) {
   // Buffers some GPT-2 / Llama exports carry that are not parameters.
-  auto ignorable = [](const std::string& n) {
+  // DeepSeek-V3 stores its multi-token-prediction modules as the layers after the last decoder
+  // layer; they are not part of the main model (eval and generation use the main head only).
+  const TransformerConfig& config = model.config();
+  auto mtp_layer = [&](const std::string& n) {
+    const std::string prefix = "model.layers.";
+    if (!config.is_mla() || !n.starts_with(prefix)) return false;
+    const size_t end = n.find('.', prefix.size());
+    const std::string index = n.substr(prefix.size(), end - prefix.size());
+    if (index.empty() || index.size() > 6 || index.find_first_not_of("0123456789") != std::string::npos) return false;
+    return std::stoll(index) >= config.num_layers;
+  };
+  auto ignorable = [&](const std::string& n) {
     auto ends = [&](const char* s) { return n.size() >= std::strlen(s) && n.ends_with(s); };
-    return ends(".attn.bias") || ends(".attn.masked_bias") || ends("rotary_emb.inv_freq");
+    return ends(".attn.bias") || ends(".attn.masked_bias") || ends("rotary_emb.inv_freq") || mtp_layer(n);
   };
   std::set<std::string> used;
   const bool tied = model.config().tie_embeddings;

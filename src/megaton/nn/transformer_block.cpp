@@ -140,6 +140,12 @@ SelfAttention& TransformerBlock::self_attention() {
   return *a;
 }
 
+MultiLatentAttention& TransformerBlock::latent_attention() {
+  auto* a = dynamic_cast<MultiLatentAttention*>(attention.get());
+  if (!a) fail("layer ", name_, " has attention kind '", spec.attention, "', not mla");
+  return *a;
+}
+
 Mlp& TransformerBlock::dense_mlp() {
   auto* m = dynamic_cast<Mlp*>(mlp.get());
   if (!m) fail("layer ", name_, " has mlp kind '", spec.mlp, "', not dense");

@@ -5,6 +5,7 @@
 #pragma once
 #include "megaton/nn/block_spec.h"
 #include "megaton/nn/fusion.h"
+#include "megaton/nn/mla_attention.h"
 #include "megaton/nn/mlp.h"
 #include "megaton/nn/norm.h"
 #include "megaton/nn/recompute.h"
@@ -41,6 +42,7 @@ class TransformerBlock {
   // The sublayers as their concrete kind, for code that knows the layout of one kind (the HF
   // import/export of GPT-2 and Llama); throws naming the layer and its kind when it is another.
   SelfAttention& self_attention();
+  MultiLatentAttention& latent_attention();
   Mlp& dense_mlp();
 
   const BlockSpec spec;
