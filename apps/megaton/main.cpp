@@ -46,6 +46,7 @@ int main(int argc, char** argv) {
   megaton::app::add_tokenizer_command(app);
   megaton::app::add_schedule_command(app);
   megaton::app::add_convert_command(app);
+  megaton::app::add_model_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -28,6 +28,10 @@ models::TransformerConfig as_exported(models::TransformerConfig c) {
   const models::TransformerConfig defaults;
   c.name = "custom";
   c.init_method_std = defaults.init_method_std;
+  if (c.is_mla()) {  // DeepSeek's format: interleaved rope, no head_dim key
+    c.kv_channels = defaults.kv_channels;
+    return c;
+  }
   c.rope_layout = kernels::RopeLayout::Half;
   if (models::is_mixtral_shaped(c)) c.ffn_hidden_size = c.moe.moe_ffn_hidden_size;
   if (c.position_embedding == models::PositionEmbedding::Rope) {
@@ -68,7 +72,7 @@ TEST_P(HfRoundTrip, ExportThenImportIsBitExact) {
             megaton::testing::read_bytes(dir.file("again/model.safetensors")));
 }
 
-INSTANTIATE_TEST_SUITE_P(Presets, HfRoundTrip, ::testing::Values("gpt-tiny", "llama-tiny", "mixtral-tiny"),
+INSTANTIATE_TEST_SUITE_P(Presets, HfRoundTrip, ::testing::Values("gpt-tiny", "llama-tiny", "mixtral-tiny", "deepseek-v3-tiny"),
                          [](const auto& info) { return info.param.substr(0, info.param.find('-')); });
 
 // Mixtral folders: HF's keys and names (block_sparse_moe.gate, experts.E.w1 / w2 / w3); the
@@ -251,6 +255,15 @@ TEST(HfFormat, ConfigJsonRoundTripsEveryFieldAndRejectsUnknownTypes) {
   llama.tie_embeddings = false;
   llama.rope_layout = kernels::RopeLayout::Interleaved;  // exported as half
   configs.push_back(llama);
+  auto deepseek = models::preset("deepseek-v3-tiny");
+  deepseek.mla = {40, 24, 12, 6, 20};
+  deepseek.first_k_dense_replace = 2;
+  deepseek.mtp_num_layers = 2;
+  deepseek.moe.moe_shared_expert_intermediate_size = 2 * deepseek.moe.moe_ffn_hidden_size;
+  deepseek.moe.moe_router_load_balancing_type = "aux_loss";
+  deepseek.moe.moe_aux_loss_coeff = 0.003;
+  deepseek.rope_scaling = {8.0, 1.0, 4.0, 128.0, true, 16.0, 2.0, 0.9, 0.7};
+  configs.push_back(deepseek);
 
   for (const auto& c : configs) {
     const auto back = models::config_from_hf(models::config_to_hf(c), "x");
@@ -266,6 +279,16 @@ TEST(Presets, ParameterCountsMatchThePublishedModels) {
   EXPECT_EQ(models::preset("llama3-8b").num_parameters(), 8030261248);
   EXPECT_EQ(models::preset("llama3-1b").num_parameters(), 1235814400);
   EXPECT_EQ(models::preset("mixtral-8x7b").num_parameters(), 46702792704);  // HF's Mixtral-8x7B-v0.1
+  // DeepSeek publishes rounded counts: V3 671B in its main model (37B per token), its MTP module
+  // ~14B of which 2 x vocab x hidden are its copies of the embedding and head (shared here); V2-Lite
+  // 15.7B.
+  auto v3 = models::preset("deepseek-v3-671b");
+  const double v3_all = static_cast<double>(v3.num_parameters());
+  v3.mtp_num_layers = 0;
+  EXPECT_NEAR(static_cast<double>(v3.num_parameters()) / 671e9, 1.0, 2e-3);
+  EXPECT_NEAR(static_cast<double>(v3.num_parameters(true)) / 37e9, 1.0, 0.03);
+  EXPECT_NEAR((v3_all - static_cast<double>(v3.num_parameters()) + 2.0 * 129280 * 7168) / 14e9, 1.0, 0.05);
+  EXPECT_NEAR(static_cast<double>(models::preset("deepseek-v2-lite").num_parameters()) / 15.7e9, 1.0, 2e-3);
   auto bad = models::preset("gpt-tiny");
   bad.num_attention_heads = 5;
   bad.num_query_groups = 5;

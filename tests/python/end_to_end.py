@@ -341,7 +341,7 @@ def _check_eval(cli, chk, case, model_dir, corpus, work):
     model = load_hf(model_dir)
     inputs, labels = TokenSamples(corpus.tokens, case.seq_len).batch(range(case.eval_samples))
     loss = lm_loss(model(inputs), labels)
-    (loss + aux_loss(model)).backward()  # megaton's gradient includes the balancing losses'; its loss does not
+    (loss + aux_loss(model, labels)).backward()  # megaton's gradient includes the balancing losses'; its loss does not
     # A parameter without a gradient (DeepSeek's selection-only expert bias) has a zero one in megaton's dump.
     ref_grads = {n: p.grad.numpy() if p.grad is not None else np.zeros(tuple(p.shape), dtype=np.float32)
                  for n, p in model.named_parameters()}

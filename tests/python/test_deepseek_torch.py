@@ -8,8 +8,10 @@ gradient, the routers' share of the sequence-wise balancing loss included) and 5
 (with the auxiliary-loss-free expert-bias update after each), each against the same PyTorch run. Cases:
   * deepseek_v3: multi-latent attention with a query latent, YaRN rope scaling whose magnitude and softmax
     factor differ from 1, the first layer dense, then 8 experts top-2 by sigmoid scores + expert bias within
-    2 of 4 groups, normalised weights scaled by 2.5, one shared expert, sequence-wise balancing loss; micro-
-    batches of 4 and 2 (the sequence-wise loss is a mean over sequences, so accumulation matches)
+    2 of 4 groups, normalised weights scaled by 2.5, one shared expert, sequence-wise balancing loss, two
+    multi-token prediction depths (MoE blocks; their loss weighted 0.1 / 2 joins the gradients, the file
+    holds DeepSeek-V3's copies of the embedding and head in the MTP layers); micro-batches of 4 and 2 (the
+    sequence-wise and MTP losses are means per micro-batch over equal counts, so accumulation matches)
   * deepseek_v2: no query latent (q_proj), no rope scaling, softmax over all experts then top-2 unnormalised
     and scaled, two shared experts
 See end_to_end.py and torch_reference.py for the details.
@@ -38,7 +40,7 @@ def tiny_deepseek(**overrides) -> DeepseekConfig:
 
 
 CASES = [
-    Case(name="deepseek_v3", config=tiny_deepseek(), seed=1357, micro_batches=(4, 2)),
+    Case(name="deepseek_v3", config=tiny_deepseek(num_nextn_predict_layers=2), seed=1357, micro_batches=(4, 2)),
     Case(name="deepseek_v2",
          config=tiny_deepseek(model_type="deepseek_v2", q_lora_rank=None, rope_scaling=None, scoring_func="softmax",
                               topk_method="greedy", n_group=1, topk_group=1, norm_topk_prob=False,

@@ -194,15 +194,18 @@ class DeepseekConfig:
     rope_scaling: dict | None = None  # None or {"type": "yarn", factor, original_max_position_embeddings, ...}
     max_position_embeddings: int = 2048
     tie_word_embeddings: bool = False
+    num_nextn_predict_layers: int = 0  # multi-token prediction depths, stored as layers after the last
 
-    # Not HF keys: the auxiliary-loss-free balancing update after each training step (noaux_tc), as
+    # Not HF keys: MTP's loss weight (Megatron's mtp_loss_scaling_factor default, which a trainer
+    # loading an HF folder uses), and: the auxiliary-loss-free balancing update after each training step (noaux_tc), as
     # Megatron's moe_router_bias_update_rate (its default, which a trainer loading an HF folder uses).
     BIAS_UPDATE_RATE = 1e-3
+    MTP_LOSS_SCALING_FACTOR = 0.1
 
     def to_hf(self) -> dict:
         arch = "DeepseekV3ForCausalLM" if self.model_type == "deepseek_v3" else "DeepseekV2ForCausalLM"
         return {"architectures": [arch], "num_key_value_heads": self.num_attention_heads, "moe_layer_freq": 1,
-                "num_nextn_predict_layers": 0, "attention_bias": False, "hidden_act": "silu", **asdict(self)}
+                "attention_bias": False, "hidden_act": "silu", **asdict(self)}
 
 
 def config_from_hf(hf: dict):
@@ -745,15 +748,43 @@ class DeepseekLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
+class DeepseekMTPLayer(DeepseekLayer):
+    """DeepSeek-V3's multi-token prediction depth k (stored as layer num_hidden_layers + k - 1): the block of a
+    decoder layer past the last, fed eh_proj([enorm(embedding of the ids k ahead) | hnorm(previous depth's output)]),
+    its output normalised by shared_head.norm; the embedding and head are the model's. The previous depth
+    of depth 1 is the main model's final-norm output (as Megatron-Core and vLLM feed it)."""
+
+    def __init__(self, cfg: DeepseekConfig, index: int):
+        super().__init__(cfg, index)
+        self.enorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.hnorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.eh_proj = nn.Linear(2 * cfg.hidden_size, cfg.hidden_size, bias=False)
+        self.shared_head = nn.ModuleDict(dict(norm=RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)))
+
+    def forward(self, emb, hidden, rope):
+        x = self.eh_proj(torch.cat((self.enorm(emb), self.hnorm(hidden)), dim=-1))
+        return self.shared_head.norm(super().forward(x, rope))
+
+
+def shift_left(t: torch.Tensor, k: int, fill: int) -> torch.Tensor:
+    """[B, T] ids k positions ahead, the last k filled (Megatron's roll_tensor, k times)."""
+    out = torch.full_like(t, fill)
+    out[:, :t.shape[1] - k] = t[:, k:]
+    return out
+
+
 class Deepseek(nn.Module):
     def __init__(self, cfg: DeepseekConfig):
         super().__init__()
         self.config = cfg
+        n, d = cfg.num_hidden_layers, cfg.num_nextn_predict_layers
         self.model = nn.ModuleDict(dict(
             embed_tokens=nn.Embedding(cfg.vocab_size, cfg.hidden_size),
-            layers=nn.ModuleList(DeepseekLayer(cfg, i) for i in range(cfg.num_hidden_layers)),
+            layers=nn.ModuleList([*(DeepseekLayer(cfg, i) for i in range(n)),
+                                  *(DeepseekMTPLayer(cfg, n) for _ in range(d))]),
             norm=RMSNorm(cfg.hidden_size, cfg.rms_norm_eps),
         ))
+        self.mtp_logits = []
         if not cfg.tie_word_embeddings:
             self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
 
@@ -761,11 +792,26 @@ class Deepseek(nn.Module):
         return self.model.embed_tokens.weight if self.config.tie_word_embeddings else self.lm_head.weight
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        rope = DeepseekRope(self.config, idx.shape[1])
+        """The main head's logits; the MTP depths' logits are left in mtp_logits (see mtp_loss)."""
+        cfg = self.config
+        rope = DeepseekRope(cfg, idx.shape[1])
         x = self.model.embed_tokens(idx)
-        for layer in self.model.layers:
+        for layer in self.model.layers[:cfg.num_hidden_layers]:
             x = layer(x, rope)
+        h = self.model.norm(x)
+        self.mtp_logits = []
+        for k, depth in enumerate(self.model.layers[cfg.num_hidden_layers:], start=1):
+            h = depth(self.model.embed_tokens(shift_left(idx, k, 0)), h, rope)
+            self.mtp_logits.append(h @ self.head_weight().t())
         return self.model.norm(x) @ self.head_weight().t()
+
+    def mtp_loss(self, labels: torch.Tensor) -> torch.Tensor:
+        """mtp_loss_scaling_factor / D * sum over depths k of the mean cross-entropy on the labels k ahead."""
+        if not self.mtp_logits:
+            return torch.zeros(())
+        losses = [F.cross_entropy(logits.reshape(-1, logits.shape[-1]), shift_left(labels, k, -100).reshape(-1))
+                  for k, logits in enumerate(self.mtp_logits, start=1)]
+        return DeepseekConfig.MTP_LOSS_SCALING_FACTOR / len(losses) * sum(losses)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -833,6 +879,10 @@ def load_hf(folder, rope_layout: str = "half") -> nn.Module:
             tensors[canon] = torch.from_numpy(array.astype(np.float32))
     params = dict(model.named_parameters())
     emb = embedding_name(model)
+    for name, copied in mtp_copies(model).items():  # DeepSeek-V3's MTP layers repeat the embedding and head
+        if name in tensors:
+            if copied not in tensors or not torch.equal(tensors.pop(name), tensors[copied]):
+                raise ValueError(f"{folder}: {name} differs from {copied}, which this model shares")
     if cfg.tie_word_embeddings and "lm_head.weight" in tensors:
         head = tensors.pop("lm_head.weight")
         if emb in tensors and not torch.equal(head, tensors[emb]):
@@ -850,12 +900,28 @@ def load_hf(folder, rope_layout: str = "half") -> nn.Module:
     return model
 
 
+def mtp_copies(model: nn.Module) -> dict[str, str]:
+    """HF name of each copy a DeepSeek-V3 file keeps in its MTP layers -> the name of the tensor it copies."""
+    if not isinstance(model, Deepseek):
+        return {}
+    cfg = model.config
+    head = "model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
+    out = {}
+    for i in range(cfg.num_hidden_layers, cfg.num_hidden_layers + cfg.num_nextn_predict_layers):
+        out[f"model.layers.{i}.embed_tokens.weight"] = "model.embed_tokens.weight"
+        out[f"model.layers.{i}.shared_head.head.weight"] = head
+    return out
+
+
 def hf_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The parameters as an HF file holds them: HF names, q/k rows of an interleaved model in HF order."""
+    """The parameters as an HF file holds them: HF names, q/k rows of an interleaved model in HF order,
+    DeepSeek-V3's copies of the embedding and head in its MTP layers."""
     out = {}
     for name, p in model.named_parameters():
         heads = _interleaved_heads(model.config, name)
         out[name] = interleaved_rows_to_hf(p.detach(), heads) if heads else p.detach()
+    for name, copied in mtp_copies(model).items():
+        out[name] = out[copied].clone()
     return out
 
 
@@ -1022,7 +1088,7 @@ def train_reference(model: nn.Module, samples, s: TrainSettings, bf16: bool = Fa
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             logits = model(inputs)
         loss = lm_loss(logits.float(), labels)
-        (loss + aux_loss(model)).backward()
+        (loss + aux_loss(model, labels)).backward()
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), s.clip)
         opt.lr = scheduled_lr(s, k + 1)
         opt.step()
@@ -1033,11 +1099,12 @@ def train_reference(model: nn.Module, samples, s: TrainSettings, bf16: bool = Fa
     return history
 
 
-def aux_loss(model: nn.Module) -> torch.Tensor:
-    """The MoE layers' balancing losses of the model's latest forward (zero without MoE): added to the
-    LM loss for backward, reported apart from it."""
-    return sum((m.balance_loss for m in model.modules() if isinstance(m, (MixtralSparseMoe, DeepseekMoE))),
-               torch.zeros(()))
+def aux_loss(model: nn.Module, labels: torch.Tensor) -> torch.Tensor:
+    """What training adds to the LM loss of the model's latest forward, reported apart from it: the MoE
+    layers' balancing losses and DeepSeek's multi-token prediction loss (zero without them)."""
+    balance = sum((m.balance_loss for m in model.modules() if isinstance(m, (MixtralSparseMoe, DeepseekMoE))),
+                  torch.zeros(()))
+    return balance + (model.mtp_loss(labels) if isinstance(model, Deepseek) else torch.zeros(()))
 
 
 def rel_err(a, b) -> float:

@@ -17,7 +17,7 @@ namespace megaton::testing {
 inline std::vector<std::pair<std::string, std::string>> config_fields(const models::TransformerConfig& c) {
   const auto& [name, num_layers, hidden_size, num_attention_heads, num_query_groups, kv_channels, ffn_hidden_size,
                vocab_size, make_vocab_size_divisible_by, max_position_embeddings, attention_type, mlp_type, mla, moe,
-               first_k_dense_replace, normalization, activation, position_embedding, rope_layout, rotary_base,
+               first_k_dense_replace, mtp_num_layers, mtp_loss_scaling_factor, normalization, activation, position_embedding, rope_layout, rotary_base,
                rope_scaling, add_bias_linear, tie_embeddings, norm_epsilon, init_method_std] = c;
   const auto& [factor, low_freq_factor, high_freq_factor, original_max_position, yarn, beta_fast, beta_slow, mscale,
                mscale_all_dim] = rope_scaling;
@@ -68,6 +68,8 @@ inline std::vector<std::pair<std::string, std::string>> config_fields(const mode
           {"moe.moe_expert_capacity_factor", str(moe_expert_capacity_factor)},
           {"moe.moe_token_drop_policy", moe_token_drop_policy},
           {"first_k_dense_replace", str(first_k_dense_replace)},
+          {"mtp_num_layers", str(mtp_num_layers)},
+          {"mtp_loss_scaling_factor", str(mtp_loss_scaling_factor)},
           {"normalization", models::normalization_name(normalization)},
           {"activation", models::activation_name(activation)},
           {"position_embedding", models::position_embedding_name(position_embedding)},

@@ -18,7 +18,7 @@ inline models::TransformerConfig tiny_config(const std::string& preset) {
   c.num_layers = 2;
   c.hidden_size = 48;
   c.num_attention_heads = 6;
-  c.num_query_groups = preset == "gpt-tiny" ? 6 : 2;
+  c.num_query_groups = preset == "gpt-tiny" || c.is_mla() ? 6 : 2;  // MLA has no kv groups
   c.ffn_hidden_size = 80;
   c.max_position_embeddings = 64;
   return c;

@@ -1,5 +1,6 @@
 #include "megaton/models/hf_format.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <optional>
@@ -92,6 +93,7 @@ void read_deepseek(TransformerConfig& c, const json& j, const std::string& sourc
   c.mla.qk_head_dim = require<int64_t>(j, "qk_nope_head_dim", source);
   c.mla.qk_pos_emb_head_dim = require<int64_t>(j, "qk_rope_head_dim", source);
   c.mla.v_head_dim = require<int64_t>(j, "v_head_dim", source);
+  c.mtp_num_layers = get_or<int64_t>(j, "num_nextn_predict_layers", 0, source);
   const auto routed = read<int64_t>(j, "n_routed_experts", source);
   if (!routed) return;  // every layer dense
   if (get_or<int64_t>(j, "moe_layer_freq", 1, source) != 1)
@@ -233,7 +235,7 @@ void write_deepseek(json& j, const TransformerConfig& c) {
   j["qk_nope_head_dim"] = a.qk_head_dim;
   j["qk_rope_head_dim"] = a.qk_pos_emb_head_dim;
   j["v_head_dim"] = a.v_head_dim;
-  j["num_nextn_predict_layers"] = 0;
+  j["num_nextn_predict_layers"] = c.mtp_num_layers;
   j["n_routed_experts"] = nullptr;
   if (!moe) return;
   j["n_routed_experts"] = m.num_moe_experts;
@@ -364,6 +366,10 @@ struct Binding {
   bool transpose = false;
   int64_t rope_head_dim = 0;
   std::optional<nn::AttentionShape> qkv = std::nullopt;
+  // A copy of a tensor bound elsewhere (DeepSeek-V3's MTP layers store the embedding and head
+  // again): written on save, left out of gradient dumps, and on load optional but, when present,
+  // required to equal the tensor it copies.
+  bool copy = false;
 };
 
 // An MoE layer under DeepSeek-V3's names: the router "gate" (+ e_score_correction_bias, the
@@ -450,9 +456,8 @@ std::vector<Binding> bindings(TransformerModel& m) {
     const int64_t F = c.ffn_hidden_size;
     const int64_t rope = c.rope_layout == kernels::RopeLayout::Interleaved ? D : 0;
     out.push_back({"model.embed_tokens.weight", &m.embedding().word, 0, V});
-    for (size_t i = 0; i < m.layers().size(); ++i) {
-      auto& l = *m.layers()[i];
-      const std::string p = "model.layers." + std::to_string(i) + ".";
+    // A decoder layer (or an MTP depth's block) under Llama's / DeepSeek's names.
+    auto layer = [&](nn::TransformerBlock& l, const std::string& p, bool moe) {
       out.push_back({p + "input_layernorm.weight", &l.input_norm.weight});
       if (c.is_mla()) {
         mla_bindings(out, p, l.latent_attention());
@@ -463,13 +468,28 @@ std::vector<Binding> bindings(TransformerModel& m) {
         out.push_back({p + "self_attn.o_proj.weight", &l.self_attention().proj.weight});
       }
       out.push_back({p + "post_attention_layernorm.weight", &l.pre_mlp_norm.weight});
-      if (c.is_moe_layer(static_cast<int64_t>(i))) {
+      if (moe) {
         moe_bindings(out, p, dynamic_cast<nn::MoeLayer&>(*l.mlp), c.hidden_size, is_mixtral_shaped(c));
-        continue;
+        return;
       }
       out.push_back({p + "mlp.gate_proj.weight", &l.dense_mlp().fc1.weight, 0, F});
       out.push_back({p + "mlp.up_proj.weight", &l.dense_mlp().fc1.weight, F, F});
       out.push_back({p + "mlp.down_proj.weight", &l.dense_mlp().fc2.weight});
+    };
+    const auto L = static_cast<int64_t>(m.layers().size());
+    for (int64_t i = 0; i < L; ++i)
+      layer(*m.layers()[static_cast<size_t>(i)], "model.layers." + std::to_string(i) + ".", c.is_moe_layer(i));
+    // DeepSeek-V3 stores MTP depth k as layer L + k, with its own copies of the embedding and head.
+    for (size_t k = 0; k < m.mtp_layers().size(); ++k) {
+      nn::MtpLayer& d = *m.mtp_layers()[k];
+      const std::string p = "model.layers." + std::to_string(L + static_cast<int64_t>(k)) + ".";
+      out.push_back({p + "enorm.weight", &d.enorm.weight});
+      out.push_back({p + "hnorm.weight", &d.hnorm.weight});
+      out.push_back({p + "eh_proj.weight", &d.eh_proj.weight});
+      layer(d.block, p, c.is_moe_layer(L));
+      out.push_back({p + "shared_head.norm.weight", &d.final_norm.weight});
+      out.push_back({p + "embed_tokens.weight", &m.embedding().word, 0, V, false, 0, std::nullopt, true});
+      out.push_back({p + "shared_head.head.weight", &m.output_weight(), 0, V, false, 0, std::nullopt, true});
     }
     out.push_back({"model.norm.weight", &m.final_norm().weight});
   }
@@ -504,6 +524,7 @@ int64_t source_row(const Binding& b, int64_t r) {
 std::vector<std::pair<std::string, Tensor>> to_hf_tensors(TransformerModel& model, bool gradients) {
   std::vector<std::pair<std::string, Tensor>> out;
   for (const Binding& b : bindings(model)) {
+    if (b.copy && gradients) continue;
     const Tensor& full = gradients ? b.param->grad : b.param->value;
     const int64_t cols = cols_of(full);
     Tensor t = Tensor::empty(hf_shape(b, full), DType::F32, MemCategory::Workspace, b.hf_name);
@@ -521,28 +542,21 @@ std::vector<std::pair<std::string, Tensor>> to_hf_tensors(TransformerModel& mode
 
 void load_hf_tensors(TransformerModel& model, const std::map<std::string, Tensor>& tensors, const std::string& source) {
   // Buffers some GPT-2 / Llama exports carry that are not parameters.
-  // DeepSeek-V3 stores its multi-token-prediction modules as the layers after the last decoder
-  // layer; they are not part of the main model (eval and generation use the main head only).
-  const TransformerConfig& config = model.config();
-  auto mtp_layer = [&](const std::string& n) {
-    const std::string prefix = "model.layers.";
-    if (!config.is_mla() || !n.starts_with(prefix)) return false;
-    const size_t end = n.find('.', prefix.size());
-    const std::string index = n.substr(prefix.size(), end - prefix.size());
-    if (index.empty() || index.size() > 6 || index.find_first_not_of("0123456789") != std::string::npos) return false;
-    return std::stoll(index) >= config.num_layers;
-  };
-  auto ignorable = [&](const std::string& n) {
+  auto ignorable = [](const std::string& n) {
     auto ends = [&](const char* s) { return n.size() >= std::strlen(s) && n.ends_with(s); };
-    return ends(".attn.bias") || ends(".attn.masked_bias") || ends("rotary_emb.inv_freq") || mtp_layer(n);
+    return ends(".attn.bias") || ends(".attn.masked_bias") || ends("rotary_emb.inv_freq");
   };
   std::set<std::string> used;
   const bool tied = model.config().tie_embeddings;
-  for (const Binding& b : bindings(model)) {
+  // Copies last: they are compared with the tensors they copy, which must be loaded by then.
+  std::vector<Binding> all = bindings(model);
+  std::stable_partition(all.begin(), all.end(), [](const Binding& b) { return !b.copy; });
+  for (const Binding& b : all) {
     // GPT2Model checkpoints use bare names ("h.0.ln_1.weight", "wte.weight").
     std::string key = b.hf_name;
     if (!tensors.count(key) && key.starts_with("transformer.") && tensors.count(key.substr(12))) key = key.substr(12);
     auto it = tensors.find(key);
+    if (it == tensors.end() && b.copy) continue;
     if (it == tensors.end()) fail(source, ": missing tensor '", b.hf_name, "'");
     used.insert(key);
     Tensor& full = b.param->value;
@@ -556,7 +570,13 @@ void load_hf_tensors(TransformerModel& model, const std::map<std::string, Tensor
     float* dst = full.data<float>();
     for (int64_t r = 0; r < rows; ++r) {
       float* d = dst + source_row(b, r) * cols;
-      for (int64_t k = 0; k < cols; ++k) d[k] = b.transpose ? src[k * rows + r] : src[r * cols + k];
+      for (int64_t k = 0; k < cols; ++k) {
+        const float v = b.transpose ? src[k * rows + r] : src[r * cols + k];
+        if (b.copy && d[k] != v)
+          fail(source, ": tensor '", key, "' differs from the tensor it copies (", b.param->name,
+               "): Megaton shares one embedding and head between the model and its MTP layers");
+        d[k] = v;
+      }
     }
   }
   for (const auto& [name, t] : tensors) {

@@ -55,8 +55,18 @@ void TransformerConfig::validate() const {
   }
   if (position_embedding == PositionEmbedding::Rope && head_dim() % 2 != 0 && !is_mla())
     fail("model config: rotary embeddings need an even head dim, got ", head_dim());
+  if (mtp_num_layers < 0 || mtp_num_layers > 16)
+    fail("model config: mtp_num_layers must be in [0, 16], got ", mtp_num_layers);
+  if (!(std::isfinite(mtp_loss_scaling_factor) && mtp_loss_scaling_factor >= 0))
+    fail("model config: mtp_loss_scaling_factor must be finite and >= 0, got ", mtp_loss_scaling_factor);
+  if (mtp_num_layers > 0 && position_embedding != PositionEmbedding::Rope)
+    fail("model config: multi-token prediction needs position_embedding_type rope (mtp_num_layers ", mtp_num_layers,
+         ")");
   if (is_mla()) {
     mla.validate();
+    if (num_query_groups != num_attention_heads)
+      fail("model config: attention_type mla has no kv groups: num_query_groups (", num_query_groups,
+           ") must equal num_attention_heads (", num_attention_heads, ")");
     if (position_embedding != PositionEmbedding::Rope)
       fail("model config: attention_type mla needs position_embedding_type rope (its decoupled rotary key)");
   }
@@ -109,17 +119,21 @@ int64_t attention_params(const TransformerConfig& c, bool matmul) {
 }
 }  // namespace
 
-int64_t TransformerConfig::num_parameters() const {
+int64_t TransformerConfig::num_parameters(bool active_only) const {
   const int64_t C = hidden_size, F = ffn_hidden_size;
   const int64_t b = add_bias_linear ? 1 : 0;
   const int64_t norm = normalization == Normalization::LayerNorm ? 2 * C : C;
   const int64_t fc1_out = activation == Activation::SwiGLU ? 2 * F : F;
   const int64_t attn = norm + attention_params(*this, false) + norm;
   int64_t n = vocab_size * C + norm;
-  for (int64_t i = 0; i < num_layers; ++i) {
-    n += attn + mlp_matmul_params(*this, i, false);
-    if (!is_moe_layer(i)) n += b * fc1_out + b * C;
+  // The decoder layers, then each MTP depth's block (a layer past the last) with its two input
+  // norms, eh_proj and final norm.
+  for (int64_t i = 0; i < num_layers + mtp_num_layers; ++i) {
+    const int64_t layer = std::min(i, num_layers);
+    n += attn + mlp_matmul_params(*this, layer, active_only);
+    if (!is_moe_layer(layer)) n += b * fc1_out + b * C;
     else if (moe.moe_router_enable_expert_bias) n += moe.num_moe_experts;
+    if (i >= num_layers) n += 2 * norm + 2 * C * C + norm;
   }
   if (position_embedding == PositionEmbedding::LearnedAbsolute) n += max_position_embeddings * C;
   if (!tie_embeddings) n += vocab_size * C;
@@ -131,11 +145,14 @@ double TransformerConfig::flops_per_token(int64_t seq_len) const {
   const double qk = static_cast<double>(is_mla() ? mla.qk_dim() : head_dim());
   const double v = static_cast<double>(is_mla() ? mla.v_head_dim : head_dim());
   double matmul_params = static_cast<double>(vocab_size) * C;
-  for (int64_t i = 0; i < num_layers; ++i)
+  // Each MTP depth runs a layer past the last, its eh_proj and the head once more.
+  for (int64_t i = 0; i < num_layers + mtp_num_layers; ++i)
     matmul_params += static_cast<double>(attention_params(*this, true)) +
-                     static_cast<double>(mlp_matmul_params(*this, i, true));
+                     static_cast<double>(mlp_matmul_params(*this, std::min(i, num_layers), true)) +
+                     (i >= num_layers ? 2.0 * C * C + static_cast<double>(vocab_size) * C : 0.0);
   // Scores (qk) and the weighted values (v), 2 FLOPs per multiply-add, x3 for backward, causal half.
-  const double attention = 6.0 * num_layers * num_attention_heads * (qk + v) * seq_len / 2.0;
+  const double attention = 6.0 * static_cast<double>(num_layers + mtp_num_layers) * num_attention_heads * (qk + v) *
+                           seq_len / 2.0;
   return 6.0 * matmul_params + attention;
 }
 
@@ -207,6 +224,7 @@ TransformerConfig deepseek(const std::string& name) {
     m.moe_ffn_hidden_size = 64;
     m.moe_shared_expert_intermediate_size = 64;
     m.moe_router_topk_scaling_factor = 2.5;
+    c.mtp_num_layers = 1;
     return c;
   }
   c.rope_scaling = yarn;
@@ -226,6 +244,7 @@ TransformerConfig deepseek(const std::string& name) {
     m.moe_ffn_hidden_size = 2048;
     m.moe_shared_expert_intermediate_size = 2048;
     m.moe_router_topk_scaling_factor = 2.5;
+    c.mtp_num_layers = 1;
     return c;
   }
   // V2-Lite: no query latent, softmax over all 64 experts then the top 6, unnormalised, 2 shared experts.

@@ -40,6 +40,11 @@ struct TransformerConfig {
   // MLP (DeepSeek-V3's first_k_dense_replace).
   nn::MoeConfig moe;
   int64_t first_k_dense_replace = 0;
+  // Multi-token prediction (DeepSeek-V3; Megatron's names): depths after the main model, each
+  // predicting one token further ahead; their mean loss weighted by mtp_loss_scaling_factor joins the
+  // training loss (HF's num_nextn_predict_layers).
+  int64_t mtp_num_layers = 0;
+  double mtp_loss_scaling_factor = 0.1;
   Normalization normalization = Normalization::LayerNorm;
   Activation activation = Activation::GeLU;
   PositionEmbedding position_embedding = PositionEmbedding::LearnedAbsolute;
@@ -62,8 +67,9 @@ struct TransformerConfig {
   int64_t padded_vocab_size(int64_t tp) const;
   // Throws megaton::Error naming the inconsistent fields (heads vs hidden, groups vs heads, ...).
   void validate() const;
-  // Every parameter (all experts of an MoE layer).
-  int64_t num_parameters() const;
+  // Every parameter (all experts of an MoE layer), or with active_only those a token runs through
+  // (an MoE layer's router, its top-k routed experts and its shared experts).
+  int64_t num_parameters(bool active_only = false) const;
   // True when layer i has the MoE MLP.
   bool is_moe_layer(int64_t i) const { return mlp_type == "moe" && i >= first_k_dense_replace; }
   // Training FLOPs per token: 6 x (matmul parameters; an MoE layer's router, k routed and the shared experts) + attention (12 x layers x seq x

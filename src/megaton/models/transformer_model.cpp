@@ -86,6 +86,20 @@ TransformerModel::TransformerModel(const TransformerConfig& config, StageLayout 
     const size_t head_at = add(*head_, L);
     if (copy) positions_.at(head_at) = -1;
   }
+  if (config.mtp_num_layers > 0) {
+    if (!embedding_ || !head_)
+      fail("mtp_num_layers ", config.mtp_num_layers, ": multi-token prediction needs the whole model on one pipeline "
+           "stage (pipeline_model_parallel_size 1)");
+    // The block of depth k is a decoder layer past the last one: MoE when the model's later layers are.
+    spec.mlp = config.is_moe_layer(L) ? config.mlp_type : "dense";
+    for (int64_t k = 0; k < config.mtp_num_layers; ++k) {
+      mtp_.push_back(std::make_unique<nn::MtpLayer>("mtp.layers." + std::to_string(k), spec, rope ? &rope_ : nullptr));
+      add(*mtp_.back(), L);
+    }
+    // Each depth looks the embedding up once more and runs the head once more per micro-batch.
+    embedding_->word.uses += static_cast<int>(config.mtp_num_layers);
+    head_->weight().uses += static_cast<int>(config.mtp_num_layers);
+  }
   size_t local_layer = 0;
   for (size_t c = 0; c < layout_.num_chunks(); ++c) {
     if (!layout_.holds(c)) {
@@ -148,7 +162,7 @@ void TransformerModel::init_weights(uint64_t seed) {
     float* v = global.data<float>();
     const int64_t n = global.numel();
     Philox rng(seed, stable_hash(p->name.data(), p->name.size()));
-    if (ends_with(p->name, "layernorm.weight")) {
+    if (ends_with(p->name, "norm.weight")) {  // every norm: layernorm, q_ / kv_layernorm, MTP's enorm / hnorm
       std::fill(v, v + n, 1.0f);
     } else if (ends_with(p->name, ".bias") || ends_with(p->name, ".expert_bias")) {
       std::fill(v, v + n, 0.0f);
@@ -164,6 +178,8 @@ std::vector<nn::MoeLayer*> TransformerModel::moe_layers() {
   std::vector<nn::MoeLayer*> out;
   for (auto& l : layers_)
     if (auto* m = dynamic_cast<nn::MoeLayer*>(l->mlp.get())) out.push_back(m);
+  for (auto& d : mtp_)
+    if (auto* m = dynamic_cast<nn::MoeLayer*>(d->block.mlp.get())) out.push_back(m);
   return out;
 }
 
@@ -193,6 +209,7 @@ void TransformerModel::set_compute_dtype(DType dtype) {
   nn::ParameterList gemm_weights;
   if (head_) gemm_weights.push_back(&head_->weight());
   for (auto& l : layers_) l->gemm_weights(gemm_weights);
+  for (auto& d : mtp_) d->gemm_weights(gemm_weights);
   for (nn::Parameter* p : gemm_weights) {
     if (dtype == DType::F32)
       p->compute = {};
@@ -269,6 +286,7 @@ LossResult TransformerModel::loss(ModelCtx& ctx, const Tensor& output, const Ten
   const float scale = count ? loss_scale / static_cast<float>(count) : 0.0f;
   const nn::LossSum s =
       chunk(num_chunks() - 1).loss(ctx.chunks.back(), output, targets, compute_grad, scale, defer_head_weight_grad);
+  if (compute_grad && !mtp_.empty()) mtp_loss_and_grad(ctx, output, targets, loss_scale);
   if (!compute_grad) ctx = {};
   return {s.count ? s.sum / static_cast<double>(s.count) : 0.0, s.count};
 }

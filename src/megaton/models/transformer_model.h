@@ -20,11 +20,19 @@
 #include "megaton/models/stage_layout.h"
 #include "megaton/models/transformer_config.h"
 #include "megaton/nn/moe/moe_layer.h"
+#include "megaton/nn/mtp_layer.h"
 
 namespace megaton::models {
 
 struct ModelCtx {
   std::vector<ChunkCtx> chunks;  // one per model chunk (of the whole model: those of other stages stay empty)
+};
+
+// Multi-token prediction's losses over a training step's micro-batches: per depth, the sum of the
+// micro-batch means and how many micro-batches added one.
+struct MtpStepLosses {
+  std::vector<double> sums;
+  int64_t microbatches = 0;
 };
 
 struct LossResult {
@@ -145,12 +153,23 @@ class TransformerModel {
   // Every held chunk's (ModelChunk::set_param_gate).
   void set_param_gate(const ModelChunk::ParamGate& gate) {
     for (ModelChunk& c : chunks_) c.set_param_gate(gate);
+    gate_ = gate;
   }
+  // The multi-token prediction depths (mtp_num_layers; empty without).
+  std::vector<std::unique_ptr<nn::MtpLayer>>& mtp_layers() { return mtp_; }
+  // Per training step: MTP's mean loss per depth over the micro-batches that trained since
+  // begin_mtp_step (empty without MTP).
+  void begin_mtp_step() { mtp_step_ = {std::vector<double>(mtp_.size()), 0}; }
+  std::vector<double> mtp_step_losses() const;
 
  private:
   // Every transformer layer's Linear modules, in layer order.
   std::vector<nn::Linear*> layer_linears();
   void check_whole(const char* what) const;  // throws when some chunk lives on another stage
+  // The MTP depths' losses and gradients after the main loss of a training micro-batch: their
+  // weight gradients (the shared head's and embedding's included) now, and the gradient at the
+  // main model's final-norm output added to the last chunk's.
+  void mtp_loss_and_grad(ModelCtx& ctx, const Tensor& output, const Tensor& targets, float loss_scale);
 
   TransformerConfig config_;
   nn::TensorParallel tp_;
@@ -160,6 +179,9 @@ class TransformerModel {
   std::vector<std::unique_ptr<nn::TransformerBlock>> layers_;
   std::unique_ptr<nn::Norm> final_norm_;  // with the last model chunk, like the head
   std::unique_ptr<nn::OutputHead> head_;
+  std::vector<std::unique_ptr<nn::MtpLayer>> mtp_;  // with the whole model (pipelining refuses MTP)
+  MtpStepLosses mtp_step_;
+  ModelChunk::ParamGate gate_;
   nn::ParameterList params_;
   std::vector<int64_t> positions_;
   std::vector<int64_t> layer_numbers_;  // the global layer number of each of layers_

@@ -79,6 +79,7 @@ void RunLog::step(int64_t step, const TrainingStep::Result& r, double lr, int64_
                         {"z_loss", m.z_loss}});
     rec["moe"] = layers;
   }
+  if (!r.mtp_losses.empty()) rec["mtp_loss"] = r.mtp_losses;
   metrics_->write(rec);
   if (primary_ && (step % cfg_.log_interval == 0 || step == cfg_.train_iters)) {
     const double rate = median(rates_);

@@ -106,6 +106,8 @@ const std::vector<Field>& fields() {
       model_field("model.attention_type", &MC::attention_type),
       model_field("model.mlp_type", &MC::mlp_type),
       model_field("model.first_k_dense_replace", &MC::first_k_dense_replace),
+      model_field("model.mtp_num_layers", &MC::mtp_num_layers),
+      model_field("model.mtp_loss_scaling_factor", &MC::mtp_loss_scaling_factor),
       mla_field("model.q_lora_rank", &nn::MlaConfig::q_lora_rank),
       mla_field("model.kv_lora_rank", &nn::MlaConfig::kv_lora_rank),
       mla_field("model.qk_head_dim", &nn::MlaConfig::qk_head_dim),

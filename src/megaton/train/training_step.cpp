@@ -148,6 +148,7 @@ TrainingStep::Result TrainingStep::forward_backward(int64_t step, int64_t first_
   begin_fp8_step();
   buffer_->begin_step(schedule_.microbatches);
   model_.begin_moe_step();
+  model_.begin_mtp_step();
   if (!loader_ || loader_position_ != first_sample) {
     loader_.reset();  // stop the old workers before the new loader starts its own
     loader_ = std::make_unique<data::DataLoader>(
@@ -210,7 +211,7 @@ TrainingStep::Result TrainingStep::forward_backward(int64_t step, int64_t first_
       undo_ && !skipped && std::isfinite(grad_norm) && optim::clip_coefficient(grad_norm, cfg_.clip_grad) == 1.0;
   if (undo_ && !updated) undo_->undo(*optimizer_);
   return {loss,      grad_norm,  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
-          comm_wait, model_.moe_step_stats(), loss_scale, skipped, updated};
+          comm_wait, model_.moe_step_stats(), loss_scale, skipped, updated, model_.mtp_step_losses()};
 }
 
 void TrainingStep::unscale_gradients(double loss_scale) {

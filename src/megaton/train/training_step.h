@@ -64,6 +64,9 @@ class TrainingStep {
     bool skipped = false;
     // Optimizer post-validation: the eager update stands (update() then adds nothing).
     bool updated = false;
+    // Multi-token prediction: per depth, this process's mean loss over the step's micro-batches (not
+    // part of "loss", which is the main head's).
+    std::vector<double> mtp_losses;
   };
   // Called after backward with the step number, the flat gradients and the step's loss, before the
   // grad norm is taken: where fault injection corrupts a step.
