@@ -9,6 +9,7 @@
 #include "megaton/core/threads.h"
 #include "megaton/data/tokenizer.h"
 #include "megaton/infer/generate.h"
+#include "megaton/infer/speculative.h"
 #include "megaton/infer/text_stream.h"
 
 namespace megaton::app {
@@ -19,6 +20,16 @@ std::vector<int32_t> prompt_ids;
 infer::SamplingOptions opts;
 int threads = 0;
 bool json = false;
+bool speculative = false;
+
+// Greedy generation, with the model's MTP draft when --speculative asks (the same tokens, fewer
+// main-model steps); spec counts the drafts.
+std::vector<int32_t> run(models::TransformerModel& model, const std::vector<int32_t>& input,
+                         const std::function<bool(int32_t)>& on_token, infer::GenerateStats* stats,
+                         infer::SpeculativeStats* spec) {
+  if (speculative) return infer::generate_speculative(model, input, opts, on_token, stats, spec);
+  return infer::generate(model, input, opts, on_token, stats);
+}
 std::string precision = "fp32", weights_dtype = "auto";
 
 // Tokens per second, or null when nothing was timed (e.g. the first token was the stop token).
@@ -29,8 +40,9 @@ nlohmann::json rate(int64_t tokens, double seconds) {
 void print_json(models::TransformerModel& model, const data::Tokenizer& tok, const std::vector<int32_t>& input,
                 double load_s) {
   infer::GenerateStats stats;
-  const std::vector<int32_t> ids = infer::generate(model, input, opts, {}, &stats);
-  const nlohmann::json out = {{"load_s", load_s},
+  infer::SpeculativeStats spec;
+  const std::vector<int32_t> ids = run(model, input, {}, &stats, &spec);
+  nlohmann::json out = {{"load_s", load_s},
                               {"prompt_tokens", stats.prefill_tokens},
                               {"prefill_s", stats.prefill_s},
                               {"prefill_tokens_per_s", rate(stats.prefill_tokens, stats.prefill_s)},
@@ -42,6 +54,8 @@ void print_json(models::TransformerModel& model, const data::Tokenizer& tok, con
                               {"weights_dtype", weights_dtype},
                               {"text", tok.decode(ids)},
                               {"ids", ids}};
+  if (speculative)
+    out["speculative"] = {{"drafted", spec.drafted}, {"accepted", spec.accepted}, {"main_steps", spec.main_steps}};
   // A byte-level continuation may end inside a UTF-8 character: replace, never throw.
   std::printf("%s\n", out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
 }
@@ -78,6 +92,9 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--seed", opts.seed, "Sampling seed")->capture_default_str()->check(in_range<uint64_t>(0));
   cmd->add_option("--threads", threads, "CPU threads")->check(in_range(0, 4096));
   add_inference_dtype_options(cmd, precision, weights_dtype);
+  cmd->add_flag("--speculative", speculative,
+                "Greedy decoding with the model's multi-token prediction layer drafting each next token (DeepSeek-V3 "
+                "folders with num_nextn_predict_layers): the same tokens as plain greedy, fewer main-model steps");
   cmd->add_flag("--json", json,
                 "Print one JSON object instead of streaming text: load_s, prompt and generated token counts, "
                 "prefill_tokens_per_s, decode_tokens_per_s, text, ids");
@@ -93,6 +110,8 @@ void add_generate_command(CLI::App& app) {
     const std::vector<int32_t> input = prompt_ids.empty() ? tok->encode(prompt) : prompt_ids;
     opts.stop_token = tok->eod();
     opts.vocab_size = tok->vocab_size();  // every generated id must decode (a model's vocabulary may be larger)
+    if (speculative && opts.temperature != 0.0)
+      fail("--speculative decodes greedily: give --temperature 0");
     if (json) return print_json(*model, *tok, input, loaded.load_s);
     std::fputs(prompt_ids.empty() ? prompt.c_str() : tok->decode(input).c_str(), stdout);
     infer::TextStream stream(*tok, {});
@@ -100,10 +119,10 @@ void add_generate_command(CLI::App& app) {
       std::fwrite(text.data(), 1, text.size(), stdout);
       std::fflush(stdout);
     };
-    infer::generate(*model, input, opts, [&](int32_t id) {
+    run(*model, input, [&](int32_t id) {
       show(stream.push(id));
       return true;
-    });
+    }, nullptr, nullptr);
     show(stream.finish());
     std::fputc('\n', stdout);
   });

@@ -78,7 +78,7 @@ TEST_P(KVCache, IncrementalDecodingMatchesTheTrainingForward) {
   EXPECT_NEAR(sum / static_cast<double>(tg.size()), want, 1e-5 * want);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, KVCache, ::testing::Values("gpt-tiny", "llama-tiny"));
+INSTANTIATE_TEST_SUITE_P(Models, KVCache, ::testing::Values("gpt-tiny", "llama-tiny", "deepseek-v3-tiny"));
 
 TEST(Sampling, GreedyTopKTopPAndSeeds) {
   std::vector<float> logits = {0.1f, 2.0f, 1.9f, -1.0f, 0.5f};
@@ -217,7 +217,7 @@ TEST_P(GreedyDecode, EqualsTheTrainingForwardsArgmaxAtEveryPosition) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, GreedyDecode,
-                         ::testing::Combine(::testing::Values("gpt-tiny", "llama-tiny"),
+                         ::testing::Combine(::testing::Values("gpt-tiny", "llama-tiny", "deepseek-v3-tiny"),
                                             ::testing::Values(DType::F32, DType::BF16)),
                          [](const auto& info) {
                            std::string name = std::get<0>(info.param) + "_" + std::string(dtype_name(std::get<1>(info.param)));

@@ -320,18 +320,37 @@ std::vector<nn::KVCache> TransformerModel::new_kv_caches(int64_t B, int64_t max_
   return caches;
 }
 
-Tensor TransformerModel::forward_cached(std::vector<nn::KVCache>& caches, const Tensor& tokens) {
+Tensor TransformerModel::forward_cached_hidden(std::vector<nn::KVCache>& caches, const Tensor& tokens) {
   if (tp_.active()) fail("incremental decoding runs on an unsharded model, this one is split over ", tp_.size(), " ranks");
-  const int64_t B = tokens.size(0), T = tokens.size(1), C = config_.hidden_size;
+  const int64_t B = tokens.size(0), T = tokens.size(1);
   check_whole("incremental decoding");
   Tensor h = embedding_->forward(tokens, caches.at(0).len, compute_dtype_);
   for (size_t i = 0; i < layers_.size(); ++i) h = layers_[i]->forward_cached(caches[i], h, B, T);
+  nn::NormCtx scratch;
+  return final_norm_->forward(scratch, h);
+}
+
+Tensor TransformerModel::logits(const Tensor& hidden) { return head_->logits(hidden); }
+
+nn::KVCache TransformerModel::new_mtp_cache(int64_t B, int64_t max_len) const {
+  if (mtp_.empty()) fail("model '", config_.name, "' has no multi-token prediction layers (mtp_num_layers 0)");
+  return mtp_.front()->block.attention->new_cache(B, max_len);
+}
+
+Tensor TransformerModel::mtp_forward_cached(nn::KVCache& cache, const Tensor& next, const Tensor& hidden) {
+  if (mtp_.empty()) fail("model '", config_.name, "' has no multi-token prediction layers (mtp_num_layers 0)");
+  const int64_t B = next.size(0), T = next.size(1);
+  return mtp_.front()->forward_cached(cache, embedding_->forward(next, 0, compute_dtype_), hidden, B, T);
+}
+
+Tensor TransformerModel::forward_cached(std::vector<nn::KVCache>& caches, const Tensor& tokens) {
+  const int64_t B = tokens.size(0), T = tokens.size(1), C = config_.hidden_size;
+  const Tensor h = forward_cached_hidden(caches, tokens);
   // Only the last position of each sequence needs logits; the gather and the head run in the compute
   // dtype (a bf16 model reads the head's bf16 copy: half the bytes of its largest weight per token).
   Tensor last = nn::new_activation({B, C}, "last_hidden", h.dtype());
   kernels::copy_rows(kernels::ExecContext::on(h), {last.view({B, 1, C}), 0, 0}, {h.view({B, T, C}), T - 1, 0}, 1, C);
-  nn::NormCtx scratch;
-  return head_->logits(final_norm_->forward(scratch, last));
+  return head_->logits(last);
 }
 
 }  // namespace megaton::models

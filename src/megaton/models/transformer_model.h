@@ -128,6 +128,16 @@ class TransformerModel {
   // sequence's last new token, [B, vocab].
   std::vector<nn::KVCache> new_kv_caches(int64_t B, int64_t max_len) const;
   Tensor forward_cached(std::vector<nn::KVCache>& caches, const Tensor& tokens);
+  // The same pass returning the final-norm hidden state of every new position, [B*T, hidden]
+  // (speculative decoding verifies several positions at once), and the logits of such rows.
+  Tensor forward_cached_hidden(std::vector<nn::KVCache>& caches, const Tensor& tokens);
+  Tensor logits(const Tensor& hidden);
+  // Multi-token prediction's first depth as a draft model: `hidden` holds the main model's final-norm
+  // states of T positions per sequence and `next` [B, T] the token after each; both are appended to
+  // the depth's own cache (new_mtp_cache) and its output rows [B*T, hidden] returned, whose logits
+  // predict the token after `next`.
+  nn::KVCache new_mtp_cache(int64_t B, int64_t max_len) const;
+  Tensor mtp_forward_cached(nn::KVCache& cache, const Tensor& next, const Tensor& hidden);
 
   // The MoE layers (mlp_type "moe"), in layer order; empty for a dense model.
   std::vector<nn::MoeLayer*> moe_layers();

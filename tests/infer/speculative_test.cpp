@@ -1,0 +1,82 @@
+// Self-speculative greedy decoding with the MTP draft (infer/speculative.h) returns exactly the tokens
+// of plain greedy decoding, through both the accepted and the rejected branch, in f32 and bf16.
+#include "megaton/infer/speculative.h"
+
+#include <gtest/gtest.h>
+
+#include "../support/tiny_model.h"
+
+using namespace megaton;
+
+namespace {
+
+// A tiny DeepSeek-V3 with one MTP depth. With `echo`, the depth passes the main model's hidden state
+// through (its block adds nothing, eh_proj selects hnorm(h)), so it drafts the main model's own
+// prediction for the position before: accepted exactly where the greedy text repeats a token.
+std::unique_ptr<models::TransformerModel> model(bool echo, DType dtype) {
+  auto c = megaton::testing::tiny_config("deepseek-v3-tiny");
+  c.init_method_std = 0.2;
+  auto m = std::make_unique<models::TransformerModel>(c);
+  m->init_weights(17);
+  if (echo) {
+    nn::MtpLayer& d = *m->mtp_layers().front();
+    nn::ParameterList block;
+    d.block.parameters(block);
+    for (nn::Parameter* p : block)
+      if (p->name.ends_with("linear_proj.weight") || p->name.ends_with("linear_fc2.weight"))
+        p->value.zero_();
+    const int64_t C = c.hidden_size;
+    float* w = d.eh_proj.weight.value.data<float>();  // [C, 2C]: the identity on the hidden half
+    for (int64_t i = 0; i < C * 2 * C; ++i) w[i] = 0.0f;
+    for (int64_t i = 0; i < C; ++i) w[i * 2 * C + C + i] = 1.0f;
+  }
+  m->set_compute_dtype(dtype);
+  return m;
+}
+
+infer::SamplingOptions greedy(int64_t n) {
+  infer::SamplingOptions o;
+  o.temperature = 0;
+  o.max_new_tokens = n;
+  return o;
+}
+
+}  // namespace
+
+TEST(SpeculativeDecoding, ReturnsTheTokensOfGreedyDecodingWhetherDraftsAreAcceptedOrNot) {
+  for (DType dtype : {DType::F32, DType::BF16})
+    for (bool echo : {false, true}) {
+      auto m = model(echo, dtype);
+      const std::vector<int32_t> prompt = {72, 101, 108, 108, 111};
+      const auto want = infer::generate(*m, prompt, greedy(40));
+      infer::SpeculativeStats spec;
+      infer::GenerateStats stats;
+      const auto got = infer::generate_speculative(*m, prompt, greedy(40), {}, &stats, &spec);
+      EXPECT_EQ(got, want) << dtype_name(dtype) << (echo ? " echo draft" : " random draft");
+      EXPECT_EQ(stats.prefill_tokens, static_cast<int64_t>(prompt.size()));
+      EXPECT_EQ(stats.decode_tokens, static_cast<int64_t>(got.size()) - 1);
+      EXPECT_EQ(spec.main_steps, spec.drafted);
+      // The prefill's token, then one per step and one more per accepted draft (the last step's second
+      // token may fall past the budget).
+      const int64_t emitted = 1 + spec.drafted + spec.accepted, n = static_cast<int64_t>(got.size());
+      EXPECT_TRUE(n == emitted || n == emitted - 1) << n << " tokens from " << spec.drafted << " steps";
+      if (echo) {
+        EXPECT_GT(spec.accepted, 0) << "the echo draft was never accepted: the accepted branch went untested";
+        EXPECT_LT(spec.accepted, spec.drafted) << "every draft was accepted: the rejected branch went untested";
+      }
+    }
+}
+
+TEST(SpeculativeDecoding, StopsAtTheStopTokenAndRefusesWhatItCannotDo) {
+  auto m = model(true, DType::F32);
+  const std::vector<int32_t> prompt = {72, 101};
+  auto o = greedy(30);
+  const auto plain = infer::generate(*m, prompt, o);
+  ASSERT_GT(plain.size(), 3u);
+  o.stop_token = plain[2];
+  EXPECT_EQ(infer::generate_speculative(*m, prompt, o), infer::generate(*m, prompt, o));
+  o.temperature = 0.7;
+  EXPECT_THROW(infer::generate_speculative(*m, prompt, o), Error);
+  models::TransformerModel dense(megaton::testing::tiny_config("llama-tiny"));
+  EXPECT_THROW(infer::generate_speculative(dense, prompt, greedy(4)), Error);
+}
