@@ -21,6 +21,7 @@ infer::SamplingOptions opts;
 int threads = 0;
 bool json = false;
 bool speculative = false;
+std::string mla_decode = "absorbed";
 
 // Greedy generation, with the model's MTP draft when --speculative asks (the same tokens, fewer
 // main-model steps); spec counts the drafts.
@@ -92,6 +93,11 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--seed", opts.seed, "Sampling seed")->capture_default_str()->check(in_range<uint64_t>(0));
   cmd->add_option("--threads", threads, "CPU threads")->check(in_range(0, 4096));
   add_inference_dtype_options(cmd, precision, weights_dtype);
+  cmd->add_option("--mla-decode", mla_decode,
+                  "Multi-latent attention's decoding form: absorbed (W_uk and W_uv folded, attention over the latent "
+                  "cache) or naive (the cached latent expanded into every head's keys and values each step; to compare)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"absorbed", "naive"}));
   cmd->add_flag("--speculative", speculative,
                 "Greedy decoding with the model's multi-token prediction layer drafting each next token (DeepSeek-V3 "
                 "folders with num_nextn_predict_layers): the same tokens as plain greedy, fewer main-model steps");
@@ -104,6 +110,9 @@ void add_generate_command(CLI::App& app) {
     InferenceModel loaded = load_inference_model(model_dir, tokenizer, precision, weights_dtype);
     auto& model = loaded.model;
     auto& tok = loaded.tokenizer;
+    for (auto& layer : model->layers())
+      if (auto* mla = dynamic_cast<nn::MultiLatentAttention*>(layer->attention.get()))
+        mla->set_naive_decode(mla_decode == "naive");
     for (int32_t id : prompt_ids)
       if (id >= model->config().vocab_size)
         fail("--prompt-ids: id ", id, " is out of range: the model's vocab_size is ", model->config().vocab_size);

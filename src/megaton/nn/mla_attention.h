@@ -51,6 +51,8 @@ class MultiLatentAttention final : public AttentionLayer {
   // The naive form of forward_cached for the same cache (each step expands the cached latent back
   // into per-head keys and values), to check and measure the absorbed one against.
   Tensor forward_cached_naive(KVCache& cache, const Tensor& x, int64_t B, int64_t T);
+  // forward_cached runs the naive form from now on (megaton generate --mla-decode naive).
+  void set_naive_decode(bool on) { naive_decode_ = on; }
   void set_recompute_core(bool on) override { recompute_core_ = on; }
   void parameters(ParameterList& out) override;
   void gemm_weights(ParameterList& out) override;
@@ -90,6 +92,7 @@ class MultiLatentAttention final : public AttentionLayer {
   const RopeTables* rope_;
   double scale_;
   bool recompute_core_ = false;
+  bool naive_decode_ = false;
   MlaAbsorbed absorbed_;
   std::vector<uint64_t> absorbed_versions_;
 };

@@ -41,6 +41,7 @@ void MultiLatentAttention::append_latent(KVCache& cache, const Tensor& x, int64_
 }
 
 Tensor MultiLatentAttention::forward_cached(KVCache& cache, const Tensor& x, int64_t B, int64_t T) {
+  if (naive_decode_) return forward_cached_naive(cache, x, B, T);
   const int64_t N = B * T, R = config_.kv_lora_rank, r = config_.qk_pos_emb_head_dim, max_len = cache.k.size(1);
   append_latent(cache, x, B, T);
   const MlaAbsorbed& a = absorbed();
