@@ -33,3 +33,20 @@ TEST(MoeParallelRuns, DataAndPipelineParallelTrainLikeOneProcess) {
     megaton::testing::expect_close_training(got, single, run.run_dir(v.name), run.run_dir("single"), v.name);
   }
 }
+
+// DeepSeek-V3's shape: MLA, MoE layers and a multi-token prediction depth whose block is MoE too,
+// at dp2 with gradient buckets reduced while backward runs: the MTP depth adds to the embedding's
+// and head's gradients during the loss op, and the buckets must wait for those (their `uses`).
+// Pipelining is refused by name (MTP needs the whole model on one stage).
+TEST(MoeParallelRuns, DeepSeekWithMtpTrainsAtDataParallelLikeOneProcess) {
+  TinyRunDir run("deepseek-v3-tiny");
+  const std::string args = "--set training.train_iters=7 --set logging.save_interval=0 "
+                           "--set parallel.overlap_grad_reduce=true --set parallel.bucket_size=20000 ";
+  const Metrics single = run.train_ok("single", args);
+  for (const auto& step : single.steps) ASSERT_TRUE(step.contains("mtp_loss")) << step.dump();
+  const Metrics got = run.train_mpi_ok(2, "dp2", args, "data parallel 2 ranks");
+  megaton::testing::expect_close_training(got, single, run.run_dir("dp2"), run.run_dir("single"), "dp2");
+  const auto refused = run.train_mpi(2, "pp2", args + "--set pp=2");
+  EXPECT_NE(refused.exit_code, 0);
+  EXPECT_NE(refused.output.find("multi-token prediction needs the whole model"), std::string::npos) << refused.output;
+}

@@ -79,7 +79,7 @@ class TinyRunDir {
     write_byte_dataset(dir_.file("valid"), 40, 11);
     std::ofstream(dir_.file("run.toml"))
         << "[model]\npreset = \"" << preset << "\"\nnum_layers = 2\nhidden_size = 48\nffn_hidden_size = 96\n"
-        << "num_attention_heads = 6\nnum_query_groups = " << (preset == "gpt-tiny" ? 6 : 2) << "\n"
+        << "num_attention_heads = 6\nnum_query_groups = " << (preset == "gpt-tiny" || preset.starts_with("deepseek") ? 6 : 2) << "\n"
         << "[data]\ndata_path = \"" << dir_.file("train") << "\"\nvalid_data_path = \"" << dir_.file("valid") << "\"\n"
         << "[training]\nmicro_batch_size = 4\nglobal_batch_size = 8\nseq_length = 32\ntrain_iters = 60\nthreads = 1\n"
         << "[optimizer]\nlr = 3e-3\nlr_warmup_iters = 5\n"
