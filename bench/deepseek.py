@@ -55,7 +55,7 @@ def train(megaton, run_dir, sets, steps, threads):
 
 
 def params_per_token(megaton, folder):
-    return last_json(run([megaton, "model", "info", "--model", folder, "--json"]), "active_parameters")
+    return last_json(run([megaton, "model", "info", "--model", folder, "--json"]), "active_parameters")["active_parameters"]
 
 
 def generate(megaton, model, threads, extra, max_new, prompt_ids=None):

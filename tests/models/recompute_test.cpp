@@ -84,7 +84,7 @@ TEST(Recompute, EveryOptionGivesBitwiseTheGradientsOfNone) {
       {"selective layernorm", named("selective", "uniform", 1, "layernorm")},
       {"selective moe_act", named("selective", "uniform", 1, "moe_act")},
       {"selective all", named("selective", "uniform", 1, "core_attn mlp layernorm moe_act")}};
-  for (const std::string preset : {"gpt-tiny", "llama-tiny", "mixtral-tiny"})
+  for (const std::string preset : {"gpt-tiny", "llama-tiny", "mixtral-tiny", "deepseek-v3-tiny"})
     for (DType dtype : {DType::F32, DType::BF16})
       for (bool split : {false, true}) {
         if (preset == "mixtral-tiny" && dtype != DType::F32) continue;  // MoE runs in f32 only so far
