@@ -3,7 +3,8 @@
 // weights, runs both on the same inputs, and checks that the split one gives the unsharded outputs,
 // input gradients and (gathered) weight gradients: Megatron's column- and row-parallel linears with
 // and without sequence parallelism, the vocab-parallel output layer and cross-entropy with a padded
-// vocabulary, and whole GPT / Llama models (GQA with kv heads split or replicated). Comparisons
+// vocabulary, and whole GPT / Llama models (GQA with kv heads split or replicated) and a DeepSeek-shaped
+// one (multi-latent attention over split heads, an MTP depth). Comparisons
 // are relative to the largest reference value, 1e-5, NaN failing.
 #include <gtest/gtest.h>
 
@@ -153,6 +154,7 @@ TEST_P(SplitModels, TrainLikeTheWholeModel) {
   c.num_attention_heads = 4;
   c.num_query_groups = mc.groups;
   c.ffn_hidden_size = 64;
+  if (c.mlp_type == "moe") c.mlp_type = "dense";  // MoE layers refuse tensor parallelism (expert tp: not built)
   const nn::TensorParallel tp{&W(), mc.sp};
   models::TransformerModel whole(c), split(c, 1, tp);
   whole.init_weights(5);
@@ -182,9 +184,11 @@ TEST_P(SplitModels, TrainLikeTheWholeModel) {
 INSTANTIATE_TEST_SUITE_P(Models, SplitModels,
                          ::testing::Values(ModelCase{"gpt-tiny", 4, false}, ModelCase{"gpt-tiny", 4, true},
                                            ModelCase{"llama-tiny", 4, false}, ModelCase{"llama-tiny", 2, true},
-                                           ModelCase{"llama-tiny", 1, true}),
+                                           ModelCase{"llama-tiny", 1, true},
+                                           // MLA (heads split, latents replicated) and an MTP depth
+                                           ModelCase{"deepseek-v3-tiny", 4, false}),
                          [](const auto& info) {
-                           return (info.param.preset == "gpt-tiny" ? std::string("gpt") : std::string("llama")) +
+                           return info.param.preset.substr(0, info.param.preset.find('-')) +
                                   "_groups" + std::to_string(info.param.groups) + (info.param.sp ? "_sp" : "");
                          });
 

@@ -70,11 +70,15 @@ Tensor SelfAttention::forward(SublayerCtx& c, const Tensor& x, int64_t B, int64_
   const Tensor q32 = rotated_f32(qkv_x, B, T);
   ctx.out = as_dtype(core_forward(ctx, q32, B, T), x.dtype());
   ctx.qkv = x.dtype() == DType::F32 ? q32 : qkv_x;
-  Tensor y = proj.forward(ctx.proj_ctx, ctx.out);
-  if (recompute_core_) {  // rebuilt by backward_input; the projection's W gets its input back then
-    ctx.out = {};
-    ctx.lse = {};
-    ctx.proj_ctx.x = {};
+  return project_attention_output(proj, ctx.proj_ctx, ctx.out, ctx.lse, recompute_core_);
+}
+
+Tensor project_attention_output(Linear& proj, LinearCtx& proj_ctx, Tensor& out, Tensor& lse, bool recompute_core) {
+  Tensor y = proj.forward(proj_ctx, out);
+  if (recompute_core) {  // rebuilt by backward_input; the projection's W gets its input back then
+    out = {};
+    lse = {};
+    proj_ctx.x = {};
   }
   return y;
 }

@@ -36,6 +36,11 @@ struct AttentionShape {
 AttentionShape local_attention_shape(const AttentionShape& global, int tp);
 std::vector<std::vector<ShardPiece>> qkv_pieces(const AttentionShape& global, int tp);
 
+// The output projection of an attention core's output `out` (kept in the caller's context). Under
+// selective recompute of core_attn, out and its softmax statistics lse are dropped afterwards, and
+// with them the projection's kept input: backward_input rebuilds all three.
+Tensor project_attention_output(Linear& proj, LinearCtx& proj_ctx, Tensor& out, Tensor& lse, bool recompute_core);
+
 struct AttentionCtx : SublayerCtx {
   LinearCtx qkv_ctx;
   // In f32 the kernels' own buffers: qkv with q and k already rotated, and the attention output.

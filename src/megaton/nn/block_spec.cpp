@@ -53,12 +53,9 @@ KindTable<AttentionFactory>& attention_table() {
         }},
        {"mla",  // multi-latent attention (DeepSeek-V2 / V3): low-rank q and kv latents, a shared rope key
         [](const std::string& name, const BlockSpec& s, const RopeTables* rope) -> std::unique_ptr<AttentionLayer> {
-          if (s.tp.size() > 1)
-            fail("layer ", name, ": the mla attention kind does not support tensor parallelism yet "
-                 "(tensor_model_parallel_size ", s.tp.size(), ")");
           const double scale = s.softmax_scale > 0 ? s.softmax_scale : 1.0 / std::sqrt(double(s.mla.qk_dim()));
           return std::make_unique<MultiLatentAttention>(name, s.attn.hidden, s.attn.heads, s.mla, s.bias, s.norm_eps,
-                                                        rope, scale);
+                                                        rope, scale, s.tp);
         }}}};
   return table;
 }

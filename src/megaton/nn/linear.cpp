@@ -33,7 +33,11 @@ Linear::Linear(const std::string& name, int64_t in_features, int64_t out_feature
   const int64_t local = local_extent(pieces.at(static_cast<size_t>(tp.rank())));
   in_ = column ? in_features : local;
   out_ = column ? local : out_features;
-  const ShardSpec spec = split_spec(column ? 0 : 1, column ? out_features : in_features, tp, pieces);
+  // Without a group the layer is whole on every rank: replicated, so a model split over some other
+  // group (MLA's down-projections, MTP's eh_proj beside tensor-parallel layers) counts its weights
+  // once in norms and checkpoints, not once per rank.
+  const ShardSpec spec = tp.active() ? split_spec(column ? 0 : 1, column ? out_features : in_features, tp, pieces)
+                                     : ShardSpec::replicate();
   weight = Parameter(name + ".weight", {out_, in_}, true, spec);
   if (has_bias) bias = Parameter(name + ".bias", {out_}, false, column ? spec : ShardSpec::replicate());
 }

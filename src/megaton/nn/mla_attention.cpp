@@ -5,6 +5,7 @@
 #include "megaton/kernels/copy.h"
 #include "megaton/kernels/linear.h"
 #include "megaton/kernels/norm.h"
+#include "megaton/parallel/tensor_parallel_mappings.h"
 
 namespace megaton::nn {
 
@@ -16,18 +17,30 @@ using kernels::ExecContext;
 Tensor per_head(const Tensor& t, int64_t heads) { return t.view({1, rows_of(t) * heads, t.size(-1) / heads}); }
 }  // namespace
 
+namespace {
+int64_t local_heads(const std::string& name, int64_t heads, const TensorParallel& tp) {
+  if (heads % tp.size() != 0)
+    fail("attention '", name, "': num_attention_heads ", heads, " is not divisible by tensor_model_parallel_size ",
+         tp.size());
+  if (tp.splits_sequence())
+    fail("attention '", name, "': multi-latent attention does not support sequence_parallel yet");
+  return heads / tp.size();
+}
+}  // namespace
+
 MultiLatentAttention::MultiLatentAttention(const std::string& name, int64_t hidden, int64_t heads,
                                            const MlaConfig& config, bool bias, double norm_eps,
-                                           const RopeTables* rope, double softmax_scale)
+                                           const RopeTables* rope, double softmax_scale, const TensorParallel& tp)
     : kv_down(name + ".linear_kv_down_proj", hidden, config.kv_lora_rank + config.qk_pos_emb_head_dim, bias,
               LinearParallel::Column),
       kv_norm(name + ".kv_layernorm", config.kv_lora_rank, Normalization::RMSNorm, norm_eps),
       kv_up(name + ".linear_kv_up_proj", config.kv_lora_rank, heads * (config.qk_head_dim + config.v_head_dim), bias,
-            LinearParallel::Column),
-      proj(name + ".linear_proj", heads * config.v_head_dim, hidden, bias, LinearParallel::Row),
+            LinearParallel::Column, tp),
+      proj(name + ".linear_proj", heads * config.v_head_dim, hidden, bias, LinearParallel::Row, tp),
       config_(config),
       hidden_(hidden),
-      heads_(heads),
+      heads_(local_heads(name, heads, tp)),
+      tp_(tp),
       rope_(rope),
       scale_(softmax_scale) {
   config.validate();
@@ -41,9 +54,9 @@ MultiLatentAttention::MultiLatentAttention(const std::string& name, int64_t hidd
                                       LinearParallel::Column);
     q_norm = std::make_unique<Norm>(name + ".q_layernorm", config.q_lora_rank, Normalization::RMSNorm, norm_eps);
     q_up = std::make_unique<Linear>(name + ".linear_q_up_proj", config.q_lora_rank, q_out, bias,
-                                    LinearParallel::Column);
+                                    LinearParallel::Column, tp);
   } else {
-    q_proj = std::make_unique<Linear>(name + ".linear_q_proj", hidden, q_out, bias, LinearParallel::Column);
+    q_proj = std::make_unique<Linear>(name + ".linear_q_proj", hidden, q_out, bias, LinearParallel::Column, tp);
   }
 }
 
@@ -104,13 +117,7 @@ Tensor MultiLatentAttention::forward(SublayerCtx& c, const Tensor& x, int64_t B,
   ctx.kv = expand_keys(kv_up_out, kv_latent);
   rotate(ctx.kv, B, T, heads_, config_.qk_dim() + config_.v_head_dim, config_.qk_head_dim, 0, false);
   ctx.out = as_dtype(core_forward(ctx, B, T), x.dtype());
-  Tensor y = proj.forward(ctx.proj_ctx, ctx.out);
-  if (recompute_core_) {  // rebuilt by backward_input; the projection's W gets its input back then
-    ctx.out = {};
-    ctx.lse = {};
-    ctx.proj_ctx.x = {};
-  }
-  return y;
+  return project_attention_output(proj, ctx.proj_ctx, ctx.out, ctx.lse, recompute_core_);
 }
 
 Tensor MultiLatentAttention::backward_input(SublayerCtx& c, const Tensor& dy, int64_t B, int64_t T) {
@@ -142,9 +149,14 @@ Tensor MultiLatentAttention::backward_input(SublayerCtx& c, const Tensor& dy, in
   kernels::copy_rows(on, {dup_heads, 0, nope}, {dkv_heads, 0, qk}, N * heads_, v);
   const Tensor dlatent_n = kv_up.backward_input(ctx.kv_up_ctx, as_dtype(dup, dy.dtype()));
   const Tensor dlatent = as_dtype(kv_norm.backward_input(ctx.kv_norm_ctx, dlatent_n), DType::F32);
+  // The shared rope key's gradient: the sum over the heads, which under tensor parallelism are split
+  // (the latent's came all-reduced out of the column-parallel up-projection).
+  Tensor drope = new_activation({N, r}, kv_down.weight.name + ".drope");
+  kernels::sum_rows(on, {drope.view({N, 1, r}), 0, 0}, {dkv.view({N, heads_, qk + v}), 0, nope}, heads_, r);
+  if (tp_.active()) parallel::reduce_from_region(*tp_.group, drope);
   Tensor dkv_latent = new_activation({N, R + r}, kv_down.weight.name + ".dout");
   kernels::copy_rows(on, {dkv_latent.view({1, N, R + r}), 0, 0}, {dlatent.view({1, N, R}), 0, 0}, N, R);
-  kernels::sum_rows(on, {dkv_latent.view({N, 1, R + r}), 0, R}, {dkv.view({N, heads_, qk + v}), 0, nope}, heads_, r);
+  kernels::copy_rows(on, {dkv_latent.view({1, N, R + r}), 0, R}, {drope.view({1, N, r}), 0, 0}, N, r);
   Tensor dx = kv_down.backward_input(ctx.kv_down_ctx, as_dtype(dkv_latent, dy.dtype()));
   const Tensor dx_q = query_backward(ctx, as_dtype(dq, dy.dtype()));
   kernels::residual_forward(ExecContext::on(dx), dx, dx, dx_q);

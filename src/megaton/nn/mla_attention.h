@@ -12,6 +12,11 @@
 // absorbed form, W_uk folded into the query and W_uv into the output projection (absorb()), a
 // multi-query attention over the latent with keys [c | k_rope] and values c, equal to the naive
 // form above up to rounding.
+// Tensor parallelism (Megatron's MLA under tp): the up-projections are column-parallel and the output
+// projection row-parallel over the heads; the down-projections and latent norms are replicated,
+// every rank computing the whole latent (the up-projections' backward all-reduces its gradient;
+// the shared rope key's gradient, a sum over this rank's heads, is all-reduced too). Sequence
+// parallelism is refused.
 #pragma once
 #include "megaton/nn/attention.h"
 #include "megaton/nn/mla_config.h"
@@ -38,9 +43,10 @@ struct MlaAbsorbed {
 
 class MultiLatentAttention final : public AttentionLayer {
  public:
-  // rope: tables of qk_pos_emb_head_dim; softmax_scale: 1 / sqrt(qk_dim) times YaRN's factor.
+  // rope: tables of qk_pos_emb_head_dim; softmax_scale: 1 / sqrt(qk_dim) times YaRN's factor; heads:
+  // the global count, split over tp.
   MultiLatentAttention(const std::string& name, int64_t hidden, int64_t heads, const MlaConfig& config, bool bias,
-                       double norm_eps, const RopeTables* rope, double softmax_scale);
+                       double norm_eps, const RopeTables* rope, double softmax_scale, const TensorParallel& tp = {});
   std::unique_ptr<SublayerCtx> new_ctx() const override { return std::make_unique<MlaCtx>(); }
   Tensor forward(SublayerCtx& ctx, const Tensor& x, int64_t B, int64_t T) override;
   Tensor backward_input(SublayerCtx& ctx, const Tensor& dy, int64_t B, int64_t T) override;
@@ -58,7 +64,7 @@ class MultiLatentAttention final : public AttentionLayer {
   void gemm_weights(ParameterList& out) override;
   void linears(std::vector<Linear*>& out) override;
   const MlaConfig& config() const { return config_; }
-  int64_t heads() const { return heads_; }
+  int64_t heads() const { return heads_; }  // this rank's
 
   std::unique_ptr<Linear> q_down, q_up;  // with q_lora_rank > 0
   std::unique_ptr<Norm> q_norm;          // with q_lora_rank > 0
@@ -89,6 +95,7 @@ class MultiLatentAttention final : public AttentionLayer {
 
   MlaConfig config_;
   int64_t hidden_, heads_;
+  TensorParallel tp_;
   const RopeTables* rope_;
   double scale_;
   bool recompute_core_ = false;

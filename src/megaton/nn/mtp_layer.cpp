@@ -11,7 +11,9 @@ MtpLayer::MtpLayer(const std::string& name, const BlockSpec& spec, const RopeTab
       block(name + ".transformer_layer", spec, rope),
       final_norm(name + ".final_layernorm", spec.attn.hidden, spec.norm, spec.norm_eps),
       hidden_(spec.attn.hidden) {
-  if (spec.tp.size() > 1) fail("multi-token prediction does not support tensor parallelism yet (", name, ")");
+  // Under tensor parallelism its input (the final norm's output) and eh_proj are replicated, the block
+  // splits as any layer does; with sequence parallelism the rows would be split: not wired.
+  if (spec.tp.splits_sequence()) fail("multi-token prediction does not support sequence_parallel yet (", name, ")");
 }
 
 Tensor MtpLayer::combine(MtpCtx* ctx, const Tensor& emb, const Tensor& hidden) {
