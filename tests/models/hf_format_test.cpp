@@ -342,3 +342,41 @@ TEST(HfFormat, FileForTheFolderAndFolderForTheFileAreNamed) {
   EXPECT_ERROR_CONTAINS(models::load_hf_model(dir.file("folder")),
                         "model config '" + dir.file("folder/config.json") + "' is a directory");
 }
+
+// DeepSeek folders: what Megaton cannot express is refused naming the key; a stored copy of the
+// embedding or head in an MTP layer that differs from the tensor it copies is refused by name; an
+// absent copy is fine (Megaton shares them).
+TEST(HfFormat, DeepSeekRefusalsNameTheKeyAndMtpCopiesMustMatch) {
+  const nlohmann::json good = models::config_to_hf(megaton::testing::tiny_config("deepseek-v3-tiny"));
+  auto refused = [&](const char* key, const nlohmann::json& value, const std::string& needle) {
+    nlohmann::json j = good;
+    j[key] = value;
+    try {
+      models::config_from_hf(j, "config.json");
+      ADD_FAILURE() << key << " = " << value.dump() << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  refused("topk_method", "group_limited_greedy", "topk_method");
+  refused("moe_layer_freq", 2, "moe_layer_freq");
+  refused("kv_lora_rank", 0, "kv_lora_rank");
+  refused("qk_rope_head_dim", 7, "qk_pos_emb_head_dim");
+  refused("num_nextn_predict_layers", 99, "mtp_num_layers");
+  refused("rope_scaling", nlohmann::json{{"type", "dynamic"}, {"factor", 2.0}}, "rope_scaling type");
+
+  models::TransformerModel m(megaton::testing::tiny_config("deepseek-v3-tiny"));
+  m.init_weights(3);
+  auto tensors = models::to_hf_tensors(m);
+  std::map<std::string, Tensor> map(tensors.begin(), tensors.end());
+  const std::string copy = "model.layers." + std::to_string(m.config().num_layers) + ".embed_tokens.weight";
+  ASSERT_TRUE(map.count(copy)) << "no MTP copy of the embedding written";
+  models::TransformerModel back(m.config());
+  auto without = map;
+  without.erase(copy);
+  EXPECT_NO_THROW(models::load_hf_tensors(back, without, "f.safetensors"));
+  Tensor changed = map.at(copy).clone(MemCategory::Other);
+  changed.data<float>()[5] += 1.0f;
+  map[copy] = changed;
+  EXPECT_ERROR_CONTAINS(models::load_hf_tensors(back, map, "f.safetensors"), "differs from the tensor it copies");
+}
