@@ -4,7 +4,6 @@
 // half the memory.
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <cmath>
 
 #include "../support/temp_dir.h"
@@ -76,13 +75,8 @@ TEST_P(HalfModel, LossAndEveryGradientMatchF32ToTheFormatsAccuracy) {
     EXPECT_NEAR(half.loss, f32.loss, c.loss_tol * f32.loss);
     EXPECT_NE(half.loss, f32.loss);  // the 16-bit path really ran
     models::TransformerModel names(config_of(preset));
-    for (size_t i = 0; i < f32.grads.size(); ++i) {
-      const bool none = std::all_of(f32.grads[i].begin(), f32.grads[i].end(), [](double g) { return g == 0.0; });
-      if (none)  // the selection-only expert bias: no gradient in either
-        EXPECT_EQ(half.grads[i], f32.grads[i]) << names.parameters()[i]->name;
-      else
-        EXPECT_LT(relative_error(half.grads[i], f32.grads[i]), c.grad_tol) << names.parameters()[i]->name;
-    }
+    for (size_t i = 0; i < f32.grads.size(); ++i)
+      EXPECT_LT(relative_error(half.grads[i], f32.grads[i]), c.grad_tol) << names.parameters()[i]->name;
     // The activations (kept between forward and backward) take about half the bytes.
     EXPECT_LT(half.activation_peak, 0.7 * static_cast<double>(f32.activation_peak))
         << half.activation_peak << " vs " << f32.activation_peak;

@@ -35,10 +35,13 @@ inline std::vector<std::vector<double>> gradients_of(const nn::ParameterList& pa
   return grads;
 }
 
-// ||a - b|| / ||b||, NaN-safe (a NaN makes it NaN, which fails any < comparison).
+// ||a - b|| / ||b||, NaN-safe (a NaN makes it NaN, which fails any < comparison). Two zero vectors (a
+// parameter no loss reaches, such as MoE's selection-only expert bias) agree exactly: 0; a nonzero a
+// against a zero b is infinitely off.
 inline double relative_error(const std::vector<double>& a, const std::vector<double>& b) {
   double diff = 0, ref = 0;
   for (size_t i = 0; i < a.size(); ++i) diff += (a[i] - b[i]) * (a[i] - b[i]), ref += b[i] * b[i];
+  if (ref == 0) return diff == 0 ? 0.0 : diff > 0 ? INFINITY : diff;
   return std::sqrt(diff / ref);
 }
 
