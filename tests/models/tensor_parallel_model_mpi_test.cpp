@@ -155,6 +155,7 @@ TEST_P(SplitModels, TrainLikeTheWholeModel) {
   c.num_query_groups = mc.groups;
   c.ffn_hidden_size = 64;
   if (c.mlp_type == "moe") c.mlp_type = "dense";  // MoE layers refuse tensor parallelism (expert tp: not built)
+  if (mc.sp) c.mtp_num_layers = 0;                // MTP refuses sequence parallelism
   const nn::TensorParallel tp{&W(), mc.sp};
   models::TransformerModel whole(c), split(c, 1, tp);
   whole.init_weights(5);
@@ -186,7 +187,7 @@ INSTANTIATE_TEST_SUITE_P(Models, SplitModels,
                                            ModelCase{"llama-tiny", 4, false}, ModelCase{"llama-tiny", 2, true},
                                            ModelCase{"llama-tiny", 1, true},
                                            // MLA (heads split, latents replicated) and an MTP depth
-                                           ModelCase{"deepseek-v3-tiny", 4, false}),
+                                           ModelCase{"deepseek-v3-tiny", 4, false}, ModelCase{"deepseek-v3-tiny", 4, true}),
                          [](const auto& info) {
                            return info.param.preset.substr(0, info.param.preset.find('-')) +
                                   "_groups" + std::to_string(info.param.groups) + (info.param.sp ? "_sp" : "");

@@ -22,8 +22,6 @@ int64_t local_heads(const std::string& name, int64_t heads, const TensorParallel
   if (heads % tp.size() != 0)
     fail("attention '", name, "': num_attention_heads ", heads, " is not divisible by tensor_model_parallel_size ",
          tp.size());
-  if (tp.splits_sequence())
-    fail("attention '", name, "': multi-latent attention does not support sequence_parallel yet");
   return heads / tp.size();
 }
 }  // namespace
@@ -33,7 +31,7 @@ MultiLatentAttention::MultiLatentAttention(const std::string& name, int64_t hidd
                                            const RopeTables* rope, double softmax_scale, const TensorParallel& tp)
     : kv_down(name + ".linear_kv_down_proj", hidden, config.kv_lora_rank + config.qk_pos_emb_head_dim, bias,
               LinearParallel::Column),
-      kv_norm(name + ".kv_layernorm", config.kv_lora_rank, Normalization::RMSNorm, norm_eps),
+      kv_norm(name + ".kv_layernorm", config.kv_lora_rank, Normalization::RMSNorm, norm_eps, tp.splits_sequence()),
       kv_up(name + ".linear_kv_up_proj", config.kv_lora_rank, heads * (config.qk_head_dim + config.v_head_dim), bias,
             LinearParallel::Column, tp),
       proj(name + ".linear_proj", heads * config.v_head_dim, hidden, bias, LinearParallel::Row, tp),
@@ -52,12 +50,20 @@ MultiLatentAttention::MultiLatentAttention(const std::string& name, int64_t hidd
   if (config.q_lora_rank > 0) {
     q_down = std::make_unique<Linear>(name + ".linear_q_down_proj", hidden, config.q_lora_rank, bias,
                                       LinearParallel::Column);
-    q_norm = std::make_unique<Norm>(name + ".q_layernorm", config.q_lora_rank, Normalization::RMSNorm, norm_eps);
+    q_norm = std::make_unique<Norm>(name + ".q_layernorm", config.q_lora_rank, Normalization::RMSNorm, norm_eps,
+                                    tp.splits_sequence());
     q_up = std::make_unique<Linear>(name + ".linear_q_up_proj", config.q_lora_rank, q_out, bias,
                                     LinearParallel::Column, tp);
   } else {
     q_proj = std::make_unique<Linear>(name + ".linear_q_proj", hidden, q_out, bias, LinearParallel::Column, tp);
   }
+  // Under sequence parallelism the replicated down-projections see this rank's rows only: their
+  // weight gradients are parts, summed over the group after backward (as the norms').
+  std::vector<Linear*> downs{&kv_down};
+  if (q_down) downs.push_back(q_down.get());
+  for (Linear* l : downs)
+    for (Parameter* p : {&l->weight, &l->bias})
+      if (p->value.defined()) p->shard = ShardSpec::replicate(tp.splits_sequence());
 }
 
 void MultiLatentAttention::rotate(const Tensor& t, int64_t B, int64_t T, int64_t heads, int64_t width, int64_t at,
@@ -106,6 +112,8 @@ Tensor MultiLatentAttention::core_forward(MlaCtx& ctx, int64_t B, int64_t T) con
 
 Tensor MultiLatentAttention::forward(SublayerCtx& c, const Tensor& x, int64_t B, int64_t T) {
   auto& ctx = ctx_as<MlaCtx>(c);
+  // x holds this rank's rows under sequence parallelism: the latents are computed for them, the
+  // column-parallel up-projections gather the rows, and the rope keys are gathered with the latent.
   const int64_t N = rows_of(x), R = config_.kv_lora_rank, r = config_.qk_pos_emb_head_dim;
   // f32 queries: an f32 q_x is rotated in place (no module keeps a linear's output), bf16 converted.
   ctx.q = as_dtype(query(ctx, x), DType::F32);
@@ -114,7 +122,9 @@ Tensor MultiLatentAttention::forward(SublayerCtx& c, const Tensor& x, int64_t B,
   Tensor latent = new_activation({N, R}, kv_down.weight.name + ".latent", x.dtype());
   kernels::copy_rows(ExecContext::on(x), {latent.view({1, N, R}), 0, 0}, {kv_latent.view({1, N, R + r}), 0, 0}, N, R);
   const Tensor kv_up_out = kv_up.forward(ctx.kv_up_ctx, kv_norm.forward(ctx.kv_norm_ctx, latent));
-  ctx.kv = expand_keys(kv_up_out, kv_latent);
+  ctx.kv = expand_keys(kv_up_out, tp_.splits_sequence()
+                                      ? parallel::gather_rows(*tp_.group, kv_latent, kv_down.weight.name + ".rows")
+                                      : kv_latent);
   rotate(ctx.kv, B, T, heads_, config_.qk_dim() + config_.v_head_dim, config_.qk_head_dim, 0, false);
   ctx.out = as_dtype(core_forward(ctx, B, T), x.dtype());
   return project_attention_output(proj, ctx.proj_ctx, ctx.out, ctx.lse, recompute_core_);
@@ -122,16 +132,18 @@ Tensor MultiLatentAttention::forward(SublayerCtx& c, const Tensor& x, int64_t B,
 
 Tensor MultiLatentAttention::backward_input(SublayerCtx& c, const Tensor& dy, int64_t B, int64_t T) {
   auto& ctx = ctx_as<MlaCtx>(c);
-  const int64_t N = rows_of(dy), nope = config_.qk_head_dim, v = config_.v_head_dim, qk = config_.qk_dim();
-  const int64_t R = config_.kv_lora_rank, r = config_.qk_pos_emb_head_dim;
+  // Nf: every token of the micro-batch (the heads' rows); N: this rank's (the latents' rows), fewer
+  // under sequence parallelism.
+  const int64_t Nf = B * T, N = rows_of(dy), nope = config_.qk_head_dim, v = config_.v_head_dim;
+  const int64_t qk = config_.qk_dim(), R = config_.kv_lora_rank, r = config_.qk_pos_emb_head_dim;
   const Tensor dout = as_dtype(proj.backward_input(ctx.proj_ctx, dy), DType::F32);
   if (!ctx.out.defined()) {  // core_attn recompute: the same kernel on the same q, k, v
     ctx.out = as_dtype(core_forward(ctx, B, T), dy.dtype());
     if (!ctx.proj_ctx.x_fp8) ctx.proj_ctx.x = ctx.out;
   }
   const auto on = ExecContext::on(dout);
-  Tensor dq = new_activation({N, heads_ * qk}, proj.weight.name + ".dq");
-  Tensor dkv = new_activation({N, heads_ * (qk + v)}, proj.weight.name + ".dkv");
+  Tensor dq = new_activation({Nf, heads_ * qk}, proj.weight.name + ".dq");
+  Tensor dkv = new_activation({Nf, heads_ * (qk + v)}, proj.weight.name + ".dkv");
   kernels::attention_backward(on, dq, {dkv, 0}, {dkv, qk}, dout, as_dtype(ctx.out, DType::F32), ctx.lse, ctx.q,
                               {ctx.kv, 0}, {ctx.kv, qk}, B, T, heads_, heads_, kernels::HeadDim{qk, v},
                               {heads_ * qk, qk}, {heads_ * (qk + v), qk + v}, scale_);
@@ -143,17 +155,19 @@ Tensor MultiLatentAttention::backward_input(SublayerCtx& c, const Tensor& dy, in
   rotate(dq, B, T, heads_, qk, nope, 0, true);
   rotate(dkv, B, T, heads_, qk + v, nope, 0, true);
   // The up-projection's output gradient, per head [dk_nope | dv]; the shared rope key's, summed over heads.
-  Tensor dup = new_activation({N, heads_ * (nope + v)}, kv_up.weight.name + ".dout");
+  Tensor dup = new_activation({Nf, heads_ * (nope + v)}, kv_up.weight.name + ".dout");
   const Tensor dup_heads = per_head(dup, heads_), dkv_heads = per_head(dkv, heads_);
-  kernels::copy_rows(on, {dup_heads, 0, 0}, {dkv_heads, 0, 0}, N * heads_, nope);
-  kernels::copy_rows(on, {dup_heads, 0, nope}, {dkv_heads, 0, qk}, N * heads_, v);
+  kernels::copy_rows(on, {dup_heads, 0, 0}, {dkv_heads, 0, 0}, Nf * heads_, nope);
+  kernels::copy_rows(on, {dup_heads, 0, nope}, {dkv_heads, 0, qk}, Nf * heads_, v);
   const Tensor dlatent_n = kv_up.backward_input(ctx.kv_up_ctx, as_dtype(dup, dy.dtype()));
   const Tensor dlatent = as_dtype(kv_norm.backward_input(ctx.kv_norm_ctx, dlatent_n), DType::F32);
   // The shared rope key's gradient: the sum over the heads, which under tensor parallelism are split
-  // (the latent's came all-reduced out of the column-parallel up-projection).
-  Tensor drope = new_activation({N, r}, kv_down.weight.name + ".drope");
-  kernels::sum_rows(on, {drope.view({N, 1, r}), 0, 0}, {dkv.view({N, heads_, qk + v}), 0, nope}, heads_, r);
-  if (tp_.active()) parallel::reduce_from_region(*tp_.group, drope);
+  // (the latent's came all-reduced, or reduce-scattered to this rank's rows, out of the column-
+  // parallel up-projection; the rope key's goes the same way).
+  Tensor drope = new_activation({Nf, r}, kv_down.weight.name + ".drope");
+  kernels::sum_rows(on, {drope.view({Nf, 1, r}), 0, 0}, {dkv.view({Nf, heads_, qk + v}), 0, nope}, heads_, r);
+  if (tp_.splits_sequence()) drope = parallel::reduce_scatter_rows(*tp_.group, drope, drope.name());
+  else if (tp_.active()) parallel::reduce_from_region(*tp_.group, drope);
   Tensor dkv_latent = new_activation({N, R + r}, kv_down.weight.name + ".dout");
   kernels::copy_rows(on, {dkv_latent.view({1, N, R + r}), 0, 0}, {dlatent.view({1, N, R}), 0, 0}, N, R);
   kernels::copy_rows(on, {dkv_latent.view({1, N, R + r}), 0, R}, {drope.view({1, N, r}), 0, 0}, N, r);

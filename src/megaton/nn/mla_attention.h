@@ -15,8 +15,10 @@
 // Tensor parallelism (Megatron's MLA under tp): the up-projections are column-parallel and the output
 // projection row-parallel over the heads; the down-projections and latent norms are replicated,
 // every rank computing the whole latent (the up-projections' backward all-reduces its gradient;
-// the shared rope key's gradient, a sum over this rank's heads, is all-reduced too). Sequence
-// parallelism is refused.
+// the shared rope key's gradient, a sum over this rank's heads, is all-reduced too). Under sequence
+// parallelism the latents are computed for this rank's rows (their weight gradients are parts,
+// summed over the group), the up-projections gather the rows and the rope keys are gathered with the
+// latent; their gradients are reduce-scattered back to the rows.
 #pragma once
 #include "megaton/nn/attention.h"
 #include "megaton/nn/mla_config.h"
