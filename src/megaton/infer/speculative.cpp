@@ -34,9 +34,9 @@ std::vector<int32_t> generate_speculative(models::TransformerModel& model, const
   auto caches = model.new_kv_caches(1, n + budget);
   nn::KVCache draft_cache = model.new_mtp_cache(1, n + budget);
   const int64_t V = opts.vocab_size > 0 ? std::min(opts.vocab_size, model.config().vocab_size) : model.config().vocab_size;
-  auto greedy = [&](const Tensor& hidden_rows, int64_t row) {
-    const Tensor l = model.logits(hidden_rows);
-    return sample_token(l.data<float>() + row * l.size(1), V, opts, 0);
+  // The greedy token of row `row` of a [rows, vocab] logits tensor.
+  auto greedy = [&](const Tensor& logits, int64_t row) {
+    return sample_token(logits.data<float>() + row * logits.size(1), V, opts, 0);
   };
   std::vector<int32_t> out;
   bool stopped = false;
@@ -49,11 +49,11 @@ std::vector<int32_t> generate_speculative(models::TransformerModel& model, const
   auto start = std::chrono::steady_clock::now();
   // Prefill: the prompt, its greedy next token, and the draft's cache over the prompt's positions.
   Tensor hidden = model.forward_cached_hidden(caches, ids_tensor(prompt, "prompt"));
-  int32_t token = greedy(rows(hidden, n - 1, 1), 0);
+  int32_t token = greedy(model.logits(rows(hidden, n - 1, 1)), 0);
   std::vector<int32_t> next(prompt.begin() + 1, prompt.end());
   next.push_back(token);
   Tensor drafted = model.mtp_forward_cached(draft_cache, ids_tensor(next, "next"), hidden);
-  int32_t draft = greedy(rows(drafted, n - 1, 1), 0);
+  int32_t draft = greedy(model.logits(rows(drafted, n - 1, 1)), 0);
   timed.prefill_tokens = n;
   timed.prefill_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   emit(token);
@@ -64,14 +64,15 @@ std::vector<int32_t> generate_speculative(models::TransformerModel& model, const
     ++counts.main_steps;
     ++counts.drafted;
     const size_t before = out.size();
+    const Tensor logits = model.logits(hidden);  // both rows at once: the second is read when the draft holds
     std::vector<int32_t> known;  // the tokens after positions whose hidden state is now final
-    const int32_t first = greedy(hidden, 0);
+    const int32_t first = greedy(logits, 0);
     known.push_back(first);
     emit(first);
     if (first == draft) {
       ++counts.accepted;
       if (!stopped) {
-        known.push_back(greedy(hidden, 1));
+        known.push_back(greedy(logits, 1));
         emit(known.back());
       }
     } else {
@@ -83,7 +84,7 @@ std::vector<int32_t> generate_speculative(models::TransformerModel& model, const
       const auto k = static_cast<int64_t>(known.size());
       drafted = model.mtp_forward_cached(draft_cache, ids_tensor(known, "next"), rows(hidden, 0, k));
       token = known.back();
-      draft = greedy(rows(drafted, k - 1, 1), 0);
+      draft = greedy(model.logits(rows(drafted, k - 1, 1)), 0);
     }
     timed.decode_tokens += static_cast<int64_t>(out.size() - before);
     timed.decode_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -320,14 +320,18 @@ std::vector<nn::KVCache> TransformerModel::new_kv_caches(int64_t B, int64_t max_
   return caches;
 }
 
-Tensor TransformerModel::forward_cached_hidden(std::vector<nn::KVCache>& caches, const Tensor& tokens) {
+Tensor TransformerModel::decoder_cached(std::vector<nn::KVCache>& caches, const Tensor& tokens) {
   if (tp_.active()) fail("incremental decoding runs on an unsharded model, this one is split over ", tp_.size(), " ranks");
   const int64_t B = tokens.size(0), T = tokens.size(1);
   check_whole("incremental decoding");
   Tensor h = embedding_->forward(tokens, caches.at(0).len, compute_dtype_);
   for (size_t i = 0; i < layers_.size(); ++i) h = layers_[i]->forward_cached(caches[i], h, B, T);
+  return h;
+}
+
+Tensor TransformerModel::forward_cached_hidden(std::vector<nn::KVCache>& caches, const Tensor& tokens) {
   nn::NormCtx scratch;
-  return final_norm_->forward(scratch, h);
+  return final_norm_->forward(scratch, decoder_cached(caches, tokens));
 }
 
 Tensor TransformerModel::logits(const Tensor& hidden) { return head_->logits(hidden); }
@@ -345,12 +349,14 @@ Tensor TransformerModel::mtp_forward_cached(nn::KVCache& cache, const Tensor& ne
 
 Tensor TransformerModel::forward_cached(std::vector<nn::KVCache>& caches, const Tensor& tokens) {
   const int64_t B = tokens.size(0), T = tokens.size(1), C = config_.hidden_size;
-  const Tensor h = forward_cached_hidden(caches, tokens);
-  // Only the last position of each sequence needs logits; the gather and the head run in the compute
-  // dtype (a bf16 model reads the head's bf16 copy: half the bytes of its largest weight per token).
+  const Tensor h = decoder_cached(caches, tokens);
+  // Only the last position of each sequence needs the final norm and logits; the gather and the head
+  // run in the compute dtype (a bf16 model reads the head's bf16 copy: half the bytes of its largest
+  // weight per token).
   Tensor last = nn::new_activation({B, C}, "last_hidden", h.dtype());
   kernels::copy_rows(kernels::ExecContext::on(h), {last.view({B, 1, C}), 0, 0}, {h.view({B, T, C}), T - 1, 0}, 1, C);
-  return head_->logits(last);
+  nn::NormCtx scratch;
+  return head_->logits(final_norm_->forward(scratch, last));
 }
 
 }  // namespace megaton::models

@@ -176,6 +176,9 @@ class TransformerModel {
   // Every transformer layer's Linear modules, in layer order.
   std::vector<nn::Linear*> layer_linears();
   void check_whole(const char* what) const;  // throws when some chunk lives on another stage
+  // Incremental decoding through the embedding and every layer: the new positions' hidden states
+  // before the final norm.
+  Tensor decoder_cached(std::vector<nn::KVCache>& caches, const Tensor& tokens);
   // The MTP depths' losses and gradients after the main loss of a training micro-batch: their
   // weight gradients (the shared head's and embedding's included) now, and the gradient at the
   // main model's final-norm output added to the last chunk's.

@@ -3,8 +3,6 @@
 #include "megaton/kernels/activation.h"
 #include "megaton/kernels/attention.h"
 #include "megaton/kernels/copy.h"
-#include "megaton/kernels/linear.h"
-#include "megaton/kernels/norm.h"
 #include "megaton/parallel/tensor_parallel_mappings.h"
 
 namespace megaton::nn {
@@ -15,9 +13,7 @@ using kernels::ExecContext;
 // t [rows, cols] seen as [1, rows * heads, cols / heads]: one head per row, so that a column block
 // of every head is one copy_rows block.
 Tensor per_head(const Tensor& t, int64_t heads) { return t.view({1, rows_of(t) * heads, t.size(-1) / heads}); }
-}  // namespace
 
-namespace {
 int64_t local_heads(const std::string& name, int64_t heads, const TensorParallel& tp) {
   if (heads % tp.size() != 0)
     fail("attention '", name, "': num_attention_heads ", heads, " is not divisible by tensor_model_parallel_size ",
@@ -77,9 +73,12 @@ void MultiLatentAttention::rotate(const Tensor& t, int64_t B, int64_t T, int64_t
                       {heads * width, width}, pos_offset, rope_->layout, inverse);
 }
 
+Tensor MultiLatentAttention::query_input(MlaCtx& ctx, const Tensor& x) {
+  return q_proj ? x : q_norm->forward(ctx.q_norm_ctx, q_down->forward(ctx.q_down_ctx, x));
+}
+
 Tensor MultiLatentAttention::query(MlaCtx& ctx, const Tensor& x) {
-  if (q_proj) return q_proj->forward(ctx.q_up_ctx, x);
-  return q_up->forward(ctx.q_up_ctx, q_norm->forward(ctx.q_norm_ctx, q_down->forward(ctx.q_down_ctx, x)));
+  return (q_proj ? *q_proj : *q_up).forward(ctx.q_up_ctx, query_input(ctx, x));
 }
 
 Tensor MultiLatentAttention::query_backward(MlaCtx& ctx, const Tensor& dq) {
@@ -88,16 +87,16 @@ Tensor MultiLatentAttention::query_backward(MlaCtx& ctx, const Tensor& dq) {
   return q_down->backward_input(ctx.q_down_ctx, dlatent);
 }
 
-Tensor MultiLatentAttention::expand_keys(const Tensor& kv_up_out, const Tensor& kv_latent) const {
+Tensor MultiLatentAttention::expand_keys(const Tensor& kv_up_out, const Tensor& rope_keys, int64_t rope_col) const {
   const int64_t N = rows_of(kv_up_out), nope = config_.qk_head_dim, v = config_.v_head_dim;
-  const int64_t qk = config_.qk_dim(), R = config_.kv_lora_rank, r = config_.qk_pos_emb_head_dim;
+  const int64_t qk = config_.qk_dim(), r = config_.qk_pos_emb_head_dim, W = rope_keys.size(-1);
   Tensor kv = new_activation({N, heads_ * (qk + v)}, proj.weight.name + ".keys_values");
-  const Tensor up = as_dtype(kv_up_out, DType::F32), latent = as_dtype(kv_latent, DType::F32);
+  const Tensor up = as_dtype(kv_up_out, DType::F32), rope = as_dtype(rope_keys, DType::F32);
   const auto on = ExecContext::on(kv);
   const Tensor kv_heads = per_head(kv, heads_), up_heads = per_head(up, heads_);
   kernels::copy_rows(on, {kv_heads, 0, 0}, {up_heads, 0, 0}, N * heads_, nope);   // k_nope
   kernels::copy_rows(on, {kv_heads, 0, qk}, {up_heads, 0, nope}, N * heads_, v);  // v
-  kernels::broadcast_rows(on, {kv.view({N, heads_, qk + v}), 0, nope}, {latent.view({N, 1, R + r}), 0, R}, heads_, r);
+  kernels::broadcast_rows(on, {kv.view({N, heads_, qk + v}), 0, nope}, {rope.view({N, 1, W}), 0, rope_col}, heads_, r);
   return kv;
 }
 
@@ -122,9 +121,13 @@ Tensor MultiLatentAttention::forward(SublayerCtx& c, const Tensor& x, int64_t B,
   Tensor latent = new_activation({N, R}, kv_down.weight.name + ".latent", x.dtype());
   kernels::copy_rows(ExecContext::on(x), {latent.view({1, N, R}), 0, 0}, {kv_latent.view({1, N, R + r}), 0, 0}, N, R);
   const Tensor kv_up_out = kv_up.forward(ctx.kv_up_ctx, kv_norm.forward(ctx.kv_norm_ctx, latent));
-  ctx.kv = expand_keys(kv_up_out, tp_.splits_sequence()
-                                      ? parallel::gather_rows(*tp_.group, kv_latent, kv_down.weight.name + ".rows")
-                                      : kv_latent);
+  if (tp_.splits_sequence()) {  // every token's rope key, gathered alone (the latent's rows came with kv_up)
+    Tensor rope = new_activation({N, r}, kv_down.weight.name + ".rope_keys", x.dtype());
+    kernels::copy_rows(ExecContext::on(x), {rope.view({1, N, r}), 0, 0}, {kv_latent.view({1, N, R + r}), 0, R}, N, r);
+    ctx.kv = expand_keys(kv_up_out, parallel::gather_rows(*tp_.group, rope, rope.name()), 0);
+  } else {
+    ctx.kv = expand_keys(kv_up_out, kv_latent, R);
+  }
   rotate(ctx.kv, B, T, heads_, config_.qk_dim() + config_.v_head_dim, config_.qk_head_dim, 0, false);
   ctx.out = as_dtype(core_forward(ctx, B, T), x.dtype());
   return project_attention_output(proj, ctx.proj_ctx, ctx.out, ctx.lse, recompute_core_);

@@ -9,7 +9,7 @@
 // RoPE and the attention run in f32 (as SelfAttention); the activations a bf16 run keeps for
 // backward are f32 here. Decoding caches the latent only: each token's normalised c and rotated
 // k_rope (kv_lora_rank + qk_pos_emb_head_dim values instead of heads x (k + v)), and attends in the
-// absorbed form, W_uk folded into the query and W_uv into the output projection (absorb()), a
+// absorbed form, W_uk folded into the query and W_uv into the output projection (absorbed()), a
 // multi-query attention over the latent with keys [c | k_rope] and values c, equal to the naive
 // form above up to rounding.
 // Tensor parallelism (Megatron's MLA under tp): the up-projections are column-parallel and the output
@@ -35,7 +35,7 @@ struct MlaCtx : SublayerCtx {
   Tensor lse;  // [B, heads, T]
 };
 
-// The absorbed decoding weights (made by absorb() from the current weights): per head h,
+// The absorbed decoding weights (made by absorbed() from the current weights): per head h,
 // query rows [W_uk_h^T W_q_nope_h ; W_q_rope_h] over the query latent (or x), and the output
 // projection's columns W_proj_h W_uv_h over the attention's latent output.
 struct MlaAbsorbed {
@@ -65,8 +65,6 @@ class MultiLatentAttention final : public AttentionLayer {
   void parameters(ParameterList& out) override;
   void gemm_weights(ParameterList& out) override;
   void linears(std::vector<Linear*>& out) override;
-  const MlaConfig& config() const { return config_; }
-  int64_t heads() const { return heads_; }  // this rank's
 
   std::unique_ptr<Linear> q_down, q_up;  // with q_lora_rank > 0
   std::unique_ptr<Norm> q_norm;          // with q_lora_rank > 0
@@ -77,6 +75,8 @@ class MultiLatentAttention final : public AttentionLayer {
   Linear proj;
 
  private:
+  // What the last query projection reads: RMSNorm(W_q_down x), or x itself without a query latent.
+  Tensor query_input(MlaCtx& ctx, const Tensor& x);
   // Query heads [N, heads * qk_dim] in x's dtype (not yet rotated), through the latent or directly.
   Tensor query(MlaCtx& ctx, const Tensor& x);
   Tensor query_backward(MlaCtx& ctx, const Tensor& dq);  // -> dx
@@ -85,9 +85,10 @@ class MultiLatentAttention final : public AttentionLayer {
   void rotate(const Tensor& t, int64_t B, int64_t T, int64_t heads, int64_t width, int64_t at, int64_t pos_offset,
               bool inverse) const;
   // f32 keys and values [N, heads * (qk_dim + v)], per head [k_nope | k_rope | v], from the
-  // up-projected kv ([N, heads * (nope + v)]) and the latent rows [c | k_rope] ([N, kv_lora_rank + rope]),
-  // k_rope copied as it is there (the caller rotates it where it is not yet).
-  Tensor expand_keys(const Tensor& kv_up_out, const Tensor& kv_latent) const;
+  // up-projected kv ([N, heads * (nope + v)]) and rows holding each token's rope key at column
+  // rope_col (the latent rows [c | k_rope], or the rope keys alone), copied as they are there (the
+  // caller rotates them where they are not yet).
+  Tensor expand_keys(const Tensor& kv_up_out, const Tensor& rope_keys, int64_t rope_col) const;
   // Decoding: appends the latent of x's T tokens per sequence to the cache at cache.len (the
   // normalised c and the rotated k_rope), leaving cache.len as it was.
   void append_latent(KVCache& cache, const Tensor& x, int64_t B, int64_t T);

@@ -46,12 +46,8 @@ Tensor MultiLatentAttention::forward_cached(KVCache& cache, const Tensor& x, int
   append_latent(cache, x, B, T);
   const MlaAbsorbed& a = absorbed();
   // The query latent (or x itself), then each head's absorbed query [W_uk^T q_nope | q_rope].
-  Tensor q_in = x;
-  if (!q_proj) {
-    LinearCtx down_ctx;
-    NormCtx norm_ctx;
-    q_in = q_norm->forward(norm_ctx, q_down->forward(down_ctx, x));
-  }
+  MlaCtx scratch;
+  const Tensor q_in = query_input(scratch, x);
   const auto on = ExecContext::on(x);
   Tensor q = new_activation({N, heads_ * (R + r)}, proj.weight.name + ".absorbed_q");
   kernels::linear_forward(on, q, as_dtype(q_in, DType::F32), a.q_weight, {});
@@ -79,7 +75,7 @@ Tensor MultiLatentAttention::forward_cached_naive(KVCache& cache, const Tensor& 
   kernels::copy_rows(on, {latent.view({B, L, R + r}), 0, 0}, {cache.k, 0, 0}, L, R + r);
   kernels::copy_rows(on, {c.view({1, B * L, R}), 0, 0}, {latent.view({1, B * L, R + r}), 0, 0}, B * L, R);
   LinearCtx up_ctx;
-  const Tensor kv = expand_keys(kv_up.forward(up_ctx, as_dtype(c, x.dtype())), latent);  // k_rope already rotated
+  const Tensor kv = expand_keys(kv_up.forward(up_ctx, as_dtype(c, x.dtype())), latent, R);  // k_rope already rotated
   MlaCtx scratch;
   const Tensor q = as_dtype(query(scratch, x), DType::F32);
   rotate(q, B, T, heads_, qk, config_.qk_head_dim, cache.len, false);
