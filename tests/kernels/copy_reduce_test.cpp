@@ -144,7 +144,9 @@ TEST(SharedRows, BroadcastCopiesAndSumRowsIsItsAdjoint) {
     EXPECT_EQ(lhs, rhs);
     for (int64_t b = 0; b < B; ++b)
       for (int64_t c = 0; c < R; ++c)
-        if (c < 3) EXPECT_EQ(dx64.data<double>()[b * R + c], 0.0) << "written outside the block";
+        if (c < 3) {
+          EXPECT_EQ(dx64.data<double>()[b * R + c], 0.0) << "written outside the block";
+        }
   }
   Tensor x = iota({2, 1, 4}, DType::F32, 1, "one");
   Tensor small = Tensor::zeros({3, 2, 4}, DType::F32, MemCategory::Other, "small");

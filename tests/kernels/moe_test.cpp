@@ -9,6 +9,7 @@
 #include <numeric>
 
 #include "finite_diff.h"
+#include "megaton/core/threads.h"
 
 using namespace megaton;
 using namespace megaton::kernels;
@@ -164,6 +165,46 @@ TEST(GroupedLinear, MatchesPerExpertProductsAndGradients) {
   EXPECT_THROW(grouped_linear_forward(kCpu, out, f64(x, {M, I}), f64(w, {E * O, I}), {3, 0, 5, 1}), Error);
 }
 
+// The experts' GEMMs side by side (one thread each) give what they give one after another (every
+// thread on each), in f32 and bf16, forward and both backwards; an error inside the parallel region
+// comes out as an Error.
+TEST(GroupedLinear, SideBySideGivesWhatOneAfterAnotherGives) {
+  const int before = num_threads();
+  set_num_threads(2);
+  const std::vector<int64_t> blocks = {37, 0, 5, 64, 1, 19, 40, 2};
+  const int64_t M = std::accumulate(blocks.begin(), blocks.end(), int64_t{0}), I = 24, O = 40;
+  const int64_t E = static_cast<int64_t>(blocks.size());
+  for (DType dt : {DType::F32, DType::BF16}) {
+    const auto rnd = [&](Shape shape, uint64_t seed) {
+      const auto v = fd::random_vector<float>(static_cast<size_t>(shape_numel(shape)), seed, -1, 1);
+      Tensor t = Tensor::empty(shape, DType::F32);
+      std::copy(v.begin(), v.end(), t.data<float>());
+      return t.to(dt, MemCategory::Other);
+    };
+    const Tensor x = rnd({M, I}, 1), w = rnd({E * O, I}, 2), dout = rnd({M, O}, 3);
+    std::vector<Tensor> got;
+    for (bool grouped : {true, false}) {
+      Tensor out = Tensor::empty({M, O}, dt), dx = Tensor::empty({M, I}, dt), dw = Tensor::zeros({E * O, I}, DType::F32);
+      grouped_linear_forward(kCpu, out, x, w, blocks, grouped);
+      grouped_linear_backward_input(kCpu, dx, dout, w, blocks, grouped);
+      grouped_linear_backward_weight(kCpu, dw, dout, x, blocks, grouped);
+      for (const Tensor& t : {out, dx, dw}) got.push_back(t.to(DType::F32, MemCategory::Other));
+    }
+    for (size_t k = 0; k < 3; ++k) {
+      const Tensor& a = got[k];
+      const Tensor& b = got[k + 3];
+      for (int64_t i = 0; i < a.numel(); ++i)
+        ASSERT_EQ(a.data<float>()[i], b.data<float>()[i]) << dtype_name(dt) << " result " << k << " element " << i;
+    }
+    // w in another dtype than x: linear_forward refuses it inside the region.
+    Tensor out = Tensor::empty({M, O}, dt);
+    EXPECT_THROW(grouped_linear_forward(kCpu, out, x, w.to(dt == DType::F32 ? DType::BF16 : DType::F32, MemCategory::Other),
+                                        blocks, true),
+                 Error);
+  }
+  set_num_threads(before);
+}
+
 namespace {
 // d(sum dprobs * probs(logits)) / d logits through moe_route with the selection held fixed (random
 // logits: no selection flips within the difference step).
@@ -270,4 +311,44 @@ TEST(MoeDispatch, CapacityDropsTheLowestProbsOrTheLatestTokens) {
   plan = moe_dispatch_plan(kCpu, pos, idx, probs, 2, 2, true);
   EXPECT_EQ(std::vector<int32_t>(pos.data<int32_t>(), pos.data<int32_t>() + 4), (std::vector<int32_t>{0, 1, -1, -1}));
   EXPECT_EQ(moe_dispatch_plan(kCpu, pos, idx, probs, 2, -1, false).dropped, 0);  // dropless
+}
+
+std::vector<int32_t> ints(const Tensor& t) { return {t.data<int32_t>(), t.data<int32_t>() + t.numel()}; }
+
+// Expert parallelism's plans: the slots a token keeps, one rank's rows of the gathered slots, and the
+// source-major -> expert-major reordering of received rows.
+TEST(MoeDispatch, KeptExpertsMarkDroppedSlots) {
+  Tensor idx = i32({3, 1, 0, 2}, {2, 2}), pos = i32({0, -1, 1, 2}, {2, 2}), sel = i32({9, 9, 9, 9}, {2, 2});
+  moe_kept_experts(kCpu, sel, idx, pos);
+  EXPECT_EQ(ints(sel), (std::vector<int32_t>{3, -1, 0, 2}));
+}
+
+TEST(MoeDispatch, LocalPlanGroupsThisRanksExpertsInSlotOrder) {
+  // Experts 2 and 3 are this rank's; -1 is a dropped slot.
+  Tensor sel = i32({3, 0, 2, 3, -1, 2, 1, 3}, {4, 2}), pos = i32(std::vector<int32_t>(8), {4, 2});
+  const DispatchPlan plan = moe_local_plan(kCpu, pos, sel, 2, 2);
+  EXPECT_EQ(plan.rows_per_expert, (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(plan.rows, 5);
+  EXPECT_EQ(plan.dropped, 0);
+  EXPECT_EQ(ints(pos), (std::vector<int32_t>{2, -1, 0, 3, -1, 1, -1, 4}));
+  EXPECT_THROW(moe_local_plan(kCpu, pos, i32({-2, 0, 0, 0, 0, 0, 0, 0}, {4, 2}), 0, 2), Error);
+}
+
+TEST(MoeDispatch, SortByExpertTurnsSourceMajorIntoExpertMajor) {
+  // 2 sources x 2 experts: source 0 sends 1 row to expert 0 and 2 to expert 1, source 1 sends 2 and 0.
+  Tensor pos = i32(std::vector<int32_t>(5), {5, 1});
+  moe_sort_by_expert(kCpu, pos, {1, 2, 2, 0}, 2, 2);
+  // Expert-major: [e0 s0 (1 row), e0 s1 (2 rows), e1 s0 (2 rows)].
+  EXPECT_EQ(ints(pos), (std::vector<int32_t>{0, 3, 4, 1, 2}));
+  // Permute then its backward is the identity on the rows.
+  const int64_t C = 3;
+  Tensor x = Tensor::empty({5, C}, DType::F64), sorted = Tensor::empty({5, C}, DType::F64),
+         back = Tensor::empty({5, C}, DType::F64);
+  for (int64_t i = 0; i < 5 * C; ++i) x.data<double>()[i] = static_cast<double>(i);
+  moe_permute(kCpu, sorted, x, pos);
+  EXPECT_EQ(sorted.data<double>()[3 * C], 3.0);  // received row 1 (source 0, expert 1) lands at row 3
+  moe_permute_backward(kCpu, back, sorted, pos);
+  for (int64_t i = 0; i < 5 * C; ++i) EXPECT_EQ(back.data<double>()[i], x.data<double>()[i]);
+  EXPECT_THROW(moe_sort_by_expert(kCpu, pos, {1, 2, 2}, 2, 2), Error);
+  EXPECT_THROW(moe_sort_by_expert(kCpu, pos, {1, 2, 2, 1}, 2, 2), Error);  // 6 rows for a [5, 1] pos
 }

@@ -63,13 +63,40 @@ TEST(RankLayout, ContextParallelBetweenTensorAndData) {
             (Groups{{0, 8}, {1, 9}, {2, 10}, {3, 11}, {4, 12}, {5, 13}, {6, 14}, {7, 15}}));
 }
 
-// Expert parallel groups are the fast part of the data-parallel index (tp-cp-ep-dp-pp).
-TEST(RankLayout, ExpertGroupsInsideDataParallel) {
+// The expert grid folds each stage's tp x cp x dp ranks (expert tensor parallel size 1): the ep
+// groups are runs of consecutive ranks, across tensor-parallel ranks first.
+TEST(RankLayout, ExpertGroupsFoldEachStagesRanks) {
   const RankLayout l = RankLayout::make(8, {.tp = 2, .ep = 2});
   EXPECT_EQ(l.dp(), 4);
-  EXPECT_EQ(l.all_groups(ParallelDim::Ep), (Groups{{0, 2}, {1, 3}, {4, 6}, {5, 7}}));
-  EXPECT_EQ(l.coords(6).ep, 1);
-  EXPECT_EQ(l.coords(4).ep, 0);
+  EXPECT_EQ(l.all_groups(ParallelDim::Ep), (Groups{{0, 1}, {2, 3}, {4, 5}, {6, 7}}));
+  EXPECT_EQ(l.coords(6).ep, 0);
+  EXPECT_EQ(l.coords(5).ep, 1);
+  // The expert-data-parallel groups: the same ep coordinate, the rest of the stage.
+  EXPECT_EQ(l.size(ParallelDim::Edp), 4);
+  EXPECT_EQ(l.all_groups(ParallelDim::Edp), (Groups{{0, 2, 4, 6}, {1, 3, 5, 7}}));
+  // Without tensor parallelism, ep is the fast part of the data-parallel index; with pipeline
+  // parallelism the grid repeats per stage.
+  const RankLayout d = RankLayout::make(8, {.ep = 2, .pp = 2});
+  EXPECT_EQ(d.all_groups(ParallelDim::Ep), (Groups{{0, 1}, {2, 3}, {4, 5}, {6, 7}}));
+  EXPECT_EQ(d.all_groups(ParallelDim::Edp), (Groups{{0, 2}, {1, 3}, {4, 6}, {5, 7}}));
+  // ep larger than dp: the group spans tensor-parallel ranks of several data-parallel ranks.
+  const RankLayout w = RankLayout::make(8, {.tp = 2, .ep = 4, .pp = 2});
+  EXPECT_EQ(w.all_groups(ParallelDim::Ep), (Groups{{0, 1, 2, 3}, {4, 5, 6, 7}}));
+  EXPECT_EQ(w.size(ParallelDim::Edp), 1);
+  for (const RankLayout* lay : {&l, &d, &w}) {
+    // Each rank's ep and edp groups meet in it alone and together span its stage.
+    for (int r = 0; r < lay->world_size(); ++r) {
+      const auto ep = lay->group_ranks(r, ParallelDim::Ep), edp = lay->group_ranks(r, ParallelDim::Edp);
+      EXPECT_EQ(static_cast<int>(ep.size() * edp.size()), lay->stage_size());
+      std::vector<int> both;
+      for (int a : ep)
+        for (int b : edp)
+          if (a == b) both.push_back(a);
+      EXPECT_EQ(both, std::vector<int>{r});
+      for (int a : ep) EXPECT_EQ(lay->coords(a).pp, lay->coords(r).pp);
+      EXPECT_EQ(ep[static_cast<size_t>(lay->coords(r).ep)], r);
+    }
+  }
 }
 
 TEST(RankLayout, CoordsAndRankRoundTrip) {
@@ -95,7 +122,7 @@ TEST(RankLayout, WorldThatDoesNotFactorNamesEverySize) {
   EXPECT_NE(error_of(12, {.tp = 2, .cp = 2, .pp = 2}).find("world size 12 is not divisible by tp 2 x cp 2 x pp 2"),
             std::string::npos);
   const std::string ep = error_of(8, {.tp = 2, .ep = 3});
-  EXPECT_NE(ep.find("data-parallel size 4"), std::string::npos) << ep;
+  EXPECT_NE(ep.find("tp x cp x dp = 8"), std::string::npos) << ep;
   EXPECT_NE(ep.find("expert-parallel size 3"), std::string::npos) << ep;
   EXPECT_NE(error_of(8, {.tp = 0}).find("tp 0"), std::string::npos);
   EXPECT_NE(error_of(0, {}).find("world size 0"), std::string::npos);
@@ -111,7 +138,9 @@ TEST(ProcessGroups, GroupOfOne) {
   EXPECT_EQ(groups.pp().name(), "pp");
   EXPECT_EQ(groups.dp().size(), 1);
   EXPECT_EQ(groups.coords(), RankCoords{});
-  EXPECT_THROW(groups.group(ParallelDim::Ep), Error);
+  EXPECT_EQ(&groups.group(ParallelDim::Ep), &groups.ep());
+  EXPECT_EQ(groups.edp().name(), "edp");
+  EXPECT_EQ(groups.edp().size(), 1);
   // Sizes that need more ranks than the world has.
   EXPECT_THROW(ProcessGroups(world, {.tp = 2}), Error);
 }

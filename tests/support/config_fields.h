@@ -26,7 +26,7 @@ inline std::vector<std::pair<std::string, std::string>> config_fields(const mode
                moe_router_score_function, moe_router_pre_softmax, moe_router_num_groups, moe_router_group_topk,
                moe_router_norm_topk_prob, moe_router_topk_scaling_factor, moe_router_load_balancing_type,
                moe_aux_loss_coeff, moe_z_loss_coeff, moe_router_enable_expert_bias, moe_router_bias_update_rate,
-               moe_expert_capacity_factor, moe_token_drop_policy] = moe;
+               moe_expert_capacity_factor, moe_token_drop_policy, moe_token_dispatcher_type, moe_shared_expert_overlap, moe_grouped_gemm] = moe;
   auto str = [](auto v) {
     std::ostringstream out;
     out.precision(17);
@@ -67,6 +67,9 @@ inline std::vector<std::pair<std::string, std::string>> config_fields(const mode
           {"moe.moe_router_bias_update_rate", str(moe_router_bias_update_rate)},
           {"moe.moe_expert_capacity_factor", str(moe_expert_capacity_factor)},
           {"moe.moe_token_drop_policy", moe_token_drop_policy},
+          {"moe.moe_token_dispatcher_type", moe_token_dispatcher_type},
+          {"moe.moe_shared_expert_overlap", str(moe_shared_expert_overlap)},
+          {"moe.moe_grouped_gemm", str(moe_grouped_gemm)},
           {"first_k_dense_replace", str(first_k_dense_replace)},
           {"mtp_num_layers", str(mtp_num_layers)},
           {"mtp_loss_scaling_factor", str(mtp_loss_scaling_factor)},

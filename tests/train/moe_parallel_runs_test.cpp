@@ -34,6 +34,57 @@ TEST(MoeParallelRuns, DataAndPipelineParallelTrainLikeOneProcess) {
   }
 }
 
+// Expert parallelism: the 4 experts split over 2 and 4 ranks (carved out of data parallelism), each
+// dispatcher, 10 steps like one process: losses and grad norms within 1e-5, the final weights
+// gathered from the expert-parallel ranks within 1e-5. Checkpoints hold the layout-free experts: an
+// ep2 run stopped and resumed at ep2 continues bitwise, and an ep2 checkpoint resumed at ep4 (the
+// experts re-split) ends like the single run.
+// Losses and grad norms are held to 1e-5. The weights get 2e-4: the experts' GEMMs see their rows
+// in another order and blocking (and the all-gather dispatcher sums partial outputs), and AdamW turns
+// that rounding of near-zero gradients into full-size steps, as under tensor parallelism
+// (expect_close_training); measured at most 8.5e-5 (ep4, an attention output weight). A missing
+// reduction or a misrouted token moves weights by far more.
+TEST(MoeParallelRuns, ExpertParallelTrainsLikeOneProcess) {
+  constexpr double kWeightTol = 2e-4;
+  TinyRunDir run("llama-tiny");
+  const std::string moe =
+      "--set model.mlp_type=moe --set model.num_moe_experts=4 --set model.moe_router_topk=2 "
+      "--set model.moe_ffn_hidden_size=32 --set model.moe_shared_expert_intermediate_size=32 "
+      "--set model.moe_aux_loss_coeff=0.01 --set model.moe_router_enable_expert_bias=true "
+      "--set training.micro_batch_size=2 --set training.train_iters=10 --set logging.save_interval=2 ";
+  const std::string ep2 = "expert parallel 2 ranks (2 of 4 experts each), alltoall dispatcher";
+  const Metrics single = run.train_ok("single", moe);
+  for (const megaton::testing::MpiVariant& v : std::vector<megaton::testing::MpiVariant>{
+           {"ep2", 2, "--set ep=2", ep2},
+           {"ep2_allgather", 2, "--set ep=2 --set model.moe_token_dispatcher_type=allgather",
+            "expert parallel 2 ranks (2 of 4 experts each), allgather dispatcher"},
+           {"ep4", 4, "--set ep=4", "expert parallel 4 ranks (1 of 4 experts each), alltoall dispatcher"},
+           // dp4 with ep2: each expert on two ranks, its gradient summed over the expert-data-parallel pair.
+           {"ep2_dp4", 4, "--set ep=2", "data parallel 4 ranks | expert parallel 2 ranks"},
+           // Under tensor parallelism each tensor-parallel rank sends its block of the tokens to the
+           // experts: at ep1 every rank holds every expert (their gradients summed over tp), at ep2
+           // the ep group is the tp pair, at ep4 it spans two tp pairs (dp2).
+           {"tp2", 2, "--set tp=2", "tensor parallel 2 ranks"},
+           {"tp2_ep2", 2, "--set tp=2 --set ep=2", "tensor parallel 2 ranks (parameters per rank) | " + ep2},
+           {"tp2_sp_ep2_allgather", 2,
+            "--set tp=2 --set parallel.sequence_parallel=true --set ep=2 --set model.moe_token_dispatcher_type=allgather",
+            "tensor parallel 2 ranks + sequence parallel"},
+           {"tp2_dp2_ep2", 4, "--set tp=2 --set ep=2", "(parameters per rank) | data parallel 2 ranks | " + ep2},
+           {"tp2_ep4", 4, "--set tp=2 --set ep=4 --set parallel.sequence_parallel=true",
+            "expert parallel 4 ranks (1 of 4 experts each)"}}) {
+    const Metrics got = run.train_mpi_ok(v.np, v.name, moe + v.args, v.banner);
+    megaton::testing::expect_close_training(got, single, run.run_dir(v.name), run.run_dir("single"), v.name, kWeightTol);
+  }
+  megaton::testing::expect_resumes_bitwise(run, "ep2_stop", moe + "--set ep=2 ", 2, ep2);
+  EXPECT_EQ(run.train_mpi_ok(2, "ep2_to_ep4", moe + "--set ep=2 --set training.exit_interval=4", ep2).losses.size(), 4u);
+  const Metrics at_ep4 = run.train_mpi_ok(4, "ep2_to_ep4", moe + "--set ep=4 --resume auto", "expert parallel 4 ranks");
+  megaton::testing::expect_close_training(at_ep4, single, run.run_dir("ep2_to_ep4"), run.run_dir("single"),
+                                         "ep2 checkpoint resumed at ep4", kWeightTol);
+  const auto refused = run.train_mpi(2, "dense_ep2", "--set ep=2");
+  EXPECT_NE(refused.exit_code, 0);
+  EXPECT_NE(refused.output.find("needs a mixture-of-experts model"), std::string::npos) << refused.output;
+}
+
 // DeepSeek-V3's shape: MLA, MoE layers and a multi-token prediction depth whose block is MoE too,
 // at dp2 with gradient buckets reduced while backward runs: the MTP depth adds to the embedding's
 // and head's gradients during the loss op, and the buckets must wait for those (their `uses`).

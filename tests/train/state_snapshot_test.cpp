@@ -97,7 +97,7 @@ TEST(StateSnapshot, RestoreAndCheckpointFilesGiveBackEveryByte) {
   // Files written from the second capture, loaded into a fresh model and optimizer.
   const std::string ckpt = dir.file("ckpt");
   std::filesystem::create_directories(ckpt);
-  snap.write(ckpt, 0, true);
+  snap.write(ckpt, 0, {});
   ckpt::merge_shard_indexes(ckpt, 1, 10);
   models::TransformerModel loaded(cfg.model);
   optim::AdamW loaded_opt(loaded.parameters(), optim::AdamWConfig{});

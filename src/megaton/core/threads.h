@@ -1,5 +1,7 @@
-// One knob for the CPU thread count: OpenMP regions and OpenBLAS GEMMs use the same number,
-// and kernels never call BLAS from inside an OpenMP region (no oversubscription).
+// One knob for the CPU thread count: OpenMP regions and OpenBLAS GEMMs use the same number. Kernels
+// call BLAS from inside an OpenMP region only to run several single-threaded GEMMs side by side
+// (the MoE grouped GEMM): OpenBLAS's OpenMP build and oneDNN run a call on one thread inside an
+// active region, so nothing is oversubscribed.
 #pragma once
 
 namespace megaton {

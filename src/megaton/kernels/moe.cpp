@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <exception>
+#include <mutex>
+#include <omp.h>
 
 #include "megaton/kernels/linear.h"
 
@@ -50,21 +53,53 @@ void expect_blocks(std::string_view op, const Tensor& x, const std::vector<int64
     fail("kernel ", op, ": the experts' blocks hold ", total, " rows, tensor '", x.name(), "' has ", x.size(0));
 }
 
-// Calls f(e, x block, w block) for every expert with rows; `w` is [E*out, in] and `out` rows per expert.
+// Calls f(first row, end row, w block) for every expert with rows; `w` is [E*out, in] and `out`
+// rows per expert. grouped: when at least as many experts have rows as there are threads, one
+// parallel region runs the experts' GEMMs side by side, each on one thread (OpenBLAS and oneDNN run
+// a call single-threaded inside an active region), largest first and handed out as threads free
+// up: no fork / join per expert, and each expert's weight stays in one core's cache. Otherwise
+// (or not grouped: Megatron's SequentialMLP) the experts run in turn, each GEMM on every thread.
 template <typename F>
 void for_each_block(std::string_view op, const Tensor& rows, const Tensor& w, int64_t out_per_expert,
-                    const std::vector<int64_t>& rows_per_expert, F&& f) {
+                    const std::vector<int64_t>& rows_per_expert, bool grouped, F&& f) {
   expect_blocks(op, rows, rows_per_expert);
   const auto E = static_cast<int64_t>(rows_per_expert.size());
   if (w.dim() != 2 || w.size(0) != checked_mul(op, E, out_per_expert))
     fail("kernel ", op, ": weight '", w.name(), "' has shape ", shape_str(w.shape()), ", expected [", E, " x ",
          out_per_expert, ", in]");
+  struct Block {
+    int64_t begin, end, expert;
+  };
+  std::vector<Block> blocks;
   int64_t begin = 0;
   for (int64_t e = 0; e < E; ++e) {
     const int64_t n = rows_per_expert[static_cast<size_t>(e)];
-    if (n > 0) f(begin, begin + n, w.slice_rows(e * out_per_expert, (e + 1) * out_per_expert));
+    if (n > 0) blocks.push_back({begin, begin + n, e});
     begin += n;
   }
+  const auto run = [&](const Block& b) {
+    f(b.begin, b.end, w.slice_rows(b.expert * out_per_expert, (b.expert + 1) * out_per_expert));
+  };
+  const int threads = omp_get_max_threads();
+  if (!grouped || threads == 1 || static_cast<int>(blocks.size()) < threads || omp_in_parallel()) {
+    for (const Block& b : blocks) run(b);
+    return;
+  }
+  std::stable_sort(blocks.begin(), blocks.end(),
+                   [](const Block& a, const Block& b) { return a.end - a.begin > b.end - b.begin; });
+  // An exception cannot leave a parallel region: the first is kept and rethrown after it.
+  std::exception_ptr error;
+  std::mutex error_mu;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    try {
+      run(blocks[i]);
+    } catch (...) {
+      const std::lock_guard<std::mutex> lock(error_mu);
+      if (!error) error = std::current_exception();
+    }
+  }
+  if (error) std::rethrow_exception(error);
 }
 
 }  // namespace
@@ -221,6 +256,74 @@ DispatchPlan moe_dispatch_plan(const ExecContext& ctx, const Tensor& pos, const 
   return plan;
 }
 
+void moe_kept_experts(const ExecContext& ctx, const Tensor& sel, const Tensor& indices, const Tensor& pos) {
+  constexpr std::string_view op = "moe_kept_experts";
+  expect_cpu(ctx, op, {&sel, &indices, &pos});
+  const int64_t N = indices.size(0), K = slots_of(op, indices);
+  for (const Tensor* t : {&sel, &indices, &pos}) expect_slots(op, *t, N, K);
+  int32_t* out = sel.data<int32_t>();
+  const int32_t* idx = indices.data<int32_t>();
+  const int32_t* p = pos.data<int32_t>();
+  for (int64_t s = 0; s < N * K; ++s) out[s] = p[s] >= 0 ? idx[s] : -1;
+}
+
+DispatchPlan moe_local_plan(const ExecContext& ctx, const Tensor& pos, const Tensor& sel, int64_t first_expert,
+                            int64_t local_experts) {
+  constexpr std::string_view op = "moe_local_plan";
+  expect_cpu(ctx, op, {&pos, &sel});
+  const int64_t N = sel.size(0), K = slots_of(op, sel);
+  expect_slots(op, sel, N, K);
+  expect_slots(op, pos, N, K);
+  if (first_expert < 0 || local_experts < 1)
+    fail("kernel ", op, ": local experts [", first_expert, ", ", first_expert, " + ", local_experts, ") is empty");
+  const int32_t* e = sel.data<int32_t>();
+  int32_t* out = pos.data<int32_t>();
+  DispatchPlan plan;
+  plan.rows_per_expert.assign(static_cast<size_t>(local_experts), 0);
+  for (int64_t s = 0; s < N * K; ++s) {
+    if (e[s] < -1) fail("kernel ", op, ": expert index ", e[s], " in '", sel.name(), "'");
+    const int64_t j = e[s] - first_expert;
+    if (e[s] >= 0 && j >= 0 && j < local_experts) ++plan.rows_per_expert[static_cast<size_t>(j)];
+  }
+  // Each local expert's first row, then its slots in order.
+  std::vector<int64_t> next(static_cast<size_t>(local_experts), 0);
+  for (int64_t j = 1; j < local_experts; ++j)
+    next[static_cast<size_t>(j)] = next[static_cast<size_t>(j - 1)] + plan.rows_per_expert[static_cast<size_t>(j - 1)];
+  for (int64_t s = 0; s < N * K; ++s) {
+    const int64_t j = e[s] - first_expert;
+    out[s] = e[s] >= 0 && j >= 0 && j < local_experts ? static_cast<int32_t>(next[static_cast<size_t>(j)]++) : -1;
+  }
+  plan.selected_per_expert = plan.rows_per_expert;
+  for (int64_t r : plan.rows_per_expert) plan.rows += r;
+  return plan;
+}
+
+void moe_sort_by_expert(const ExecContext& ctx, const Tensor& pos, const std::vector<int64_t>& counts,
+                        int64_t sources, int64_t experts) {
+  constexpr std::string_view op = "moe_sort_by_expert";
+  expect_cpu(ctx, op, {&pos});
+  if (sources < 1 || experts < 1 || static_cast<int64_t>(counts.size()) != sources * experts)
+    fail("kernel ", op, ": ", counts.size(), " counts for ", sources, " sources x ", experts, " experts");
+  int64_t total = 0;
+  for (int64_t c : counts) {
+    if (c < 0) fail("kernel ", op, ": negative row count ", c);
+    total = checked_add(op, total, c);
+  }
+  expect_slots(op, pos, total, 1);
+  // Where each (expert, source) block starts in expert-major order.
+  std::vector<int64_t> start(counts.size());
+  int64_t at = 0;
+  for (int64_t e = 0; e < experts; ++e)
+    for (int64_t s = 0; s < sources; ++s) {
+      start[static_cast<size_t>(s * experts + e)] = at;
+      at += counts[static_cast<size_t>(s * experts + e)];
+    }
+  int32_t* out = pos.data<int32_t>();
+  int64_t r = 0;
+  for (size_t b = 0; b < counts.size(); ++b)
+    for (int64_t i = 0; i < counts[b]; ++i) out[r++] = static_cast<int32_t>(start[b] + i);
+}
+
 void moe_permute(const ExecContext& ctx, const Tensor& out, const Tensor& x, const Tensor& pos) {
   constexpr std::string_view op = "moe_permute";
   expect_cpu(ctx, op, {&out, &x, &pos});
@@ -277,28 +380,28 @@ void moe_unpermute_backward(const ExecContext& ctx, const Tensor& drows, const T
 }
 
 void grouped_linear_forward(const ExecContext& ctx, const Tensor& out, const Tensor& x, const Tensor& w,
-                            const std::vector<int64_t>& rows_per_expert) {
+                            const std::vector<int64_t>& rows_per_expert, bool grouped) {
   constexpr std::string_view op = "grouped_linear_forward";
   expect_on_device(ctx, op, {&out, &x, &w});
-  for_each_block(op, x, w, out.size(-1), rows_per_expert, [&](int64_t b, int64_t e, const Tensor& we) {
+  for_each_block(op, x, w, out.size(-1), rows_per_expert, grouped, [&](int64_t b, int64_t e, const Tensor& we) {
     linear_forward(ctx, out.slice_rows(b, e), x.slice_rows(b, e), we, Tensor{});
   });
 }
 
 void grouped_linear_backward_input(const ExecContext& ctx, const Tensor& dx, const Tensor& dout, const Tensor& w,
-                                   const std::vector<int64_t>& rows_per_expert) {
+                                   const std::vector<int64_t>& rows_per_expert, bool grouped) {
   constexpr std::string_view op = "grouped_linear_backward_input";
   expect_on_device(ctx, op, {&dx, &dout, &w});
-  for_each_block(op, dx, w, dout.size(-1), rows_per_expert, [&](int64_t b, int64_t e, const Tensor& we) {
+  for_each_block(op, dx, w, dout.size(-1), rows_per_expert, grouped, [&](int64_t b, int64_t e, const Tensor& we) {
     linear_backward_input(ctx, dx.slice_rows(b, e), dout.slice_rows(b, e), we);
   });
 }
 
 void grouped_linear_backward_weight(const ExecContext& ctx, const Tensor& dw, const Tensor& dout, const Tensor& x,
-                                    const std::vector<int64_t>& rows_per_expert) {
+                                    const std::vector<int64_t>& rows_per_expert, bool grouped) {
   constexpr std::string_view op = "grouped_linear_backward_weight";
   expect_on_device(ctx, op, {&dw, &dout, &x});
-  for_each_block(op, x, dw, dout.size(-1), rows_per_expert, [&](int64_t b, int64_t e, const Tensor& dwe) {
+  for_each_block(op, x, dw, dout.size(-1), rows_per_expert, grouped, [&](int64_t b, int64_t e, const Tensor& dwe) {
     linear_backward_weight(ctx, dwe, Tensor{}, dout.slice_rows(b, e), x.slice_rows(b, e));
   });
 }

@@ -54,6 +54,23 @@ struct DispatchPlan {
 DispatchPlan moe_dispatch_plan(const ExecContext& ctx, const Tensor& pos, const Tensor& indices, const Tensor& probs,
                                int64_t experts, int64_t capacity, bool drop_by_position);
 
+// Expert parallelism's plans (nn/moe/token_dispatcher.h).
+// sel[n, k] = indices[n, k] for a kept slot (pos[n, k] >= 0), else -1: the slots a token keeps after
+// capacity dropping, as the all-gather dispatcher hands them to the other ranks.
+void moe_kept_experts(const ExecContext& ctx, const Tensor& sel, const Tensor& indices, const Tensor& pos);
+// One rank's plan over slots gathered from its expert-parallel group: every slot with sel in
+// [first_expert, first_expert + local_experts) gets a permuted row, grouped by expert in slot order;
+// every other slot (another rank's expert, or dropped: -1) gets pos -1. The plan's per-expert
+// vectors have local_experts entries; nothing is dropped here.
+DispatchPlan moe_local_plan(const ExecContext& ctx, const Tensor& pos, const Tensor& sel, int64_t first_expert,
+                            int64_t local_experts);
+// The all-to-all dispatcher's reordering: received rows come grouped by source rank, then by expert
+// (counts[s * experts + e] rows of local expert e from rank s, s < sources); pos[r] ([R, 1] i32)
+// becomes row r's place in expert-major order (by expert, then source), so moe_permute with pos
+// sorts them for the grouped GEMM and moe_permute_backward puts them back.
+void moe_sort_by_expert(const ExecContext& ctx, const Tensor& pos, const std::vector<int64_t>& counts,
+                        int64_t sources, int64_t experts);
+
 // out[pos[n, k]] = x[n]; backward: dx[n] = sum_k dout[pos[n, k]] (written).
 void moe_permute(const ExecContext& ctx, const Tensor& out, const Tensor& x, const Tensor& pos);
 void moe_permute_backward(const ExecContext& ctx, const Tensor& dx, const Tensor& dout, const Tensor& pos);
@@ -64,12 +81,15 @@ void moe_unpermute_backward(const ExecContext& ctx, const Tensor& drows, const T
 
 // Grouped linear: expert e's weight is rows [e*out, (e+1)*out) of w [E*out, in]; it multiplies the
 // e-th block of rows_per_expert[e] rows of x [M, in] into out [M, out]. Backward as kernels/linear.h
-// (dx written, dw accumulated), block by block.
+// (dx written, dw accumulated), block by block. grouped (model.moe_grouped_gemm): the experts' GEMMs
+// run side by side in one parallel region, one thread each, when at least as many experts have
+// rows as there are threads; false: one GEMM after another, each on every thread (Megatron's
+// SequentialMLP). The results are the same either way.
 void grouped_linear_forward(const ExecContext& ctx, const Tensor& out, const Tensor& x, const Tensor& w,
-                            const std::vector<int64_t>& rows_per_expert);
+                            const std::vector<int64_t>& rows_per_expert, bool grouped = true);
 void grouped_linear_backward_input(const ExecContext& ctx, const Tensor& dx, const Tensor& dout, const Tensor& w,
-                                   const std::vector<int64_t>& rows_per_expert);
+                                   const std::vector<int64_t>& rows_per_expert, bool grouped = true);
 void grouped_linear_backward_weight(const ExecContext& ctx, const Tensor& dw, const Tensor& dout, const Tensor& x,
-                                    const std::vector<int64_t>& rows_per_expert);
+                                    const std::vector<int64_t>& rows_per_expert, bool grouped = true);
 
 }  // namespace megaton::kernels

@@ -423,9 +423,9 @@ void mla_bindings(std::vector<Binding>& out, const std::string& p, nn::MultiLate
 
 std::vector<Binding> bindings(TransformerModel& m) {
   const TransformerConfig& c = m.config();
-  if (m.tensor_parallel().active())
-    fail("the HF format holds whole tensors: gather the model's ", m.tensor_parallel().size(),
-         " tensor-parallel shards first");
+  if (m.tensor_parallel().active() || m.expert_parallel().active())
+    fail("the HF format holds whole tensors: gather the model's ", m.tensor_parallel().size(), " tensor-parallel x ",
+         m.expert_parallel().size(), " expert-parallel shards first");
   const int64_t V = c.vocab_size;  // the embedding's and head's rows past it are padding
   std::vector<Binding> out;
   const bool gpt2 = c.position_embedding == PositionEmbedding::LearnedAbsolute;

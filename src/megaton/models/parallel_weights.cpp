@@ -12,7 +12,7 @@ Tensor gather_stage_tensor(const TransformerModel& from, int64_t position, const
   const int holder = layout.holder(position);
   const bool here = holder == layout.rank();
   if (here && !p) fail("pipeline rank ", holder, " holds position ", position, " of the model but no parameter '", name, "'");
-  Tensor global = here ? nn::gather_global(*p, local, from.tensor_parallel())
+  Tensor global = here ? nn::gather_global(*p, local, from.shard_groups())
                        : Tensor::empty(global_shape, DType::F32, MemCategory::Workspace, name);
   if (global.shape() != global_shape)
     fail("parameter '", name, "' has global shape ", shape_str(global.shape()), ", expected ", shape_str(global_shape));

@@ -11,7 +11,7 @@
 namespace megaton::models {
 
 namespace {
-nn::BlockSpec block_spec(const TransformerConfig& c, const nn::TensorParallel& tp) {
+nn::BlockSpec block_spec(const TransformerConfig& c, const nn::TensorParallel& tp, const nn::ExpertParallel& ep) {
   nn::BlockSpec s;
   s.attention = c.attention_type;
   s.mlp = c.mlp_type;
@@ -25,6 +25,7 @@ nn::BlockSpec block_spec(const TransformerConfig& c, const nn::TensorParallel& t
   s.moe = c.moe;
   s.bias = c.add_bias_linear;
   s.tp = tp;
+  s.ep = ep;
   return s;
 }
 
@@ -37,8 +38,9 @@ const TransformerConfig& validated(const TransformerConfig& c) {
 TransformerModel::TransformerModel(const TransformerConfig& config, int64_t num_chunks, const nn::TensorParallel& tp)
     : TransformerModel(config, StageLayout::whole(config.num_layers, num_chunks), tp) {}
 
-TransformerModel::TransformerModel(const TransformerConfig& config, StageLayout layout, const nn::TensorParallel& tp)
-    : config_(validated(config)), tp_(tp), layout_(std::move(layout)) {
+TransformerModel::TransformerModel(const TransformerConfig& config, StageLayout layout, const nn::TensorParallel& tp,
+                                   const nn::ExpertParallel& ep)
+    : config_(validated(config)), tp_(tp), ep_(ep), layout_(std::move(layout)) {
   layout_.validate(config.num_layers);
   const bool rope = config.position_embedding == PositionEmbedding::Rope;
   if (rope) {
@@ -64,7 +66,7 @@ TransformerModel::TransformerModel(const TransformerConfig& config, StageLayout 
                                                  config.position_embedding == PositionEmbedding::LearnedAbsolute, tp);
     add(*embedding_, -1);
   }
-  nn::BlockSpec spec = block_spec(config, tp);
+  nn::BlockSpec spec = block_spec(config, tp, ep);
   for (int64_t i = 0; i < L; ++i) {
     if (!layout_.holds(layout_.chunk_of(i))) continue;
     spec.mlp = config.mlp_type == "moe" && !config.is_moe_layer(i) ? "dense" : config.mlp_type;

@@ -48,13 +48,21 @@ class TransformerModel {
   // the padded vocabulary are split over it, errors naming the sizes that do not divide.
   explicit TransformerModel(const TransformerConfig& config, int64_t num_chunks = 1, const nn::TensorParallel& tp = {});
   // This rank's stage of the model under `layout` (validated against the config: errors name the
-  // sizes); init and results do not depend on the layout.
-  TransformerModel(const TransformerConfig& config, StageLayout layout, const nn::TensorParallel& tp = {});
+  // sizes); init and results do not depend on the layout. ep: the expert-parallel group the MoE
+  // layers' routed experts are split over (none by default).
+  TransformerModel(const TransformerConfig& config, StageLayout layout, const nn::TensorParallel& tp = {},
+                   const nn::ExpertParallel& ep = {});
   TransformerModel(const TransformerModel&) = delete;
   TransformerModel& operator=(const TransformerModel&) = delete;
 
   const TransformerConfig& config() const { return config_; }
   const nn::TensorParallel& tensor_parallel() const { return tp_; }
+  const nn::ExpertParallel& expert_parallel() const { return ep_; }
+  // The groups parameters are split over, for gathering and counting them (nn/tensor_shards.h).
+  nn::ShardGroups shard_groups() const { return {tp_, ep_}; }
+  // Whether some parameter is split over a group of more than one rank, or the layers are cut into
+  // pipeline stages: the whole model must then be gathered for an export.
+  bool split() const { return tp_.active() || ep_.active() || layout_.split(); }
   const StageLayout& stage_layout() const { return layout_; }
   // This rank's parameters (the whole model's without pipeline parallelism).
   const nn::ParameterList& parameters() const { return params_; }
@@ -186,6 +194,7 @@ class TransformerModel {
 
   TransformerConfig config_;
   nn::TensorParallel tp_;
+  nn::ExpertParallel ep_;
   StageLayout layout_;
   nn::RopeTables rope_;
   std::unique_ptr<nn::Embedding> embedding_;  // with model chunk 0

@@ -70,10 +70,7 @@ KindTable<MlpFactory>& mlp_table() {
                                        }},
                                       {"moe",  // router -> permute -> grouped SwiGLU experts -> unpermute (+ shared)
                                        [](const std::string& name, const BlockSpec& s) -> std::unique_ptr<MlpLayer> {
-                                         if (s.tp.size() > 1)
-                                           fail("layer ", name, ": the moe MLP kind does not support tensor "
-                                                "parallelism yet (tensor_model_parallel_size ", s.tp.size(), ")");
-                                         return std::make_unique<MoeLayer>(name, s.attn.hidden, s.moe);
+                                         return std::make_unique<MoeLayer>(name, s.attn.hidden, s.moe, s.ep, s.tp);
                                        }}}};
   return table;
 }

@@ -29,6 +29,7 @@ struct BlockSpec {
   MoeConfig moe;                             // of the "moe" MLP kind
   bool bias = true;                          // biases on the linears
   TensorParallel tp;                         // the group the sublayers are split over (none by default)
+  ExpertParallel ep;                         // the group the moe kind's routed experts are split over
 };
 
 // `name` is the sublayer's global prefix (e.g. "decoder.layers.3.self_attention"); rope may be null.

@@ -23,12 +23,15 @@ ParamAndGradBuffer::ParamAndGradBuffer(const ParameterList& params, int64_t buck
     MEGATON_CHECK(seen.insert(p).second, "gradient buffer given parameter '", p->name, "' twice");
     MEGATON_CHECK(p->value.dtype() == DType::F32, "parameter '", p->name, "' main weight must be f32");
     int64_t offset = align_up(total, kAlignElements);
-    if (!bucket.params.empty() && bucket_size > 0 && offset - bucket.offset >= bucket_size) {
+    const bool expert = p->shard.group == ParallelGroup::Expert;
+    const bool full = bucket_size > 0 && offset - bucket.offset >= bucket_size;
+    if (!bucket.params.empty() && (full || expert != bucket.expert)) {
       offset = bucket.offset + align_up(offset - bucket.offset, bucket_align);
       bucket.numel = offset - bucket.offset;
       buckets_.push_back(std::move(bucket));
       bucket = GradBucket{offset, 0, {}};
     }
+    bucket.expert = expert;
     offsets_.push_back(offset);
     bucket_of_.push_back(buckets_.size());
     bucket.params.push_back(p);

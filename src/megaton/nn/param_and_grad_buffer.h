@@ -3,7 +3,9 @@
 //
 // Parameters are laid out in reverse order of registration (= reverse order of use in forward),
 // because backward finishes them in that order, and the buffer is cut into buckets of at least
-// `bucket_size` elements. During the last micro-batch of a step, a bucket is announced "ready"
+// `bucket_size` elements. The routed experts' weights (ParallelGroup::Expert) never share a bucket
+// with other parameters: their gradients are reduced over another group (Megatron keeps them in a
+// buffer of their own for the same reason). During the last micro-batch of a step, a bucket is announced "ready"
 // (the callback fires with its index) as soon as every gradient in it is final, which is when a
 // data-parallel reduction of that bucket can start while backward goes on with earlier layers.
 // The optimizer and the grad norm run over the flat buffers.
@@ -40,6 +42,7 @@ struct GradBucket {
   int64_t offset = 0;              // first element in the flat buffers
   int64_t numel = 0;               // elements, padding included
   std::vector<Parameter*> params;  // in buffer order
+  bool expert = false;             // holds routed experts' weights (split over expert parallelism)
 };
 
 class ParamAndGradBuffer {

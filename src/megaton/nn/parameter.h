@@ -17,8 +17,9 @@ struct QuantizedWeight;
 
 namespace megaton::nn {
 
-// Which process group a parameter is split over: Tensor (tensor-model-parallel) or none.
-enum class ParallelGroup : uint8_t { None, Tensor };
+// Which process group a parameter is split over: Tensor (tensor-model-parallel), Expert (the routed
+// experts over expert-model-parallel ranks) or none.
+enum class ParallelGroup : uint8_t { None, Tensor, Expert };
 
 // A run of indices [start, start + length) of a parameter's global tensor along its partition dim.
 struct ShardPiece {

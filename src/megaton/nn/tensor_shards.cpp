@@ -91,16 +91,17 @@ bool holds_global(const Parameter& p) {
   return mine.size() == 1 && mine[0].start == 0 && mine[0].length == p.shard.global_size;
 }
 
-Tensor gather_global(const Parameter& p, const Tensor& local, const TensorParallel& tp) {
+Tensor gather_global(const Parameter& p, const Tensor& local, const ShardGroups& groups) {
   check_local(p, local);
   if (holds_global(p)) return local;
   const ShardSpec& s = p.shard;
-  MEGATON_CHECK(static_cast<int>(s.pieces.size()) == tp.size(), "parameter '", p.name, "' is split over ",
-                s.pieces.size(), " ranks, the tensor-parallel group has ", tp.size());
+  const int size = groups.size_of(s);
+  MEGATON_CHECK(static_cast<int>(s.pieces.size()) == size, "parameter '", p.name, "' is split over ",
+                s.pieces.size(), " ranks, its group has ", size);
   Tensor all = local;  // every rank's local tensor, rank after rank
-  if (tp.active()) {
-    all = Tensor::empty({tp.size() * local.numel()}, DType::F32, MemCategory::Workspace, p.name + ".gathered");
-    tp.group->all_gather(all, local.window(0, {local.numel()}, local.name()));
+  if (size > 1) {
+    all = Tensor::empty({size * local.numel()}, DType::F32, MemCategory::Workspace, p.name + ".gathered");
+    groups.group_of(s)->all_gather(all, local.window(0, {local.numel()}, local.name()));
   }
   Tensor global = Tensor::empty(global_shape(p), DType::F32, MemCategory::Workspace, p.name);
   for (const Run& run : runs_of(s)) {

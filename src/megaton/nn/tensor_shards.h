@@ -18,14 +18,15 @@ Shape global_shape(const Parameter& p);
 bool holds_global(const Parameter& p);
 
 // The global tensor assembled from every rank's `local` (a tensor of p's local shape: its value,
-// its gradient or an optimizer moment). Collective over tp when p is split over a group of more
-// than one; `local` itself when holds_global(p).
-Tensor gather_global(const Parameter& p, const Tensor& local, const TensorParallel& tp);
+// its gradient or an optimizer moment). Collective over the group p is split over (tp, or ep for
+// the routed experts) when it has more than one rank; `local` itself when holds_global(p).
+Tensor gather_global(const Parameter& p, const Tensor& local, const ShardGroups& groups);
 // local = this rank's pieces of `global` (padding zero).
 void slice_global(const Parameter& p, const Tensor& global, const Tensor& local);
 
-// (offset, count) runs of p's local elements that count towards a global norm on this rank of tp
-// (a replicated parameter on rank 0 only).
+// (offset, count) runs of p's local elements that count towards a global norm on this rank of its
+// group (a replicated parameter on tensor-parallel rank 0 only; an expert-parallel split: each
+// rank's own experts, to be summed over the ep group).
 std::vector<std::pair<int64_t, int64_t>> counted_elements(const Parameter& p, const TensorParallel& tp);
 // After backward: sums over tp the gradient elements several ranks compute parts of (partial_grad
 // parameters; k / v heads replicated over ranks). Collective over tp for every parameter that has

@@ -11,6 +11,7 @@ std::string_view parallel_dim_name(ParallelDim d) {
     case ParallelDim::Dp: return "dp";
     case ParallelDim::Pp: return "pp";
     case ParallelDim::Ep: return "ep";
+    case ParallelDim::Edp: return "edp";
   }
   return "?";
 }
@@ -31,9 +32,9 @@ RankLayout RankLayout::make(int world_size, const ParallelSizes& s) {
   l.pp_ = s.pp;
   l.ep_ = s.ep;
   l.dp_ = static_cast<int>(world_size / model);
-  if (l.dp_ % s.ep != 0)
-    fail("world size ", world_size, " with ", sizes(), " leaves data-parallel size ", l.dp_,
-         ", which expert-parallel size ", s.ep, " does not divide");
+  if (l.stage_size() % s.ep != 0)
+    fail("world size ", world_size, " with ", sizes(), " leaves data-parallel size ", l.dp_, ": tp x cp x dp = ",
+         l.stage_size(), " ranks per pipeline stage, which expert-parallel size ", s.ep, " does not divide");
   return l;
 }
 
@@ -44,6 +45,7 @@ int RankLayout::size(ParallelDim d) const {
     case ParallelDim::Dp: return dp_;
     case ParallelDim::Pp: return pp_;
     case ParallelDim::Ep: return ep_;
+    case ParallelDim::Edp: return stage_size() / ep_;
   }
   return 1;
 }
@@ -63,7 +65,7 @@ RankCoords RankLayout::coords(int rank) const {
   c.dp = r % dp_;
   r /= dp_;
   c.pp = r;
-  c.ep = c.dp % ep_;
+  c.ep = rank % stage_size() % ep_;
   return c;
 }
 
@@ -78,6 +80,12 @@ std::vector<int> RankLayout::group_ranks(int rank, ParallelDim dim) const {
   RankCoords c = coords(rank);
   std::vector<int> ranks;
   const int n = size(dim);
+  if (dim == ParallelDim::Ep || dim == ParallelDim::Edp) {  // over the stage's ranks, ep fastest
+    const int stage = c.pp * stage_size(), in_stage = rank - stage;
+    for (int i = 0; i < n; ++i)
+      ranks.push_back(stage + (dim == ParallelDim::Ep ? in_stage - c.ep + i : c.ep + ep_ * i));
+    return ranks;
+  }
   for (int i = 0; i < n; ++i) {
     RankCoords g = c;
     switch (dim) {
@@ -85,7 +93,8 @@ std::vector<int> RankLayout::group_ranks(int rank, ParallelDim dim) const {
       case ParallelDim::Cp: g.cp = i; break;
       case ParallelDim::Dp: g.dp = i; break;
       case ParallelDim::Pp: g.pp = i; break;
-      case ParallelDim::Ep: g.dp = c.dp - c.ep + i; break;
+      case ParallelDim::Ep:
+      case ParallelDim::Edp: break;  // above
     }
     ranks.push_back(rank_of(g));
   }
@@ -121,6 +130,8 @@ ProcessGroups::ProcessGroups(Communicator& world, const ParallelSizes& sizes)
   cp_ = make(ParallelDim::Cp);
   dp_ = make(ParallelDim::Dp);
   pp_ = make(ParallelDim::Pp);
+  ep_ = make(ParallelDim::Ep);
+  edp_ = make(ParallelDim::Edp);
 }
 
 ProcessGroups::~ProcessGroups() = default;
@@ -131,9 +142,10 @@ Communicator& ProcessGroups::group(ParallelDim d) const {
     case ParallelDim::Cp: return *cp_;
     case ParallelDim::Dp: return *dp_;
     case ParallelDim::Pp: return *pp_;
-    case ParallelDim::Ep: break;
+    case ParallelDim::Ep: return *ep_;
+    case ParallelDim::Edp: return *edp_;
   }
-  fail("the expert-parallel group is described by RankLayout but not built yet");
+  fail("unknown parallel dimension ", static_cast<int>(d));
 }
 
 }  // namespace megaton::parallel

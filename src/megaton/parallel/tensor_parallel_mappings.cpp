@@ -34,6 +34,15 @@ int64_t rows_per_rank(Communicator& group, const Tensor& t, const char* op) {
 
 double tensor_parallel_wait_seconds() { return waited; }
 
+double wait_counted(Work& work) {
+  const double before = waited;
+  {
+    WaitTimer timer;
+    work.wait();
+  }
+  return waited - before;
+}
+
 void reduce_from_region(Communicator& group, const Tensor& t, ReduceOp op) {
   if (group.size() == 1) return;
   WaitTimer timer;

@@ -23,6 +23,10 @@ Tensor reduce_scatter_rows(Communicator& group, const Tensor& t, const std::stri
 // [rows, C] -> a copy of block `rank`, [rows / size, C] (no communication).
 Tensor scatter_rows(Communicator& group, const Tensor& t, const std::string& name);
 
+// Waits for an operation started asynchronously (an expert-parallel all-to-all), counting the time
+// blocked with the collectives above; returns those seconds.
+double wait_counted(Work& work);
+
 // Seconds this thread has spent blocked in the collectives above since it started (they are
 // blocking: compute waits for them), for the step's comm_wait_s.
 double tensor_parallel_wait_seconds();

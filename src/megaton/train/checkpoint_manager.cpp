@@ -67,9 +67,9 @@ std::string CheckpointManager::newest_checkpoint() const {
 }
 
 void CheckpointManager::start(MetricsLog& metrics, const models::TransformerModel& model,
-                              const optim::Optimizer& optimizer, bool replica) {
+                              const optim::Optimizer& optimizer, WriterRole role) {
   metrics_ = &metrics;
-  replica_ = replica;
+  role_ = role;
   // Checkpoint buffers up front: the first save then stalls no longer than the others, and a
   // machine short of memory for them fails now rather than at the first save. Every rank has them:
   // every rank captures (a distributed optimizer's state is gathered by all of its ranks).
@@ -119,7 +119,7 @@ void CheckpointManager::save(const models::TransformerModel& model, const optim:
   writer_.submit(name, [this, step, dir] {
     if (faults_.save_delay_s() > 0) std::this_thread::sleep_for(std::chrono::duration<double>(faults_.save_delay_s()));
     if (faults_.fire(Fault::FailSave, step)) fail("injected fault fail@save: cannot write ", dir);
-    save_buffers_->write(dir, world_.rank(), replica_);
+    save_buffers_->write(dir, world_.rank(), role_);
     if (!writes_) return;
     if (faults_.fire(Fault::CrashInSave, step)) FaultInjector::crash("crash@save while writing " + dir);
     // The other ranks write theirs at the same time; a rank that died takes the job down with it.

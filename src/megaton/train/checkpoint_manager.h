@@ -38,10 +38,10 @@ class CheckpointManager {
                                       optim::Optimizer& optimizer);
   // Opens for business once the metrics file exists: removes torn checkpoints, logs them, the
   // checkpoints resume() rejected and the resume itself; allocates the save buffers when saving is on.
-  // replica: this rank is in the first data-parallel (and context-parallel) replica of the model,
-  // whose ranks write the weights and moments (the other replicas hold the same ones).
+  // role: which of this rank's weights and moments it writes (the first data-parallel and
+  // context-parallel replica of each; the other replicas hold the same ones).
   void start(MetricsLog& metrics, const models::TransformerModel& model, const optim::Optimizer& optimizer,
-             bool replica);
+             WriterRole role);
 
   // A full checkpoint of the current state: the step pays for the copy into the buffers (allocated
   // by start() when logging.save_interval or training.exit_interval ask for saves, else by the first
@@ -72,7 +72,7 @@ class CheckpointManager {
   FaultInjector& faults_;
   parallel::Communicator& world_;
   bool writes_;  // rank 0: completes each checkpoint, owns the checkpoint directory
-  bool replica_ = true;
+  WriterRole role_;
   MetricsLog* metrics_ = nullptr;
   std::unique_ptr<StateSnapshot> rewind_point_;  // rewind.snapshot_interval > 0
   std::unique_ptr<StateSnapshot> save_buffers_;  // what the checkpoint writer writes from

@@ -70,13 +70,16 @@ void RunLog::step(int64_t step, const TrainingStep::Result& r, double lr, int64_
   }
   if (!r.moe.empty()) {
     // Per MoE layer (in layer order): how unevenly the router loaded the experts, what capacity
-    // dropped, and the balancing losses (not part of "loss").
+    // dropped, and the balancing losses (not part of "loss"); under expert parallelism the seconds
+    // this rank was blocked on the token dispatcher's communication (part of comm_wait_s).
     nlohmann::json layers = nlohmann::json::array();
-    for (const nn::MoeStats& m : r.moe)
+    for (const nn::MoeStats& m : r.moe) {
       layers.push_back({{"max_over_mean_load", m.mean_load > 0 ? m.max_load / m.mean_load : 0.0},
                         {"dropped_tokens", m.dropped},
                         {"balance_loss", m.balance_loss},
                         {"z_loss", m.z_loss}});
+      if (cfg_.expert_model_parallel_size > 1) layers.back()["dispatch_wait_s"] = m.comm_seconds;
+    }
     rec["moe"] = layers;
   }
   if (!r.mtp_losses.empty()) rec["mtp_loss"] = r.mtp_losses;

@@ -118,20 +118,19 @@ void StateSnapshot::restore(models::TransformerModel& model, optim::Optimizer& o
   fp8_.restore(model);
 }
 
-void StateSnapshot::write(const std::string& dir, int world_rank, bool replica) const {
+void StateSnapshot::write(const std::string& dir, int world_rank, WriterRole role) const {
   ckpt::ShardWriter shard;
   const int tp_rank = model_.tensor_parallel().rank();
   const auto add = [&](const std::string& name, const nn::Parameter& p, const Tensor& local) {
+    if (!(p.shard.group == nn::ParallelGroup::Expert ? role.experts : role.dense)) return;
     for (const LocalPiece& piece : local_pieces(p, local, tp_rank))
       if (piece.first_holder) shard.add(name, nn::global_shape(p), piece.dim, piece.start, piece.view);
   };
-  if (replica) {
-    const auto& params = model_.parameters();
-    for (size_t i = 0; i < params.size(); ++i) add(kModelPrefix + params[i]->name, *params[i], values_[i]);
-    for (size_t j = 0; j < moments_.size(); ++j) add(kOptimizerPrefix + moments_[j].first, *moment_params_[j], moments_[j].second);
-    if (tp_rank == 0)
-      for (const auto& [name, t] : fp8_.states()) shard.add(kFp8Prefix + name, t.shape(), 0, 0, t);
-  }
+  const auto& params = model_.parameters();
+  for (size_t i = 0; i < params.size(); ++i) add(kModelPrefix + params[i]->name, *params[i], values_[i]);
+  for (size_t j = 0; j < moments_.size(); ++j) add(kOptimizerPrefix + moments_[j].first, *moment_params_[j], moments_[j].second);
+  if (role.dense && tp_rank == 0)
+    for (const auto& [name, t] : fp8_.states()) shard.add(kFp8Prefix + name, t.shape(), 0, 0, t);
   shard.write(dir, world_rank);
   if (world_rank != 0) return;
   models::save_hf_config(model_.config(), dir);

@@ -25,6 +25,15 @@
 
 namespace megaton::train {
 
+// Which of its pieces a rank writes into a checkpoint: the replicated model's (and the optimizer's)
+// when it is in the first data-parallel replica; the routed experts', split over expert
+// parallelism, when it is the first of the ranks holding the same experts (expert-data-parallel
+// rank 0). Without expert parallelism the two agree.
+struct WriterRole {
+  bool dense = true;
+  bool experts = true;
+};
+
 class StateSnapshot {
  public:
   // model: the live model; it must outlive the snapshot.
@@ -36,9 +45,9 @@ class StateSnapshot {
   const TrainProgress& progress() const { return progress_; }
 
   // This rank's files of checkpoint directory DIR, from the buffers: its shard (the pieces it is
-  // the lowest rank to hold; none when `replica` is false, a data-parallel replica other than the
-  // first) and, on world rank 0, config.json and state.json. Rerunnable.
-  void write(const std::string& dir, int world_rank, bool replica) const;
+  // the lowest rank to hold, of the kinds `role` gives it) and, on world rank 0, config.json and
+  // state.json. Rerunnable.
+  void write(const std::string& dir, int world_rank, WriterRole role) const;
 
  private:
   const models::TransformerModel& model_;

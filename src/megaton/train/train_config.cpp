@@ -130,6 +130,9 @@ const std::vector<Field>& fields() {
       moe_field("model.moe_router_bias_update_rate", &nn::MoeConfig::moe_router_bias_update_rate),
       moe_field("model.moe_expert_capacity_factor", &nn::MoeConfig::moe_expert_capacity_factor),
       moe_field("model.moe_token_drop_policy", &nn::MoeConfig::moe_token_drop_policy),
+      moe_field("model.moe_token_dispatcher_type", &nn::MoeConfig::moe_token_dispatcher_type),
+      moe_field("model.moe_shared_expert_overlap", &nn::MoeConfig::moe_shared_expert_overlap),
+      moe_field("model.moe_grouped_gemm", &nn::MoeConfig::moe_grouped_gemm),
       model_enum("model.normalization", &MC::normalization, &models::normalization_from_name,
                  &models::normalization_name),
       model_enum("model.activation", &MC::activation, &models::activation_from_name, &models::activation_name),
@@ -169,6 +172,7 @@ const std::vector<Field>& fields() {
       field("parallel.decoder_last_pipeline_num_layers", &TC::decoder_last_pipeline_num_layers),
       field("parallel.context_parallel_size", &TC::context_parallel_size),
       field("parallel.expert_model_parallel_size", &TC::expert_model_parallel_size),
+      field("parallel.expert_tensor_parallel_size", &TC::expert_tensor_parallel_size),
       field("parallel.data_parallel_size", &TC::data_parallel_size),
       field("parallel.sequence_parallel", &TC::sequence_parallel),
       field("parallel.use_distributed_optimizer", &TC::use_distributed_optimizer),
@@ -387,11 +391,28 @@ void validate(const TrainConfig& c) {
                                   {"parallel.context_parallel_size", c.context_parallel_size},
                                   {"parallel.expert_model_parallel_size", c.expert_model_parallel_size}}) {
     check(size >= 1 && size <= 1'000'000, key, "must be in [1, 1000000], got " + std::to_string(size));
-    // Distributed training lands in slices (issue 9): data, tensor and pipeline parallelism so far.
-    if (std::string_view(key) != "parallel.tensor_model_parallel_size" &&
-        std::string_view(key) != "parallel.pipeline_model_parallel_size")
-      check(size == 1, key,
-            std::to_string(size) + " is not supported yet (data, tensor and pipeline parallelism only, for now)");
+  }
+  check(c.context_parallel_size == 1, "parallel.context_parallel_size",
+        std::to_string(c.context_parallel_size) + " is not supported yet (data, tensor, pipeline and expert "
+        "parallelism only, for now)");
+  if (c.expert_model_parallel_size > 1) {
+    const std::string ep = std::to_string(c.expert_model_parallel_size);
+    check(c.model.mlp_type == "moe", "parallel.expert_model_parallel_size",
+          ep + " needs a mixture-of-experts model (model.mlp_type = \"moe\"), got mlp_type '" + c.model.mlp_type + "'");
+    check(c.model.moe.num_moe_experts % c.expert_model_parallel_size == 0, "parallel.expert_model_parallel_size",
+          ep + " does not divide model.num_moe_experts " + std::to_string(c.model.moe.num_moe_experts));
+  }
+  check(c.expert_tensor_parallel_size == 1, "parallel.expert_tensor_parallel_size",
+        std::to_string(c.expert_tensor_parallel_size) + " is not supported yet: only 1 (each routed expert whole on "
+        "its rank; tensor-parallel ranks split the tokens instead)");
+  if (c.model.mlp_type == "moe" && (c.expert_model_parallel_size > 1 || c.tensor_model_parallel_size > 1)) {
+    check(!c.use_distributed_optimizer, "parallel.use_distributed_optimizer",
+          "with a MoE model at expert_model_parallel_size " + std::to_string(c.expert_model_parallel_size) +
+              " and tensor_model_parallel_size " + std::to_string(c.tensor_model_parallel_size) +
+              " is not supported yet (the experts' gradients are summed over another group)");
+    check(c.micro_batch_size * c.seq_length % c.tensor_model_parallel_size == 0, "training.micro_batch_size",
+          "x seq_length (" + std::to_string(c.micro_batch_size * c.seq_length) + " tokens) must split evenly over "
+          "tensor_model_parallel_size " + std::to_string(c.tensor_model_parallel_size) + " for the MoE layers");
   }
   check_pipeline(c);
   check(c.data_parallel_size >= 0 && c.data_parallel_size <= 1'000'000, "parallel.data_parallel_size",
@@ -607,6 +628,10 @@ void resolve_parallel_layout(TrainConfig& c, int64_t world_size) {
   check(c.global_batch_size % (c.micro_batch_size * dp) == 0, "training.global_batch_size",
         std::to_string(c.global_batch_size) + " is not a multiple of micro_batch_size x data-parallel size (" +
             std::to_string(c.micro_batch_size) + " x " + std::to_string(dp) + ")");
+  const int64_t stage = c.tensor_model_parallel_size * c.context_parallel_size * dp;
+  check(stage % c.expert_model_parallel_size == 0, "parallel.expert_model_parallel_size",
+        std::to_string(c.expert_model_parallel_size) + " does not divide the " + std::to_string(stage) +
+            " ranks of a pipeline stage (tensor x context x data parallel)");
   c.data_parallel_size = dp;
 }
 

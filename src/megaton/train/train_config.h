@@ -71,6 +71,9 @@ struct TrainConfig {
   int64_t decoder_last_pipeline_num_layers = 0;
   int64_t context_parallel_size = 1;
   int64_t expert_model_parallel_size = 1;
+  // Megatron's expert_tensor_parallel_size: 1 alone for now (each routed expert whole on its rank;
+  // under tensor parallelism the tensor-parallel ranks split the tokens, as DeepSeek-V3 trains).
+  int64_t expert_tensor_parallel_size = 1;
   int64_t data_parallel_size = 0;      // 0: world size / (tp x cp x pp); else checked against it
   bool sequence_parallel = false;      // needs tp > 1
   bool use_distributed_optimizer = false;

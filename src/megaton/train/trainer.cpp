@@ -76,13 +76,14 @@ Trainer::Trainer(TrainConfig config, RunOptions options)
   // under pipeline parallelism, of its stage: the layers split into the schedule's model chunks
   // (stages x chunks per rank), of which this rank builds only its own.
   const nn::TensorParallel tp{&groups_->tp(), cfg_.sequence_parallel};
+  const nn::ExpertParallel ep{&groups_->ep()};
   models::StageLayout layout = pipeline_layout(cfg_, groups_->pp());
   if (!cfg_.load.empty()) {
     std::unique_ptr<models::TransformerModel> whole = models::load_hf_model(cfg_.load);
-    model_ = std::make_unique<models::TransformerModel>(whole->config(), std::move(layout), tp);
+    model_ = std::make_unique<models::TransformerModel>(whole->config(), std::move(layout), tp, ep);
     models::copy_weights(*whole, *model_);
   } else {
-    model_ = std::make_unique<models::TransformerModel>(cfg_.model, std::move(layout), tp);
+    model_ = std::make_unique<models::TransformerModel>(cfg_.model, std::move(layout), tp, ep);
     model_->init_weights(static_cast<uint64_t>(cfg_.seed));
   }
   if (cfg_.bf16) model_->set_compute_dtype(DType::BF16);
@@ -93,7 +94,7 @@ Trainer::Trainer(TrainConfig config, RunOptions options)
     const auto [first, end] = fp8_layer_range(cfg_, model_->config().num_layers);
     model_->enable_fp8(*fp8, first, end);
   }
-  step_ = std::make_unique<TrainingStep>(*model_, cfg_, data_.train, groups_->dp(), groups_->pp());
+  step_ = std::make_unique<TrainingStep>(*model_, cfg_, data_.train, groups_->dp(), groups_->pp(), &groups_->edp());
   step_->on_gradients([this](int64_t step, const Tensor& grads, double& loss) { faults_.corrupt_gradients(step, grads, loss); });
   optimizer_ = &step_->optimizer();
   schedule_ = {cfg_.lr, cfg_.min_lr, cfg_.lr_warmup_iters, cfg_.lr_decay_iters,
@@ -250,7 +251,9 @@ TrainSummary Trainer::run() {
     resolved << to_toml(cfg_);
   }
   log_->open(resuming_);
-  checkpoints_.start(log_->metrics(), *model_, *optimizer_, groups_->coords().dp == 0 && groups_->coords().cp == 0);
+  const bool first_cp = groups_->coords().cp == 0;
+  checkpoints_.start(log_->metrics(), *model_, *optimizer_,
+                     {.dense = groups_->coords().dp == 0 && first_cp, .experts = groups_->edp().rank() == 0 && first_cp});
   const auto& mc = model_->config();
   const auto parallel_layout = [&] {
     std::string s;
@@ -263,6 +266,11 @@ TrainSummary Trainer::run() {
     if (cfg_.data_parallel_size > 1)
       s += " | data parallel " + std::to_string(cfg_.data_parallel_size) + " ranks" +
            (cfg_.use_distributed_optimizer ? ", distributed optimizer" : "");
+    if (cfg_.expert_model_parallel_size > 1)
+      s += " | expert parallel " + std::to_string(cfg_.expert_model_parallel_size) + " ranks (" +
+           std::to_string(mc.moe.num_moe_experts / cfg_.expert_model_parallel_size) + " of " +
+           std::to_string(mc.moe.num_moe_experts) + " experts each), " + mc.moe.moe_token_dispatcher_type +
+           " dispatcher";
     if (const std::string r = nn::describe(recompute_config(cfg_)); !r.empty()) s += " | activation recompute " + r;
     return s;
   };
@@ -363,7 +371,7 @@ TrainSummary Trainer::run() {
   check_finite_weights("the final model");
   // The export and the sample need the whole model: a split one is gathered (by every rank).
   std::unique_ptr<models::TransformerModel> whole;
-  if (model_->tensor_parallel().active() || model_->stage_layout().split()) whole = models::gather_whole_model(*model_);
+  if (model_->split()) whole = models::gather_whole_model(*model_);
   models::TransformerModel& final_model = whole ? *whole : *model_;
   if (!primary_) return summary;
   export_final_model(final_model);

@@ -15,12 +15,13 @@ namespace megaton::train {
 
 TrainingStep::TrainingStep(models::TransformerModel& model, const TrainConfig& cfg,
                            std::shared_ptr<const data::SampleSource> train, parallel::Communicator& data_parallel,
-                           parallel::Communicator& pipeline)
+                           parallel::Communicator& pipeline, parallel::Communicator* expert_data_parallel)
     : model_(model),
       cfg_(cfg),
       train_(std::move(train)),
       dp_(data_parallel),
       pp_(pipeline),
+      edp_(expert_data_parallel ? *expert_data_parallel : data_parallel),
       buffer_(std::make_unique<nn::ParamAndGradBuffer>(model.parameters(), cfg.bucket_size,
                                                        cfg.use_distributed_optimizer ? data_parallel.size() : 1)),
       schedule_(pipeline.size() == 1
@@ -34,6 +35,17 @@ TrainingStep::TrainingStep(models::TransformerModel& model, const TrainConfig& c
     fail("data-parallel group '", dp_.name(), "' has ", dp_.size(), " ranks but the config resolved data_parallel_size ",
          cfg.data_parallel_size);
   const optim::AdamWConfig adamw{cfg.lr, cfg.adam_beta1, cfg.adam_beta2, cfg.adam_eps, cfg.weight_decay};
+  const nn::ExpertParallel& ep = model_.expert_parallel();
+  const nn::TensorParallel& tp = model_.tensor_parallel();
+  if (edp_.size() * ep.size() != dp_.size() * tp.size())
+    fail("expert-data-parallel group '", edp_.name(), "' has ", edp_.size(), " ranks and the expert-parallel group ",
+         ep.size(), ", but the data-parallel group has ", dp_.size(), " and the tensor-parallel group ", tp.size());
+  // The routed experts' gradients are summed over another group than the dense ones'.
+  const bool experts_apart = ep.active() || tp.active();
+  if (cfg.use_distributed_optimizer && experts_apart && model_.config().mlp_type == "moe")
+    fail("parallel.use_distributed_optimizer with expert_model_parallel_size ", ep.size(),
+         " and tensor_model_parallel_size ", tp.size(),
+         " is not supported yet for MoE models (the experts' optimizer shards would span another group)");
   if (cfg.use_distributed_optimizer) {
     auto distributed = std::make_unique<parallel::DistributedOptimizer>(*buffer_, adamw, dp_, cfg.overlap_param_gather);
     distributed_ = distributed.get();
@@ -45,10 +57,9 @@ TrainingStep::TrainingStep(models::TransformerModel& model, const TrainConfig& c
     optimizer_ = std::make_unique<optim::AdamW>(*buffer_, adamw);
   }
   pipeline::validate(schedule_);
-  if (dp_.size() > 1 && cfg.overlap_grad_reduce && pp_.size() == 1) buffer_->on_bucket_ready([this](size_t b) { reduce_bucket(b); });
+  if (reduces() && cfg.overlap_grad_reduce && pp_.size() == 1) buffer_->on_bucket_ready([this](size_t b) { reduce_bucket(b); });
   // Without tensor parallelism the norm reads the whole buffer (or the owned shards), as plain and
   // distributed AdamW always have; with it, each global element once.
-  const nn::TensorParallel& tp = model_.tensor_parallel();
   // Megatron's embedding group: the two stages holding a copy of the tied word embedding (every
   // pipeline rank takes part in the split). The last stage's copy is left out of the norm: the
   // first stage counts its elements.
@@ -57,16 +68,20 @@ TrainingStep::TrainingStep(models::TransformerModel& model, const TrainConfig& c
   if (model_.config().tie_embeddings && layout.holder(-1) != layout.holder(model_.config().num_layers))
     embedding_comm_ = pp_.split(embedding_group_ ? 0 : 1, pp_.rank(), "embedding");
   const bool copy = embedding_group_ && layout.holder(-1) != layout.rank();
-  std::vector<nn::ElementRange> counted;
+  std::vector<nn::ElementRange> counted, experts;
   for (nn::Parameter* p : model_.parameters()) {
     if (nn::has_shared_grads(*p)) shared_grads_.push_back(p);
     if (copy && p == embedding_group_) continue;
-    for (const auto& [offset, n] : nn::counted_elements(*p, tp)) counted.push_back({buffer_->offset_of(*p) + offset, n});
+    auto& into = experts_apart && p->shard.group == nn::ParallelGroup::Expert ? experts : counted;
+    for (const auto& [offset, n] : nn::counted_elements(*p, tp)) into.push_back({buffer_->offset_of(*p) + offset, n});
   }
-  std::sort(counted.begin(), counted.end(), [](const auto& a, const auto& b) { return a.offset < b.offset; });
+  const auto by_offset = [](const auto& a, const auto& b) { return a.offset < b.offset; };
+  std::sort(counted.begin(), counted.end(), by_offset);
+  std::sort(experts.begin(), experts.end(), by_offset);
   const std::vector<nn::ElementRange> all = {{0, buffer_->grads().numel()}};
   const std::vector<nn::ElementRange>& mine = distributed_ ? distributed_->owned() : all;
-  norm_ranges_ = tp.active() || copy ? nn::intersect(counted, mine) : mine;
+  norm_ranges_ = tp.active() || copy || ep.active() ? nn::intersect(counted, mine) : mine;
+  expert_norm_ranges_ = nn::intersect(experts, mine);
   if (const auto scaling = loss_scaler_config(cfg)) scaler_.emplace(*scaling);
   if (cfg.optimizer_post_validation) undo_ = std::make_unique<StepUndo>(*buffer_, *optimizer_);
 }
@@ -77,7 +92,11 @@ void TrainingStep::reduce_bucket(size_t bucket) {
     return;
   }
   const nn::GradBucket& b = buffer_->buckets().at(bucket);
-  reductions_.push_back(dp_.all_reduce_async(
+  // Each expert-parallel rank computed its own experts' gradients from the whole group's tokens:
+  // only the ranks holding the same experts sum them.
+  parallel::Communicator& group = b.expert ? edp_ : dp_;
+  if (group.size() == 1) return;
+  reductions_.push_back(group.all_reduce_async(
       buffer_->grads().window(b.offset, {b.numel}, "grad_bucket_" + std::to_string(bucket)), parallel::ReduceOp::Sum));
 }
 
@@ -92,7 +111,7 @@ double TrainingStep::finish_reductions() {
   // data-parallel reduction (a reduce-scatter over each stage's own buffer layout with the
   // distributed optimizer) sees the summed gradient like one process's (sums commute).
   if (embedding_group_) embedding_comm_->all_reduce(embedding_group_->grad);
-  if (dp_.size() > 1 && (!cfg_.overlap_grad_reduce || pp_.size() > 1))
+  if (reduces() && (!cfg_.overlap_grad_reduce || pp_.size() > 1))
     for (size_t b = 0; b < buffer_->buckets().size(); ++b) reduce_bucket(b);
   wait_reductions();
   // Sums commute: adding the tensor-parallel parts after the data-parallel sum gives the same
@@ -103,12 +122,19 @@ double TrainingStep::finish_reductions() {
 }
 
 double TrainingStep::grad_norm() const {
-  std::vector<Tensor> parts;
-  for (const nn::ElementRange& r : norm_ranges_) parts.push_back(buffer_->grads().window(r.offset, {r.numel}, "grad_norm"));
-  double sum = optim::sum_of_squares(parts);
+  const auto squares = [&](const std::vector<nn::ElementRange>& ranges) {
+    std::vector<Tensor> parts;
+    for (const nn::ElementRange& r : ranges) parts.push_back(buffer_->grads().window(r.offset, {r.numel}, "grad_norm"));
+    return optim::sum_of_squares(parts);
+  };
+  double sum = squares(norm_ranges_);
   if (distributed_ && dp_.size() > 1) sum = dp_.all_reduce_scalar(sum);  // each rank holds its shards' sums
   const nn::TensorParallel& tp = model_.tensor_parallel();
   if (tp.active()) sum = tp.group->all_reduce_scalar(sum);
+  // Each ep rank holds its own experts, whole, alike on its expert-data-parallel peers.
+  const double experts = squares(expert_norm_ranges_);
+  const nn::ExpertParallel& ep = model_.expert_parallel();
+  sum += ep.active() ? ep.group->all_reduce_scalar(experts) : experts;
   if (pp_.size() > 1) sum = pp_.all_reduce_scalar(sum);  // each stage holds its own layers
   return std::sqrt(sum);
 }

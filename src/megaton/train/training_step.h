@@ -11,6 +11,12 @@
 // the group and a non-finite gradient on any rank makes the norm non-finite on all of them, so
 // every rank takes the same decisions (skip, rewind).
 //
+// Expert parallelism lives in the model too (its MoE layers' dispatchers move tokens over the ep
+// group); the routed experts' gradients sit in buckets of their own, summed over the expert-data-
+// parallel group (the ranks holding the same experts: under tensor parallelism also the
+// tensor-parallel ranks, which each fed them a block of the tokens), and the grad norm sums their
+// squares over the ep group, after the tensor-parallel sum of the rest.
+//
 // Tensor parallelism lives in the model (its modules run their own collectives); the step adds what
 // Megatron's finalize_model_grads does after the data-parallel reduction: the gradients several
 // tensor-parallel ranks compute parts of (norms under sequence parallelism, replicated k / v heads)
@@ -77,8 +83,11 @@ class TrainingStep {
   // data_parallel: the group gradients are summed over; its size must be cfg.data_parallel_size
   // (or 1 with data_parallel_size 0). pipeline: this rank's pipeline group (size
   // cfg.pipeline_model_parallel_size); the model holds this stage's model chunks of the schedule.
+  // expert_data_parallel: the group the routed experts' gradients are summed over under expert
+  // and tensor parallelism (the ranks holding the same experts, tp x dp / ep); null: data_parallel.
   TrainingStep(models::TransformerModel& model, const TrainConfig& cfg, std::shared_ptr<const data::SampleSource> train,
-               parallel::Communicator& data_parallel, parallel::Communicator& pipeline);
+               parallel::Communicator& data_parallel, parallel::Communicator& pipeline,
+               parallel::Communicator* expert_data_parallel = nullptr);
   ~TrainingStep();
   TrainingStep(const TrainingStep&) = delete;
   TrainingStep& operator=(const TrainingStep&) = delete;
@@ -116,6 +125,10 @@ class TrainingStep {
   std::shared_ptr<const data::SampleSource> train_;
   parallel::Communicator& dp_;
   parallel::Communicator& pp_;
+  parallel::Communicator& edp_;
+  // Whether any gradient bucket is summed over other ranks (data-parallel, or the experts' over
+  // tensor-parallel ranks too).
+  bool reduces() const { return dp_.size() > 1 || edp_.size() > 1; }
   std::unique_ptr<nn::ParamAndGradBuffer> buffer_;
   std::unique_ptr<optim::Optimizer> optimizer_;             // over buffer_
   parallel::DistributedOptimizer* distributed_ = nullptr;  // optimizer_, when it is the distributed one
@@ -124,6 +137,7 @@ class TrainingStep {
   nn::Parameter* embedding_group_ = nullptr;     // this stage's copy of a tied embedding held by two stages
   std::unique_ptr<parallel::Communicator> embedding_comm_;  // the two stages holding those copies
   std::vector<nn::ElementRange> norm_ranges_;    // the gradient elements this rank adds to the norm
+  std::vector<nn::ElementRange> expert_norm_ranges_;  // ... of them, its own experts' (summed over ep)
   pipeline::Schedule schedule_;  // this step's op lists (no pipelining at pp 1: F, B, W per micro-batch)
   std::unique_ptr<data::DataLoader> loader_;
   int64_t loader_position_ = -1;

@@ -30,6 +30,8 @@ void MoeConfig::validate() const {
          moe_router_load_balancing_type, "'");
   if (moe_token_drop_policy != "probs" && moe_token_drop_policy != "position")
     fail("model config: moe_token_drop_policy must be probs or position, got '", moe_token_drop_policy, "'");
+  if (moe_token_dispatcher_type != "alltoall" && moe_token_dispatcher_type != "allgather")
+    fail("model config: moe_token_dispatcher_type must be alltoall or allgather, got '", moe_token_dispatcher_type, "'");
   finite_at_least_zero("moe_aux_loss_coeff", moe_aux_loss_coeff);
   finite_at_least_zero("moe_z_loss_coeff", moe_z_loss_coeff);
   finite_at_least_zero("moe_router_bias_update_rate", moe_router_bias_update_rate);

@@ -30,6 +30,14 @@ struct MoeConfig {
   double moe_router_bias_update_rate = 1e-3;
   double moe_expert_capacity_factor = 0.0;       // 0: dropless; else capacity = ceil(factor * N * k / E)
   std::string moe_token_drop_policy = "probs";   // "probs" | "position": which over-capacity slots go
+  // With expert parallelism: how tokens reach the experts' ranks ("alltoall" | "allgather",
+  // nn/moe/token_dispatcher.h), and whether the shared expert computes while they travel (Megatron's
+  // moe_shared_expert_overlap; on by default here, as it changes no number, only the time).
+  std::string moe_token_dispatcher_type = "alltoall";
+  bool moe_shared_expert_overlap = true;
+  // The routed experts' GEMMs side by side in one parallel region (kernels/moe.h), or one after
+  // another (false: Megatron's SequentialMLP, for comparison). The same results either way.
+  bool moe_grouped_gemm = true;
 
   bool sigmoid() const { return moe_router_score_function == "sigmoid"; }
   kernels::cpu::RouterOptions router_options() const;

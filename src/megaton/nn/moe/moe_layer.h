@@ -5,13 +5,23 @@
 // SwiGLU MLP) sees every token and is added. The load-balancing and z losses do not enter the
 // model's loss: as Megatron's MoEAuxLossAutoScaler, their gradient is added to the router logits'
 // during B (scaled like the main loss, see set_aux_loss_grad_scale) and their values reported in
-// stats(). Single process: no tensor or expert parallelism yet (a tensor-parallel spec is refused).
+// stats(). Expert parallelism (ExpertParallel): each rank of the group holds E / ep routed experts
+// (fc1 / fc2 split by whole experts, ParallelGroup::Expert) and the token dispatcher
+// (token_dispatcher.h, moe_token_dispatcher_type) moves the slots to them and back; the router is
+// replicated. Tensor parallelism (expert tensor parallel size 1, as DeepSeek-V3 trains): the shared
+// expert is a tensor-parallel Mlp; the router runs on every token of the micro-batch on each
+// tensor-parallel rank (gathered under sequence parallelism), so routing, capacity drops and the
+// balancing losses are the single-process ones, and each rank sends only its block of the token
+// rows (its sequence-parallel rows) to the routed experts, whose expert-parallel group may span the
+// tensor-parallel ranks (parallel/process_groups.h). The blocks' outputs are gathered back (without
+// sequence parallelism) and the probs' gradients gathered for the router's backward.
 #pragma once
 #include <optional>
 
 #include "megaton/kernels/moe.h"
 #include "megaton/nn/mlp.h"
 #include "megaton/nn/moe/moe_config.h"
+#include "megaton/nn/moe/token_dispatcher.h"
 
 namespace megaton::nn {
 
@@ -22,6 +32,7 @@ struct MoeStats {
   double z_loss = 0.0;        // (step: mean)
   int64_t dropped = 0;        // slots dropped by the capacity factor
   double max_load = 0.0, mean_load = 0.0;  // slots that selected an expert: max and mean over experts
+  double comm_seconds = 0.0;  // blocked on the token dispatcher's communication (step: sum)
 };
 
 struct MoeCtx : SublayerCtx {
@@ -29,9 +40,10 @@ struct MoeCtx : SublayerCtx {
   Tensor logits;         // [N, E] f32
   Tensor indices, probs;  // [N, K]: selected experts and their weights
   Tensor dbalance;       // [N, E]: the balancing loss's gradient at its scores (scaled), or undefined
-  Tensor pos;            // [N, K]: permuted row of every slot (-1: dropped)
-  kernels::DispatchPlan plan;
-  Tensor xp, h, a, eo;   // permuted input, fc1 output [gate | up], SwiGLU output, fc2 output
+  Tensor pos;            // [N, K]: every slot's row when permuted by expert (-1: dropped)
+  std::vector<int64_t> selected_per_expert;  // this rank's slots that chose each of the E experts
+  std::unique_ptr<TokenDispatcher> dispatcher;
+  Tensor xs, h, a;       // this rank's experts' input rows (expert-major), fc1 output [gate | up], SwiGLU output
   Tensor dh, deo;        // saved by B for W: the fc1 and fc2 output gradients
   std::unique_ptr<SublayerCtx> shared;
   MoeStats stats;        // this micro-batch's, counted into the step's by B
@@ -39,9 +51,11 @@ struct MoeCtx : SublayerCtx {
 
 class MoeLayer final : public MlpLayer {
  public:
-  MoeLayer(const std::string& name, int64_t hidden, const MoeConfig& config);
+  MoeLayer(const std::string& name, int64_t hidden, const MoeConfig& config, const ExpertParallel& ep = {},
+           const TensorParallel& tp = {});
   std::unique_ptr<SublayerCtx> new_ctx() const override { return std::make_unique<MoeCtx>(); }
-  // x [N, hidden] with N = B*T tokens; T groups the rows into sequences for the sequence-wise loss.
+  // x [N, hidden] with N = B*T tokens (B*T / tp: this rank's rows under sequence parallelism); T
+  // groups the rows into sequences for the sequence-wise loss.
   Tensor forward(SublayerCtx& ctx, const Tensor& x, int64_t B, int64_t T) override;
   Tensor backward_input(SublayerCtx& ctx, const Tensor& dy, int64_t B, int64_t T) override;
   void backward_weight(SublayerCtx& ctx) override;
@@ -75,12 +89,23 @@ class MoeLayer final : public MlpLayer {
 
   Linear router;              // [E, hidden], fp32, no bias
   Parameter expert_bias;      // [E], undefined without moe_router_enable_expert_bias; never trained by the optimizer
-  Parameter fc1;              // [E * 2F, hidden]: each expert's [gate | up]
-  Parameter fc2;              // [E * hidden, F]
+  Parameter fc1;              // [E/ep * 2F, hidden]: each local expert's [gate | up]
+  Parameter fc2;              // [E/ep * hidden, F]
   std::optional<Mlp> shared;  // the shared expert
 
  private:
+  // The routed experts on this rank's rows (expert-major, the dispatcher's rows per local expert);
+  // the backward saves what W reads.
+  Tensor experts_forward(MoeCtx& ctx, const Tensor& xs);
+  Tensor experts_backward_input(MoeCtx& ctx, const Tensor& deo);
+  // This rank's block of the rows of a tensor of the micro-batch's N rows (itself without tensor
+  // parallelism), and the inverse: every rank's blocks gathered.
+  Tensor my_rows(const Tensor& all, const std::string& name) const;
+  Tensor all_rows(const Tensor& mine, const std::string& name) const;
+
   MoeConfig config_;
+  ExpertParallel ep_;
+  TensorParallel tp_;
   int64_t hidden_;
   double aux_grad_scale_ = 1.0;
   bool recompute_act_ = false;
