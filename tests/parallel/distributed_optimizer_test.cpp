@@ -26,10 +26,10 @@ namespace {
 struct Buffered {
   std::unique_ptr<models::TransformerModel> model;
   std::unique_ptr<nn::ParamAndGradBuffer> buffer;
-  Buffered(const std::string& preset, int64_t bucket_size, int64_t shards) {
+  Buffered(const std::string& preset, int64_t bucket_size, int64_t shards, int64_t expert_shards = 0) {
     model = std::make_unique<models::TransformerModel>(megaton::testing::tiny_config(preset));
     model->init_weights(11);
-    buffer = std::make_unique<nn::ParamAndGradBuffer>(model->parameters(), bucket_size, shards);
+    buffer = std::make_unique<nn::ParamAndGradBuffer>(model->parameters(), bucket_size, shards, expert_shards);
   }
   // Deterministic gradients of every parameter for step `step` (the alignment gaps stay zero).
   void fill_grads(int step) const {
@@ -50,31 +50,42 @@ size_t optimizer_bytes() {
 
 }  // namespace
 
+// The MoE preset's routed experts sit in buckets of their own, split into another count of shards
+// (the expert-data-parallel group's).
 TEST(ShardedBuffer, BucketsSplitIntoEqualAlignedShardsThatCoverThemOnce) {
-  for (const std::string preset : {"gpt-tiny", "llama-tiny"}) {
+  for (const std::string preset : {"gpt-tiny", "llama-tiny", "mixtral-tiny"}) {
     for (int64_t shards : {1, 2, 3, 4}) {
       for (int64_t bucket_size : {int64_t{1000}, int64_t{40'000'000}}) {
-        Buffered b(preset, bucket_size, shards);
+        const int64_t expert_shards = preset == "mixtral-tiny" ? shards % 3 + 1 : 0;
+        Buffered b(preset, bucket_size, shards, expert_shards);
         const nn::ParamAndGradBuffer& buf = *b.buffer;
-        const std::string what = preset + " shards " + std::to_string(shards) + " bucket_size " + std::to_string(bucket_size);
+        const std::string what = preset + " shards " + std::to_string(shards) + " bucket_size " +
+                                 std::to_string(bucket_size) + " expert shards " + std::to_string(expert_shards);
         EXPECT_EQ(buf.shards(), shards);
+        EXPECT_EQ(buf.expert_shards(), expert_shards ? expert_shards : shards);
+        bool any_expert = false;
         ASSERT_FALSE(buf.buckets().empty());
         int64_t next = 0;
         std::vector<int64_t> covered(static_cast<size_t>(buf.weights().numel()), 0);
         for (size_t k = 0; k < buf.buckets().size(); ++k) {
           const nn::GradBucket& bucket = buf.buckets()[k];
+          const int64_t n = bucket.expert ? buf.expert_shards() : shards;
+          any_expert = any_expert || bucket.expert;
+          EXPECT_EQ(buf.shards_of(k), n) << what << " bucket " << k;
           EXPECT_EQ(bucket.offset, next) << what << " bucket " << k;
-          EXPECT_EQ(bucket.numel % (nn::ParamAndGradBuffer::kAlignElements * shards), 0) << what << " bucket " << k;
+          EXPECT_EQ(bucket.numel % (nn::ParamAndGradBuffer::kAlignElements * n), 0) << what << " bucket " << k;
           for (const nn::Parameter* p : bucket.params) {
+            EXPECT_EQ(p->shard.group == nn::ParallelGroup::Expert, bucket.expert) << what << " " << p->name;
             EXPECT_GE(buf.offset_of(*p), bucket.offset) << what << " " << p->name;
             EXPECT_LE(buf.offset_of(*p) + p->value.numel(), bucket.offset + bucket.numel) << what << " " << p->name;
           }
-          for (int64_t r = 0; r < shards; ++r) {
+          for (int64_t r = 0; r < n; ++r) {
             const nn::ElementRange s = buf.shard_range(k, r);
-            EXPECT_EQ(s.numel * shards, bucket.numel) << what;
+            EXPECT_EQ(s.numel * n, bucket.numel) << what;
             EXPECT_EQ(s.offset % nn::ParamAndGradBuffer::kAlignElements, 0) << what;  // 64 bytes of fp32
             EXPECT_EQ(reinterpret_cast<uintptr_t>(buf.weights().data<float>() + s.offset) % 64, 0u) << what;
-            EXPECT_EQ(buf.shard_ranges(r).at(k), s) << what;
+            // A rank's dense shard r and expert shard r (or shard 0 of buckets with fewer shards).
+            EXPECT_EQ(buf.shard_ranges(bucket.expert ? 0 : r, bucket.expert ? r : 0).at(k), s) << what;
             for (int64_t i = s.offset; i < s.end(); ++i) ++covered[static_cast<size_t>(i)];
           }
           next = bucket.offset + bucket.numel;
@@ -82,6 +93,7 @@ TEST(ShardedBuffer, BucketsSplitIntoEqualAlignedShardsThatCoverThemOnce) {
         EXPECT_EQ(next, buf.weights().numel()) << what;
         EXPECT_EQ(std::count(covered.begin(), covered.end(), 1), static_cast<long>(covered.size())) << what;
         EXPECT_EQ(buf.shard_ranges(0).size(), buf.buckets().size()) << what;
+        EXPECT_EQ(any_expert, preset == "mixtral-tiny") << what;
       }
     }
   }

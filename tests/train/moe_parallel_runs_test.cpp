@@ -71,11 +71,21 @@ TEST(MoeParallelRuns, ExpertParallelTrainsLikeOneProcess) {
             "tensor parallel 2 ranks + sequence parallel"},
            {"tp2_dp2_ep2", 4, "--set tp=2 --set ep=2", "(parameters per rank) | data parallel 2 ranks | " + ep2},
            {"tp2_ep4", 4, "--set tp=2 --set ep=4 --set parallel.sequence_parallel=true",
-            "expert parallel 4 ranks (1 of 4 experts each)"}}) {
+            "expert parallel 4 ranks (1 of 4 experts each)"},
+           // The distributed optimizer shards the experts' buckets over the expert-data-parallel
+           // group: the ep2 pair's experts over the other pair (dp4), over the dp pair (tp2 dp2).
+           {"ep2_dp4_distopt", 4, "--set ep=2 --set parallel.use_distributed_optimizer=true",
+            "data parallel 4 ranks, distributed optimizer | " + ep2},
+           {"tp2_dp2_ep2_distopt", 4,
+            "--set tp=2 --set ep=2 --set parallel.use_distributed_optimizer=true --set parallel.overlap_grad_reduce=true "
+            "--set parallel.overlap_param_gather=true --set parallel.bucket_size=3000",
+            "data parallel 2 ranks, distributed optimizer | " + ep2}}) {
     const Metrics got = run.train_mpi_ok(v.np, v.name, moe + v.args, v.banner);
     megaton::testing::expect_close_training(got, single, run.run_dir(v.name), run.run_dir("single"), v.name, kWeightTol);
   }
   megaton::testing::expect_resumes_bitwise(run, "ep2_stop", moe + "--set ep=2 ", 2, ep2);
+  megaton::testing::expect_resumes_bitwise(run, "ep2_distopt_stop", moe + "--set ep=2 --set tp=2 "
+                                           "--set parallel.use_distributed_optimizer=true ", 4, ep2);
   EXPECT_EQ(run.train_mpi_ok(2, "ep2_to_ep4", moe + "--set ep=2 --set training.exit_interval=4", ep2).losses.size(), 4u);
   const Metrics at_ep4 = run.train_mpi_ok(4, "ep2_to_ep4", moe + "--set ep=4 --resume auto", "expert parallel 4 ranks");
   megaton::testing::expect_close_training(at_ep4, single, run.run_dir("ep2_to_ep4"), run.run_dir("single"),

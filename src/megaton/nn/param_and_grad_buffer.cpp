@@ -9,12 +9,14 @@ namespace {
 int64_t align_up(int64_t n, int64_t a) { return (n + a - 1) / a * a; }
 }  // namespace
 
-ParamAndGradBuffer::ParamAndGradBuffer(const ParameterList& params, int64_t bucket_size, int64_t shards)
-    : params_(params.rbegin(), params.rend()), shards_(shards) {
-  MEGATON_CHECK(shards >= 1, "gradient buffer needs at least one shard, got ", shards);
-  // A bucket ends on a multiple of this, so it splits into `shards` aligned shards (with one
-  // shard, the alignment every parameter start has anyway: the layout of an unsharded buffer).
-  const int64_t bucket_align = kAlignElements * shards;
+ParamAndGradBuffer::ParamAndGradBuffer(const ParameterList& params, int64_t bucket_size, int64_t shards,
+                                       int64_t expert_shards)
+    : params_(params.rbegin(), params.rend()), shards_(shards), expert_shards_(expert_shards ? expert_shards : shards) {
+  MEGATON_CHECK(shards >= 1 && expert_shards_ >= 1, "gradient buffer needs at least one shard, got ", shards, " (",
+                expert_shards_, " for the experts)");
+  // A bucket ends on a multiple of this, so it splits into its shards aligned (with one shard, the
+  // alignment every parameter start has anyway: the layout of an unsharded buffer).
+  const auto bucket_align = [&](bool expert) { return kAlignElements * (expert ? expert_shards_ : shards_); };
   std::set<const Parameter*> seen;
   int64_t total = 0;
   GradBucket bucket;
@@ -26,7 +28,7 @@ ParamAndGradBuffer::ParamAndGradBuffer(const ParameterList& params, int64_t buck
     const bool expert = p->shard.group == ParallelGroup::Expert;
     const bool full = bucket_size > 0 && offset - bucket.offset >= bucket_size;
     if (!bucket.params.empty() && (full || expert != bucket.expert)) {
-      offset = bucket.offset + align_up(offset - bucket.offset, bucket_align);
+      offset = bucket.offset + align_up(offset - bucket.offset, bucket_align(bucket.expert));
       bucket.numel = offset - bucket.offset;
       buckets_.push_back(std::move(bucket));
       bucket = GradBucket{offset, 0, {}};
@@ -37,7 +39,7 @@ ParamAndGradBuffer::ParamAndGradBuffer(const ParameterList& params, int64_t buck
     bucket.params.push_back(p);
     total = offset + p->value.numel();
   }
-  total = bucket.offset + align_up(total - bucket.offset, bucket_align);
+  total = bucket.offset + align_up(total - bucket.offset, bucket_align(bucket.expert));
   bucket.numel = total - bucket.offset;
   if (!bucket.params.empty()) buckets_.push_back(std::move(bucket));
 
@@ -63,16 +65,23 @@ int64_t ParamAndGradBuffer::offset_of(const Parameter& p) const {
   fail("parameter '", p.name, "' is not in this gradient buffer");
 }
 
+int64_t ParamAndGradBuffer::shards_of(size_t bucket) const {
+  return buckets_.at(bucket).expert ? expert_shards_ : shards_;
+}
+
 ElementRange ParamAndGradBuffer::shard_range(size_t bucket, int64_t shard) const {
-  MEGATON_CHECK(shard >= 0 && shard < shards_, "shard ", shard, " of a gradient buffer with ", shards_, " shards");
-  const GradBucket& b = buckets_.at(bucket);
-  const int64_t n = b.numel / shards_;
+  const int64_t shards = shards_of(bucket);
+  MEGATON_CHECK(shard >= 0 && shard < shards, "shard ", shard, " of gradient bucket ", bucket, " with ", shards,
+                " shards");
+  const GradBucket& b = buckets_[bucket];
+  const int64_t n = b.numel / shards;
   return {b.offset + shard * n, n};
 }
 
-std::vector<ElementRange> ParamAndGradBuffer::shard_ranges(int64_t shard) const {
+std::vector<ElementRange> ParamAndGradBuffer::shard_ranges(int64_t shard, int64_t expert_shard) const {
   std::vector<ElementRange> out;
-  for (size_t b = 0; b < buckets_.size(); ++b) out.push_back(shard_range(b, shard));
+  for (size_t b = 0; b < buckets_.size(); ++b)
+    out.push_back(shard_range(b, buckets_[b].expert && expert_shard >= 0 ? expert_shard : shard));
   return out;
 }
 

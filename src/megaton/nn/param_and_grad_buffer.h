@@ -14,7 +14,8 @@
 // padded to a multiple of kAlignElements x S, so bucket b splits into S equal, 64-byte-aligned,
 // contiguous shards, and data-parallel rank r owns shard r of every bucket (it reduce-scatters
 // the bucket's gradient into that shard, updates those weights and all-gathers them back). With
-// S = 1 the layout is the plain DDP one (buckets padded to kAlignElements only).
+// S = 1 the layout is the plain DDP one (buckets padded to kAlignElements only). The routed
+// experts' buckets split into their own count of shards (the expert-data-parallel group's size).
 //
 // A gradient is final when each module that uses the parameter (Parameter::uses) has called
 // Parameter::grad_accumulated() once per micro-batch of the step. The buffer checks that every
@@ -54,8 +55,9 @@ class ParamAndGradBuffer {
   // Moves every parameter's value into the weight buffer (copying it), re-points value and grad at
   // views, zeroes the gradients and hooks each parameter's grad_accumulated(). bucket_size <= 0:
   // one bucket for everything. shards >= 1: every bucket's numel is a multiple of
-  // kAlignElements x shards (see above). The parameters must outlive the buffer.
-  ParamAndGradBuffer(const ParameterList& params, int64_t bucket_size, int64_t shards = 1);
+  // kAlignElements x shards (see above); an expert bucket's of kAlignElements x expert_shards
+  // (0: shards). The parameters must outlive the buffer.
+  ParamAndGradBuffer(const ParameterList& params, int64_t bucket_size, int64_t shards = 1, int64_t expert_shards = 0);
   ~ParamAndGradBuffer();
   ParamAndGradBuffer(const ParamAndGradBuffer&) = delete;
   ParamAndGradBuffer& operator=(const ParamAndGradBuffer&) = delete;
@@ -66,10 +68,14 @@ class ParamAndGradBuffer {
   const ParameterList& params() const { return params_; }  // in buffer order
   int64_t offset_of(const Parameter& p) const;              // element offset of p's view
   int64_t shards() const { return shards_; }
-  // Shard `shard` of bucket `bucket`: numel / shards() elements from offset + shard x that.
+  int64_t expert_shards() const { return expert_shards_; }
+  // The number of shards bucket `bucket` splits into (expert_shards() for an expert bucket).
+  int64_t shards_of(size_t bucket) const;
+  // Shard `shard` of bucket `bucket`: numel / shards_of(bucket) elements from offset + shard x that.
   ElementRange shard_range(size_t bucket, int64_t shard) const;
-  // The elements rank `shard` owns: its shard of every bucket, in buffer order (one per bucket).
-  std::vector<ElementRange> shard_ranges(int64_t shard) const;
+  // The elements a rank owns: shard `shard` of every bucket (`expert_shard` of the expert buckets;
+  // -1: `shard`), in buffer order (one per bucket).
+  std::vector<ElementRange> shard_ranges(int64_t shard, int64_t expert_shard = -1) const;
 
   // Called with a bucket's index when its gradients are final (during the step's last micro-batch).
   void on_bucket_ready(std::function<void(size_t bucket)> callback) { ready_callback_ = std::move(callback); }
@@ -85,7 +91,7 @@ class ParamAndGradBuffer {
   void report_index(size_t i);  // params_[i] finished one accumulation
 
   ParameterList params_;
-  int64_t shards_ = 1;
+  int64_t shards_ = 1, expert_shards_ = 1;
   Tensor weights_, grads_;
   std::vector<GradBucket> buckets_;
   std::vector<int64_t> offsets_;        // per params_ entry

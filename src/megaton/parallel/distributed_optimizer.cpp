@@ -11,20 +11,23 @@ namespace megaton::parallel {
 
 namespace {
 
-std::vector<nn::ElementRange> owned_ranges(const nn::ParamAndGradBuffer& buffer, const Communicator& dp) {
-  if (buffer.shards() != dp.size())
-    fail("distributed optimizer over group '", dp.name(), "' of ", dp.size(), " ranks needs a gradient buffer with ",
-         dp.size(), " shards, it has ", buffer.shards());
-  return buffer.shard_ranges(dp.rank());
+std::vector<nn::ElementRange> owned_ranges(const nn::ParamAndGradBuffer& buffer, const Communicator& dp,
+                                           const Communicator& edp) {
+  if (buffer.shards() != dp.size() || buffer.expert_shards() != edp.size())
+    fail("distributed optimizer over group '", dp.name(), "' of ", dp.size(), " ranks (experts: '", edp.name(), "' of ",
+         edp.size(), ") needs a gradient buffer with as many shards, it has ", buffer.shards(), " (",
+         buffer.expert_shards(), ")");
+  return buffer.shard_ranges(dp.rank(), edp.rank());
 }
 
 }  // namespace
 
 DistributedOptimizer::DistributedOptimizer(const nn::ParamAndGradBuffer& buffer, optim::AdamWConfig config,
-                                           Communicator& dp, bool overlap_param_gather)
+                                           Communicator& dp, bool overlap_param_gather, Communicator* edp)
     : buffer_(buffer),
       dp_(dp),
-      adamw_(buffer, config, owned_ranges(buffer, dp)),
+      edp_(edp ? *edp : dp),
+      adamw_(buffer, config, owned_ranges(buffer, dp, edp_)),
       overlap_param_gather_(overlap_param_gather),
       gathers_(buffer.buckets().size()) {
   for (size_t b = 0; b < buffer.buckets().size(); ++b)
@@ -34,28 +37,31 @@ DistributedOptimizer::DistributedOptimizer(const nn::ParamAndGradBuffer& buffer,
 }
 
 WorkHandle DistributedOptimizer::reduce_scatter_grads(size_t bucket) {
-  if (dp_.size() == 1) return completed_work();
+  Communicator& group = group_of(bucket);
+  if (group.size() == 1) return completed_work();
   const nn::GradBucket& b = buffer_.buckets().at(bucket);
-  const nn::ElementRange mine = buffer_.shard_range(bucket, dp_.rank());
+  const nn::ElementRange shard = mine(bucket);
   const std::string name = "grad_bucket_" + std::to_string(bucket);
-  return dp_.reduce_scatter_async(buffer_.grads().window(mine.offset, {mine.numel}, name + "_shard"),
-                                  buffer_.grads().window(b.offset, {b.numel}, name), ReduceOp::Sum);
+  return group.reduce_scatter_async(buffer_.grads().window(shard.offset, {shard.numel}, name + "_shard"),
+                                    buffer_.grads().window(b.offset, {b.numel}, name), ReduceOp::Sum);
 }
 
 void DistributedOptimizer::step(double lr, double grad_scale) {
   wait_for_weights();  // the previous step's gathers land before this one writes its shards
   adamw_.step(lr, grad_scale);
-  if (dp_.size() == 1) return;
   // The last bucket first: it holds the first layers, which the next forward needs first.
   for (size_t b = buffer_.buckets().size(); b-- > 0;) {
+    Communicator& group = group_of(b);
+    if (group.size() == 1) continue;
     const nn::GradBucket& bucket = buffer_.buckets()[b];
-    const nn::ElementRange mine = buffer_.shard_range(b, dp_.rank());
+    const nn::ElementRange shard = mine(b);
     const std::string name = "param_bucket_" + std::to_string(b);
-    gathers_[b] = dp_.all_gather_async(buffer_.weights().window(bucket.offset, {bucket.numel}, name),
-                                       buffer_.weights().window(mine.offset, {mine.numel}, name + "_shard"));
+    gathers_[b] = group.all_gather_async(buffer_.weights().window(bucket.offset, {bucket.numel}, name),
+                                         buffer_.weights().window(shard.offset, {shard.numel}, name + "_shard"));
   }
   if (!overlap_param_gather_)
-    for (WorkHandle& work : gathers_) std::exchange(work, nullptr)->wait();
+    for (WorkHandle& work : gathers_)
+      if (work) std::exchange(work, nullptr)->wait();
 }
 
 void DistributedOptimizer::wait_for_bucket(size_t bucket) const {
@@ -98,13 +104,14 @@ void DistributedOptimizer::save_state(const std::vector<std::pair<std::string, T
   int64_t local = 0;     // where this rank's shard of the bucket starts in the flat moments
   for (size_t b = 0; b < buffer_.buckets().size(); ++b) {
     const nn::GradBucket& bucket = buffer_.buckets()[b];
-    const nn::ElementRange mine = buffer_.shard_range(b, dp_.rank());
+    const nn::ElementRange shard = mine(b);
+    Communicator& group = group_of(b);
     std::vector<WorkHandle> gathers;
     for (int which = 0; which < 2; ++which) {
       const Tensor whole = staging[which].window(0, {bucket.numel}, staging[which].name());
-      const Tensor block = staging[which].window(mine.offset - bucket.offset, {mine.numel}, staging[which].name());
-      std::memcpy(block.data<float>(), flat[which]->data<float>() + local, static_cast<size_t>(mine.numel) * sizeof(float));
-      if (dp_.size() > 1) gathers.push_back(dp_.all_gather_async(whole, block));
+      const Tensor block = staging[which].window(shard.offset - bucket.offset, {shard.numel}, staging[which].name());
+      std::memcpy(block.data<float>(), flat[which]->data<float>() + local, static_cast<size_t>(shard.numel) * sizeof(float));
+      if (group.size() > 1) gathers.push_back(group.all_gather_async(whole, block));
     }
     for (auto& work : gathers) work->wait();
     for (const nn::Parameter* p : bucket.params) {
@@ -115,7 +122,7 @@ void DistributedOptimizer::save_state(const std::vector<std::pair<std::string, T
       }
       ++param;
     }
-    local += mine.numel;
+    local += shard.numel;
   }
 }
 

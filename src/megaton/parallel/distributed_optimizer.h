@@ -15,6 +15,10 @@
 // layers): the next forward waits for each bucket right before its first module uses it
 // (wait_for), so the gathers of later layers overlap the compute of earlier ones.
 //
+// The routed experts' buckets (GradBucket::expert) are sharded, reduce-scattered and gathered
+// over the expert-data-parallel group instead (the ranks holding the same experts), the buffer
+// cutting them into that group's size of shards.
+//
 // The state seen by checkpoints and rewind points is layout-free (optim::Optimizer): the full
 // per-parameter "<param>.exp_avg" / ".exp_avg_sq" tensors of plain AdamW. Saving gathers the
 // shards (collective); loading copies each rank's owned elements out of the full tensors.
@@ -31,11 +35,12 @@ namespace megaton::parallel {
 
 class DistributedOptimizer final : public optim::Optimizer {
  public:
-  // buffer: the model's buffer, built with dp.size() shards; it and dp must outlive this.
+  // buffer: the model's buffer, built with dp.size() shards (edp.size() for the expert buckets); it,
+  // dp and edp (null: dp) must outlive this.
   DistributedOptimizer(const nn::ParamAndGradBuffer& buffer, optim::AdamWConfig config, Communicator& dp,
-                       bool overlap_param_gather = false);
+                       bool overlap_param_gather = false, Communicator* edp = nullptr);
 
-  // Starts summing bucket `bucket`'s gradient over the group into this rank's shard of it. Every
+  // Starts summing bucket `bucket`'s gradient over its group into this rank's shard of it. Every
   // rank issues the buckets in the same order. With a group of one, nothing to do.
   WorkHandle reduce_scatter_grads(size_t bucket);
 
@@ -64,9 +69,13 @@ class DistributedOptimizer final : public optim::Optimizer {
 
  private:
   void wait_for_bucket(size_t bucket) const;
+  // The group bucket `bucket` is sharded over, and this rank's shard of it.
+  Communicator& group_of(size_t bucket) const { return buffer_.buckets()[bucket].expert ? edp_ : dp_; }
+  nn::ElementRange mine(size_t bucket) const { return buffer_.shard_range(bucket, group_of(bucket).rank()); }
 
   const nn::ParamAndGradBuffer& buffer_;
   Communicator& dp_;
+  Communicator& edp_;
   optim::AdamW adamw_;
   bool overlap_param_gather_;
   std::map<const nn::Parameter*, size_t> bucket_of_;

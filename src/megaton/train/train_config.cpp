@@ -405,15 +405,10 @@ void validate(const TrainConfig& c) {
   check(c.expert_tensor_parallel_size == 1, "parallel.expert_tensor_parallel_size",
         std::to_string(c.expert_tensor_parallel_size) + " is not supported yet: only 1 (each routed expert whole on "
         "its rank; tensor-parallel ranks split the tokens instead)");
-  if (c.model.mlp_type == "moe" && (c.expert_model_parallel_size > 1 || c.tensor_model_parallel_size > 1)) {
-    check(!c.use_distributed_optimizer, "parallel.use_distributed_optimizer",
-          "with a MoE model at expert_model_parallel_size " + std::to_string(c.expert_model_parallel_size) +
-              " and tensor_model_parallel_size " + std::to_string(c.tensor_model_parallel_size) +
-              " is not supported yet (the experts' gradients are summed over another group)");
+  if (c.model.mlp_type == "moe")
     check(c.micro_batch_size * c.seq_length % c.tensor_model_parallel_size == 0, "training.micro_batch_size",
           "x seq_length (" + std::to_string(c.micro_batch_size * c.seq_length) + " tokens) must split evenly over "
           "tensor_model_parallel_size " + std::to_string(c.tensor_model_parallel_size) + " for the MoE layers");
-  }
   check_pipeline(c);
   check(c.data_parallel_size >= 0 && c.data_parallel_size <= 1'000'000, "parallel.data_parallel_size",
         "must be in [0, 1000000] (0: derived from the world size)");

@@ -23,7 +23,8 @@ TrainingStep::TrainingStep(models::TransformerModel& model, const TrainConfig& c
       pp_(pipeline),
       edp_(expert_data_parallel ? *expert_data_parallel : data_parallel),
       buffer_(std::make_unique<nn::ParamAndGradBuffer>(model.parameters(), cfg.bucket_size,
-                                                       cfg.use_distributed_optimizer ? data_parallel.size() : 1)),
+                                                       cfg.use_distributed_optimizer ? dp_.size() : 1,
+                                                       cfg.use_distributed_optimizer ? edp_.size() : 1)),
       schedule_(pipeline.size() == 1
                     ? pipeline::no_pipelining(cfg.grad_accum_steps(), false, static_cast<int>(model.num_chunks()))
                     : pipeline::generate(cfg.pipeline_schedule, pipeline.size(),
@@ -42,12 +43,9 @@ TrainingStep::TrainingStep(models::TransformerModel& model, const TrainConfig& c
          ep.size(), ", but the data-parallel group has ", dp_.size(), " and the tensor-parallel group ", tp.size());
   // The routed experts' gradients are summed over another group than the dense ones'.
   const bool experts_apart = ep.active() || tp.active();
-  if (cfg.use_distributed_optimizer && experts_apart && model_.config().mlp_type == "moe")
-    fail("parallel.use_distributed_optimizer with expert_model_parallel_size ", ep.size(),
-         " and tensor_model_parallel_size ", tp.size(),
-         " is not supported yet for MoE models (the experts' optimizer shards would span another group)");
   if (cfg.use_distributed_optimizer) {
-    auto distributed = std::make_unique<parallel::DistributedOptimizer>(*buffer_, adamw, dp_, cfg.overlap_param_gather);
+    auto distributed =
+        std::make_unique<parallel::DistributedOptimizer>(*buffer_, adamw, dp_, cfg.overlap_param_gather, &edp_);
     distributed_ = distributed.get();
     optimizer_ = std::move(distributed);
     // overlap_param_gather: each module of the next forward waits for its weights' gather alone.
@@ -132,7 +130,8 @@ double TrainingStep::grad_norm() const {
   const nn::TensorParallel& tp = model_.tensor_parallel();
   if (tp.active()) sum = tp.group->all_reduce_scalar(sum);
   // Each ep rank holds its own experts, whole, alike on its expert-data-parallel peers.
-  const double experts = squares(expert_norm_ranges_);
+  double experts = squares(expert_norm_ranges_);
+  if (distributed_ && edp_.size() > 1) experts = edp_.all_reduce_scalar(experts);  // shards over edp
   const nn::ExpertParallel& ep = model_.expert_parallel();
   sum += ep.active() ? ep.group->all_reduce_scalar(experts) : experts;
   if (pp_.size() > 1) sum = pp_.all_reduce_scalar(sum);  // each stage holds its own layers
