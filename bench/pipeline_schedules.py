@@ -67,7 +67,7 @@ def main():
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--micro-batch", type=int, default=2)
-    ap.add_argument("--kinds", default="zb-h1,1f1b,interleaved,zb-h2,zbv,dualpipev")
+    ap.add_argument("--kinds", default="zb-h1,1f1b,interleaved,zb-h2,zbv,dualpipe,dualpipev")
     args = ap.parse_args()
     kinds = args.kinds.split(",")
     if kinds[0] != "zb-h1":

@@ -4,8 +4,9 @@
 // (1e-4 with tp2, as for tensor parallelism alone). Each stage runs the same kernels on the same
 // shapes, so the untied Llama trains bit for bit at pp2 under every schedule; GPT's tied embedding
 // sums its two copies' gradients (the first and the last stage's) in another order. pp2 with 1F1B,
-// ZB-H1, ZB-H2, ZB-V, DualPipeV and interleaved (vpp2); pp4 with 1F1B and ZB-H1; uneven first /
-// last stages; pp2 x dp2 (plain and distributed optimizer) and pp2 x tp2 on four ranks. A pp2 checkpoint resumes at pp2 bitwise like
+// ZB-H1, ZB-H2, ZB-V, DualPipe, DualPipeV and interleaved (vpp2); pp4 with 1F1B and ZB-H1; uneven
+// first / last stages; pp2 x dp2 (plain and distributed optimizer) and pp2 x tp2 on four ranks
+// (DualPipe at pp4 and pp2 x dp2 in its own test, with the 8 micro-batches those need). A pp2 checkpoint resumes at pp2 bitwise like
 // the uninterrupted run and in one process like the single-process run, and the reverse; each
 // stage holds about half the parameters; bad layouts are refused naming the sizes.
 #include <gtest/gtest.h>
@@ -50,7 +51,8 @@ TEST_P(PipelineParallelRuns, EverySchedulesTrainsLikeOneProcess) {
            {"pp2_zbh1", "zb-h1", "2"},
            {"pp2_zbh2", "zb-h2", "2"},
            {"pp2_zbv", "zbv", "4"},
-           {"pp2_dualpipev", "dualpipev", "4"}}) {
+           {"pp2_dualpipev", "dualpipev", "4"},
+           {"pp2_dualpipe", "dualpipe", "2"}}) {
     variants.push_back(pp2(kind, chunks));
     variants.back().name = name;
   }
@@ -81,8 +83,9 @@ TEST_P(PipelineParallelRuns, EverySchedulesTrainsLikeOneProcess) {
     const bool tp = v.args.find("tp=2") != std::string::npos;
     expect_like(run, got, v.name, single, "single", tp ? 1e-4 : 1e-5);
     // Without tied embeddings or other parallelism every gradient element is accumulated in the
-    // same order as in one process (each on its own stage): bit for bit.
-    if (GetParam() == "llama-tiny" && v.np == 2) {
+    // same order as in one process (each on its own stage): bit for bit. (DualPipe's two copies
+    // each sum half the micro-batches, then each other's.)
+    if (GetParam() == "llama-tiny" && v.np == 2 && v.name != "pp2_dualpipe") {
       EXPECT_EQ(got.losses, single.losses) << v.name;
       megaton::testing::expect_bitwise_equal(megaton::testing::final_weights(run.run_dir(v.name)),
                                              megaton::testing::final_weights(run.run_dir("single")));
@@ -113,6 +116,30 @@ TEST(PipelineParallel, CheckpointsResumeBitwiseAndAcrossLayouts) {
   expect_like(run, at_pp2, "at_pp2", single, "single");
 }
 
+// DualPipe keeps two copies of every stage (stages r and p-1-r hold the same two model chunks, one
+// per direction) and sums their gradients: at pp4 with 8 micro-batches it trains like one process;
+// its checkpoints hold one copy, so a pp2 DualPipe run resumes bitwise and its checkpoint resumes
+// in one process like the single-process run.
+TEST(PipelineParallel, DualPipeTrainsLikeOneProcessAndResumes) {
+  TinyRunDir run("gpt-tiny");
+  const std::string eight = kShort + "--set training.global_batch_size=16 ";
+  const std::string dualpipe = "--set parallel.pipeline_schedule='\"dualpipe\"' ";
+  const Metrics single = run.train_ok("single", eight);
+  const Metrics pp4 = run.train_mpi_ok(4, "pp4", eight + "--set pp=4 " + dualpipe,
+                                       "pipeline parallel 4 stages, schedule 'dualpipe', 4 model chunks");
+  expect_like(run, pp4, "pp4", single, "single");
+  // The copy pairs inside each data-parallel replica.
+  const Metrics dp2 = run.train_mpi_ok(4, "pp2_dp2", eight + "--set pp=2 " + dualpipe,
+                                       "schedule 'dualpipe', 2 model chunks | data parallel 2 ranks");
+  expect_like(run, dp2, "pp2_dp2", single, "single");
+  megaton::testing::expect_resumes_bitwise(run, "pp2", kShort + "--set pp=2 " + dualpipe, 2, "schedule 'dualpipe'");
+  const std::string stop = "--set training.exit_interval=4 ";
+  EXPECT_EQ(run.train_mpi_ok(2, "at_pp1", kShort + "--set pp=2 " + dualpipe + stop, "schedule 'dualpipe'").losses.size(),
+            4u);
+  const Metrics at_pp1 = run.train_ok("at_pp1", kShort + "--resume auto");
+  expect_like(run, at_pp1, "at_pp1", run.train_ok("single4", kShort), "single4");
+}
+
 // A rewind under pipeline parallelism restores the whole-model snapshot into each stage: after an
 // injected NaN at step 6 the run goes back to step 4 (from memory, then from the step-4 checkpoint
 // on disk) and replays step 5 with exactly its loss before (read_metrics checks every repeated
@@ -122,12 +149,14 @@ TEST(PipelineParallel, RewindRestoresEveryStage) {
   const std::string args = kShort + "--set pp=2 --set rewind.enabled=true --set rewind.window=20 --inject nan@step=6 ";
   for (const auto& [name, from] : std::vector<std::pair<std::string, std::string>>{
            {"memory", "--set rewind.snapshot_interval=2"},
-           {"disk", "--set rewind.snapshot_interval=0 --set logging.save_interval=2"}}) {
+           {"disk", "--set rewind.snapshot_interval=0 --set logging.save_interval=2"},
+           // DualPipe: both copies of each stage restored (the snapshot holds one).
+           {"memory_dualpipe", "--set rewind.snapshot_interval=2 --set parallel.pipeline_schedule='\"dualpipe\"'"}}) {
     const Metrics m = run.train_mpi_ok(2, name, args + from, "pipeline parallel 2");
     ASSERT_EQ(m.events_of("rewind").size(), 1u) << name;
     const auto r = m.events_of("rewind")[0];
     EXPECT_EQ(r["restored_step"], 4) << name;
-    EXPECT_NE(r["restored_from"].get<std::string>().find(name == "memory" ? "memory" : "step_000004"),
+    EXPECT_NE(r["restored_from"].get<std::string>().find(name == "disk" ? "step_000004" : "memory"),
               std::string::npos)
         << r.dump();
     EXPECT_EQ(m.losses.size(), 8u) << name;
@@ -229,9 +258,12 @@ TEST(PipelineParallel, BadLayoutsNameTheSizes) {
                           "ranks"),
             std::string::npos)
       << r.output;
-  r = run.train("dualpipe", kShort + "--set pp=2 --set parallel.pipeline_schedule='\"dualpipe\"'");
+  r = run.train("dualpipe", kShort + "--set pp=2 --set parallel.pipeline_schedule='\"dualpipe\"' "
+                "--set parallel.use_distributed_optimizer=true");
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.output.find("'dualpipe' (two parameter copies per rank) is not supported yet"), std::string::npos)
+  EXPECT_NE(r.output.find("'dualpipe' (two parameter copies per rank) with parallel.use_distributed_optimizer is not "
+                          "supported yet"),
+            std::string::npos)
       << r.output;
   r = run.train("vpp", kShort + "--set parallel.virtual_pipeline_model_parallel_size=2");
   EXPECT_NE(r.exit_code, 0);

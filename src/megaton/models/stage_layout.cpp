@@ -17,7 +17,9 @@ StageLayout StageLayout::whole(int64_t num_layers, int64_t num_chunks) {
 }
 
 bool StageLayout::split() const {
-  return std::any_of(chunk_rank.begin(), chunk_rank.end(), [&](int r) { return r != rank(); });
+  for (size_t c = 0; c < chunk_rank.size(); ++c)
+    if (!holds(c)) return true;
+  return false;
 }
 
 int64_t StageLayout::num_layers() const {
@@ -48,6 +50,13 @@ void StageLayout::validate(int64_t num_layers) const {
   for (size_t c = 0; c < chunk_rank.size(); ++c)
     if (chunk_rank[c] < 0 || chunk_rank[c] >= ranks)
       fail("model chunk ", c, " placed on pipeline rank ", chunk_rank[c], " of a group of ", ranks);
+  if (chunk_copy_rank.empty()) return;
+  MEGATON_CHECK(chunk_copy_rank.size() == chunk_rank.size(), "a stage layout of ", chunk_rank.size(),
+                " model chunks with ", chunk_copy_rank.size(), " second copies");
+  for (size_t c = 0; c < chunk_copy_rank.size(); ++c)
+    if (chunk_copy_rank[c] < 0 || chunk_copy_rank[c] >= ranks || chunk_copy_rank[c] == chunk_rank[c])
+      fail("the second copy of model chunk ", c, " placed on pipeline rank ", chunk_copy_rank[c], " of a group of ",
+           ranks, " (its first is on rank ", chunk_rank[c], ")");
 }
 
 }  // namespace megaton::models

@@ -144,7 +144,8 @@ void TransformerModel::check_whole(const char* what) const {
 
 nn::Parameter* TransformerModel::embedding_group_weight() {
   const int first = layout_.holder(-1), last = layout_.holder(config_.num_layers);
-  if (!config_.tie_embeddings || first == last) return nullptr;
+  // Both here (DualPipe's end stages hold a copy of each): the head reads the embedding itself.
+  if (!config_.tie_embeddings || first == last || (embedding_ && head_)) return nullptr;
   if (layout_.rank() == first) return &embedding_->word;
   if (layout_.rank() == last) return &head_->weight();
   return nullptr;

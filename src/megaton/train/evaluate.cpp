@@ -31,7 +31,7 @@ models::LossResult staged_loss(models::TransformerModel& model, const Tensor& in
         layout.group->recv(h, layout.chunk_rank[c - 1], tag);
       }
     }
-    if (layout.holds(c)) h = model.chunk(c).forward(ctx.chunks[c], h, B, T);
+    if (layout.primary(c)) h = model.chunk(c).forward(ctx.chunks[c], h, B, T);
   }
   Tensor result = Tensor::zeros({2}, DType::F64, MemCategory::Workspace, "eval.loss");
   const int last = layout.chunk_rank.back();

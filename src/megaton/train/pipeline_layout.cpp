@@ -18,11 +18,18 @@ models::StageLayout pipeline_layout(const TrainConfig& cfg, parallel::Communicat
   layout.group = &pipeline;
   layout.chunk_layers.assign(static_cast<size_t>(s.model_chunks()), 0);
   layout.chunk_rank.assign(static_cast<size_t>(s.model_chunks()), -1);
+  if (s.copies > 1) layout.chunk_copy_rank.assign(static_cast<size_t>(s.model_chunks()), -1);
+  // A rank's stage layers split over the chunks of one copy it holds (DualPipe: one per copy).
+  const int per_copy = per_rank / s.copies;
   for (int r = 0; r < s.stages; ++r)
     for (int c = 0; c < s.chunks_per_stage; ++c) {
       const auto mc = static_cast<size_t>(s.model_chunk_of(r, c));
+      if (s.copy_of(r, c) > 0) {
+        layout.chunk_copy_rank.at(mc) = r;
+        continue;
+      }
       layout.chunk_rank.at(mc) = r;
-      layout.chunk_layers.at(mc) = stage_layers.at(static_cast<size_t>(r)) / per_rank;
+      layout.chunk_layers.at(mc) = stage_layers.at(static_cast<size_t>(r)) / per_copy;
     }
   return layout;
 }

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <set>
 
 #include "megaton/ckpt/sharded_checkpoint.h"
 #include "megaton/core/atomic_file.h"
@@ -121,12 +122,17 @@ void StateSnapshot::restore(models::TransformerModel& model, optim::Optimizer& o
 void StateSnapshot::write(const std::string& dir, int world_rank, WriterRole role) const {
   ckpt::ShardWriter shard;
   const int tp_rank = model_.tensor_parallel().rank();
+  const auto& params = model_.parameters();
+  // DualPipe's second copies are written by the primaries' ranks.
+  std::set<const nn::Parameter*> copies;
+  const models::StageLayout& layout = model_.stage_layout();
+  for (size_t i = 0; i < params.size(); ++i)
+    if (!layout.primary(layout.chunk_of(model_.position(i)))) copies.insert(params[i]);
   const auto add = [&](const std::string& name, const nn::Parameter& p, const Tensor& local) {
-    if (!(p.shard.group == nn::ParallelGroup::Expert ? role.experts : role.dense)) return;
+    if (!(p.shard.group == nn::ParallelGroup::Expert ? role.experts : role.dense) || copies.count(&p)) return;
     for (const LocalPiece& piece : local_pieces(p, local, tp_rank))
       if (piece.first_holder) shard.add(name, nn::global_shape(p), piece.dim, piece.start, piece.view);
   };
-  const auto& params = model_.parameters();
   for (size_t i = 0; i < params.size(); ++i) add(kModelPrefix + params[i]->name, *params[i], values_[i]);
   for (size_t j = 0; j < moments_.size(); ++j) add(kOptimizerPrefix + moments_[j].first, *moment_params_[j], moments_[j].second);
   if (role.dense && tp_rank == 0)

@@ -322,8 +322,8 @@ void check_pipeline(const TrainConfig& c) {
   check(c.pipeline_schedule != "none" && std::find(kinds.begin(), kinds.end(), c.pipeline_schedule) != kinds.end(),
         "parallel.pipeline_schedule",
         "'" + c.pipeline_schedule + "' is not one of 1f1b, interleaved, zb-h1, zb-h2, zbv, dualpipev");
-  check(c.pipeline_schedule != "dualpipe", "parallel.pipeline_schedule",
-        "'dualpipe' (two parameter copies per rank) is not supported yet; 'dualpipev' is its one-copy form");
+  check(c.pipeline_schedule != "dualpipe" || !c.use_distributed_optimizer, "parallel.pipeline_schedule",
+        "'dualpipe' (two parameter copies per rank) with parallel.use_distributed_optimizer is not supported yet");
   check(vpp == 1 || c.pipeline_schedule == "interleaved", "parallel.virtual_pipeline_model_parallel_size",
         std::to_string(vpp) + " needs parallel.pipeline_schedule = \"interleaved\"");
   pipeline_stage_layers(c);
@@ -562,12 +562,15 @@ nn::RecomputeConfig recompute_config(const TrainConfig& c) {
 }
 
 int64_t pipeline_chunks_per_rank(const TrainConfig& c) {
-  if (c.pipeline_schedule == "zbv" || c.pipeline_schedule == "dualpipev") return 2;  // the V: stages r and 2p-1-r
+  // The V: stages r and 2p-1-r; DualPipe: stage r of one copy and p-1-r of the other.
+  if (c.pipeline_schedule == "zbv" || c.pipeline_schedule == "dualpipev" || c.pipeline_schedule == "dualpipe") return 2;
   return c.pipeline_schedule == "interleaved" ? c.virtual_pipeline_model_parallel_size : 1;
 }
 
 std::vector<int64_t> pipeline_stage_layers(const TrainConfig& c) {
-  const int64_t pp = c.pipeline_model_parallel_size, L = c.model.num_layers, per_rank = pipeline_chunks_per_rank(c);
+  // Model chunks per rank and copy: DualPipe's two chunks per rank are one stage of each copy.
+  const int64_t pp = c.pipeline_model_parallel_size, L = c.model.num_layers,
+                per_rank = c.pipeline_schedule == "dualpipe" ? 1 : pipeline_chunks_per_rank(c);
   const int64_t first = c.decoder_first_pipeline_num_layers, last = c.decoder_last_pipeline_num_layers;
   for (const auto& [key, n] : {std::pair{"parallel.decoder_first_pipeline_num_layers", first},
                                {"parallel.decoder_last_pipeline_num_layers", last}}) {

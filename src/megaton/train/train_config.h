@@ -182,7 +182,8 @@ std::optional<optim::LossScalerConfig> loss_scaler_config(const TrainConfig& c);
 // name the keys (at least one layer must stay in FP8).
 std::pair<int64_t, int64_t> fp8_layer_range(const TrainConfig& c, int64_t num_layers);
 // Model chunks each pipeline rank holds under c.pipeline_schedule: 2 for the V schedules (zbv,
-// dualpipev), virtual_pipeline_model_parallel_size for interleaved, else 1.
+// dualpipev) and dualpipe (one per copy), virtual_pipeline_model_parallel_size for interleaved,
+// else 1.
 int64_t pipeline_chunks_per_rank(const TrainConfig& c);
 // The layers of each pipeline rank: even, or with decoder_first / last_pipeline_num_layers. Throws
 // naming the key and the sizes when they do not add up (each rank's layers must also split evenly

@@ -19,34 +19,50 @@ TrainingStage::TrainingStage(models::TransformerModel& model, std::function<void
   MEGATON_CHECK(microbatches > 0, "a training step needs at least one micro-batch, got ", microbatches);
   MEGATON_CHECK(data_parallel_size > 0, "data-parallel size ", data_parallel_size);
   model_.set_moe_aux_loss_grad_scale(grad_scale_);
-  const int model_chunks = static_cast<int>(model_.num_chunks());
+  const int chunks = static_cast<int>(model_.num_chunks());
   if (!place.schedule) {
     MEGATON_CHECK(!group_ || group_->size() == 1, "a pipeline group of ", group_->size(), " stages needs a schedule");
-    for (int c = 0; c < model_chunks; ++c) local_.push_back(c);
-    holder_.assign(static_cast<size_t>(model_chunks), 0);
+    for (int c = 0; c < chunks; ++c) local_.push_back(c);
+    holder_.assign(1, std::vector<int>(static_cast<size_t>(chunks), 0));
+    first_forwards_.assign(1, 0);
     return;
   }
   const pipeline::Schedule& s = *place.schedule;
-  if (s.copies != 1)
-    fail("pipeline schedule '", s.name, "' keeps ", s.copies, " parameter copies per rank, which the trainer does not "
-         "support yet");
+  schedule_ = &s;
   stage_ = group_ ? group_->rank() : 0;
   if ((group_ ? group_->size() : 1) != s.stages)
     fail("pipeline schedule '", s.name, "' has ", s.stages, " stages but the pipeline group has ",
          group_ ? group_->size() : 1, " ranks");
-  if (s.model_chunks() != model_chunks)
+  if (s.model_chunks() != chunks)
     fail("pipeline schedule '", s.name, "' runs ", s.model_chunks(), " model chunks but the model is split into ",
-         model_chunks);
-  holder_.assign(static_cast<size_t>(model_chunks), -1);
+         chunks);
+  holder_.assign(static_cast<size_t>(s.copies), std::vector<int>(static_cast<size_t>(chunks), -1));
   for (int r = 0; r < s.stages; ++r)
-    for (int c = 0; c < s.chunks_per_stage; ++c) holder_.at(static_cast<size_t>(s.model_chunk_of(r, c))) = r;
+    for (int c = 0; c < s.chunks_per_stage; ++c)
+      holder_.at(static_cast<size_t>(s.copy_of(r, c))).at(static_cast<size_t>(s.model_chunk_of(r, c))) = r;
   for (int c = 0; c < s.chunks_per_stage; ++c) local_.push_back(s.model_chunk_of(stage_, c));
+  // Each copy's micro-batches enter its first model chunk in order, from its first one.
+  for (int copy = 0; copy < s.copies; ++copy) first_forwards_.push_back(copy * (microbatches / s.copies));
   const models::StageLayout& layout = model_.stage_layout();
-  for (int mc = 0; mc < model_chunks; ++mc)
-    if (layout.split() && layout.chunk_rank.at(static_cast<size_t>(mc)) != holder_[static_cast<size_t>(mc)])
-      fail("pipeline schedule '", s.name, "' runs model chunk ", mc, " on stage ", holder_[static_cast<size_t>(mc)],
-           " but the model placed it on pipeline rank ", layout.chunk_rank.at(static_cast<size_t>(mc)));
+  for (int copy = 0; copy < s.copies && layout.split(); ++copy) {
+    const std::vector<int>& placed = copy == 0 ? layout.chunk_rank : layout.chunk_copy_rank;
+    for (int mc = 0; mc < chunks; ++mc) {
+      const int want = holder_[static_cast<size_t>(copy)][static_cast<size_t>(mc)];
+      const int got = placed.empty() ? -1 : placed.at(static_cast<size_t>(mc));
+      if (got != want)
+        fail("pipeline schedule '", s.name, "' runs copy ", copy, " of model chunk ", mc, " on stage ", want,
+             " but the model placed it on pipeline rank ", got);
+    }
+  }
 }
+
+int TrainingStage::copy_of(int64_t microbatch) const { return schedule_ ? schedule_->copy_of_microbatch(microbatch) : 0; }
+
+int TrainingStage::stage_of(int64_t microbatch, int model_chunk) const {
+  return holder_.at(static_cast<size_t>(copy_of(microbatch))).at(static_cast<size_t>(model_chunk));
+}
+
+int TrainingStage::model_chunks() const { return static_cast<int>(holder_.front().size()); }
 
 int TrainingStage::model_chunk(int chunk, const char* op) const {
   if (chunk < 0 || chunk >= static_cast<int>(local_.size()))
@@ -75,7 +91,7 @@ int TrainingStage::tag(bool forward, int64_t microbatch, int mc) const {
   // MPI's smallest guaranteed tag bound (32767). Micro-batches a window apart share a tag; MPI
   // matches messages of one tag in the order they were posted, and each direction of a chunk
   // boundary carries its micro-batches in order, so sharing is safe.
-  const int64_t per_microbatch = 2 * static_cast<int64_t>(holder_.size());
+  const int64_t per_microbatch = 2 * static_cast<int64_t>(model_chunks());
   const int64_t window = std::max<int64_t>(1, 32768 / per_microbatch);
   return static_cast<int>(((microbatch % window) * per_microbatch + 2 * mc + (forward ? 0 : 1)) % 32768);
 }
@@ -97,7 +113,7 @@ void TrainingStage::post_recv(bool forward, int64_t microbatch, int mc) {
   Pending p;
   p.buffer = Tensor::empty(boundary_shape(microbatch), model_.compute_dtype(), MemCategory::Activations,
                            forward ? "pipeline.recv_activation" : "pipeline.recv_grad");
-  const int peer = stage_of(forward ? mc - 1 : mc + 1);
+  const int peer = stage_of(microbatch, forward ? mc - 1 : mc + 1);
   p.work = group_->recv_async(p.buffer, peer, tag(forward, microbatch, mc));
   recvs_.emplace(key, std::move(p));
 }
@@ -122,16 +138,17 @@ void TrainingStage::send(const Tensor& t, bool forward, int64_t microbatch, int 
                 (forward ? "'s output" : "'s input gradient"), ": expected ", shape_str(want), " ",
                 dtype_name(model_.compute_dtype()), ", got ", shape_str(t.shape()), " ", dtype_name(t.dtype()));
   // Keyed like the receiver's buffer: by the model chunk whose F (B) takes it.
-  sends_.push_back({t, group_->send_async(t, stage_of(to), tag(forward, microbatch, to))});
+  sends_.push_back({t, group_->send_async(t, stage_of(microbatch, to), tag(forward, microbatch, to))});
 }
 
 void TrainingStage::forward(int64_t microbatch, int chunk) {
   const int mc = model_chunk(chunk, "the forward");
   if (mc == 0) {
-    // Micro-batches enter the model in order (every schedule runs them so).
-    MEGATON_CHECK(microbatch == first_forwards_, "schedule runs the forward of micro-batch ", microbatch,
-                  " but micro-batch ", first_forwards_, " is next");
-    ++first_forwards_;
+    // Micro-batches enter the model in order (every schedule runs them so; each copy its own).
+    int64_t& next = first_forwards_.at(static_cast<size_t>(copy_of(microbatch)));
+    MEGATON_CHECK(microbatch == next, "schedule runs the forward of micro-batch ", microbatch, " but micro-batch ",
+                  next, " is next");
+    ++next;
   }
   if (!in_flight_.count(microbatch)) {
     const data::Batch& b = batch(microbatch);
@@ -140,7 +157,7 @@ void TrainingStage::forward(int64_t microbatch, int chunk) {
     mb.T = b.seq_length;
     mb.targets = Tensor::empty({mb.B, mb.T}, DType::I32, MemCategory::Activations, "targets");
     std::copy(b.targets.begin(), b.targets.end(), mb.targets.data<int32_t>());
-    if (holder_[0] == stage_) {
+    if (stage_of(microbatch, 0) == stage_) {
       Tensor tokens = Tensor::empty({mb.B, mb.T}, DType::I32, MemCategory::Activations, "inputs");
       std::copy(b.inputs.begin(), b.inputs.end(), tokens.data<int32_t>());
       mb.inputs[0] = tokens;
@@ -150,7 +167,7 @@ void TrainingStage::forward(int64_t microbatch, int chunk) {
   }
   InFlight& mb = in_flight_.at(microbatch);
   Tensor input;
-  if (mc > 0 && remote(mc - 1)) {
+  if (mc > 0 && remote(microbatch, mc - 1)) {
     input = take_recv(true, microbatch, mc);
   } else {
     auto in = mb.inputs.find(mc);
@@ -162,8 +179,8 @@ void TrainingStage::forward(int64_t microbatch, int chunk) {
   }
   const auto c = static_cast<size_t>(mc);
   Tensor out = model_.chunk(c).forward(mb.ctx.chunks[c], input, mb.B, mb.T);
-  if (mc + 1 < static_cast<int>(holder_.size())) {
-    if (remote(mc + 1)) send(out, true, microbatch, mc);
+  if (mc + 1 < model_chunks()) {
+    if (remote(microbatch, mc + 1)) send(out, true, microbatch, mc);
     else mb.inputs[mc + 1] = out;
     return;
   }
@@ -172,8 +189,8 @@ void TrainingStage::forward(int64_t microbatch, int chunk) {
 }
 
 Tensor TrainingStage::output_grad(InFlight& mb, int64_t microbatch, int mc) {
-  if (mc + 1 == static_cast<int>(holder_.size())) return {};
-  if (remote(mc + 1)) return take_recv(false, microbatch, mc);
+  if (mc + 1 == model_chunks()) return {};
+  if (remote(microbatch, mc + 1)) return take_recv(false, microbatch, mc);
   auto it = mb.output_grads.find(mc);
   if (it == mb.output_grads.end())
     fail("schedule runs the backward of model chunk ", mc, " of micro-batch ", microbatch,
@@ -185,12 +202,14 @@ Tensor TrainingStage::output_grad(InFlight& mb, int64_t microbatch, int mc) {
 
 void TrainingStage::pass_input_grad(InFlight& mb, int64_t microbatch, int mc, Tensor d) {
   if (mc == 0) return;  // the token ids have no gradient
-  if (remote(mc - 1)) send(d, false, microbatch, mc);
+  if (remote(microbatch, mc - 1)) send(d, false, microbatch, mc);
   else mb.output_grads[mc - 1] = std::move(d);
 }
 
 void TrainingStage::chunk_weight_grads_done(int64_t microbatch, InFlight& mb) {
-  if (++mb.weight_grads < static_cast<int>(local_.size())) return;
+  // A micro-batch passes the chunks of its own copy on this stage.
+  const int copies = schedule_ ? schedule_->copies : 1;
+  if (++mb.weight_grads < static_cast<int>(local_.size()) / copies) return;
   in_flight_.erase(microbatch);
   ++finished_;
 }
@@ -223,8 +242,9 @@ void TrainingStage::prepare(const pipeline::Op& next) {
   if (!group_ || group_->size() == 1) return;
   for (const pipeline::Op& part : pipeline::compute_parts(next)) {
     const int mc = model_chunk(part.chunk, "an op");
-    if (part.kind == pipeline::OpKind::Forward && mc > 0 && remote(mc - 1)) post_recv(true, part.microbatch, mc);
-    if (part.kind == pipeline::OpKind::BackwardInput && mc + 1 < static_cast<int>(holder_.size()) && remote(mc + 1))
+    if (part.kind == pipeline::OpKind::Forward && mc > 0 && remote(part.microbatch, mc - 1))
+      post_recv(true, part.microbatch, mc);
+    if (part.kind == pipeline::OpKind::BackwardInput && mc + 1 < model_chunks() && remote(part.microbatch, mc + 1))
       post_recv(false, part.microbatch, mc);
   }
 }
@@ -234,7 +254,7 @@ void TrainingStage::communicate(const pipeline::Op& op) {
     fail("schedule op ", pipeline::op_name(op), ": the trainer's stages move activations and gradients inside F and "
          "B, not as separate ops");
   const int mc = model_chunk(op.chunk, "sendB");
-  if (mc == 0 || !remote(mc - 1))
+  if (mc == 0 || !remote(op.microbatch, mc - 1))
     fail("schedule op ", pipeline::op_name(op), " but the input gradient of model chunk ", mc, " does not leave stage ",
          stage_);
 }

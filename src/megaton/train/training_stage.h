@@ -4,7 +4,9 @@
 // name a chunk of this stage, which holds a model chunk (schedule.h: model_chunk_of): a model
 // chunk's forward takes the previous model chunk's output, its B the next one's input gradient,
 // and the last model chunk's forward ends with the loss. The schedule decides the order of F, B
-// and W; this class only does the work of each op.
+// and W; this class only does the work of each op. With DualPipe's two parameter copies a
+// micro-batch runs through its copy's model chunks only (schedule.h: copy_of_microbatch), whose
+// stages mirror the other copy's.
 //
 // Under pipeline parallelism (a PipelinePlace with a group of more than one stage) a neighbouring model
 // chunk may live on another rank of the pipeline group: the output of a forward (the input
@@ -87,8 +89,11 @@ class TrainingStage : public pipeline::StageRunner {
   InFlight& in_flight(int64_t microbatch, const char* op);
   const data::Batch& batch(int64_t microbatch);  // reads batches up to it
   int model_chunk(int chunk, const char* op) const;
-  int stage_of(int model_chunk) const { return holder_.at(static_cast<size_t>(model_chunk)); }
-  bool remote(int model_chunk) const { return stage_of(model_chunk) != stage_; }
+  int model_chunks() const;  // of one copy: a micro-batch's path
+  int copy_of(int64_t microbatch) const;  // the parameter copy a micro-batch runs through (DualPipe)
+  // The stage running model chunk `model_chunk` for `microbatch` (its copy's holder).
+  int stage_of(int64_t microbatch, int model_chunk) const;
+  bool remote(int64_t microbatch, int model_chunk) const { return stage_of(microbatch, model_chunk) != stage_; }
   Shape boundary_shape(int64_t microbatch);  // of the activations (gradients) between chunks
   // Posts the receive of the input of model chunk mc's F (forward) or of its output gradient (B).
   void post_recv(bool forward, int64_t microbatch, int mc);
@@ -107,10 +112,12 @@ class TrainingStage : public pipeline::StageRunner {
   float grad_scale_;  // 1 / (microbatches x data-parallel size)
   bool defer_head_weight_grad_;
   parallel::Communicator* group_;  // null: one stage
+  const pipeline::Schedule* schedule_ = nullptr;  // null: one stage running every chunk in order
   int stage_ = 0;
-  std::vector<int> local_;   // chunk of this stage -> model chunk
-  std::vector<int> holder_;  // model chunk -> stage
-  int64_t first_forwards_ = 0, finished_ = 0;
+  std::vector<int> local_;                // chunk of this stage -> model chunk
+  std::vector<std::vector<int>> holder_;  // copy -> model chunk -> stage
+  std::vector<int64_t> first_forwards_;   // per copy: the next micro-batch to enter model chunk 0
+  int64_t finished_ = 0;
   double loss_sum_ = 0;
   std::map<int64_t, data::Batch> batches_;  // read, not yet used by the micro-batch's first F
   int64_t batches_read_ = 0;

@@ -66,10 +66,20 @@ TrainingStep::TrainingStep(models::TransformerModel& model, const TrainConfig& c
   if (model_.config().tie_embeddings && layout.holder(-1) != layout.holder(model_.config().num_layers))
     embedding_comm_ = pp_.split(embedding_group_ ? 0 : 1, pp_.rank(), "embedding");
   const bool copy = embedding_group_ && layout.holder(-1) != layout.rank();
+  // DualPipe: the stages r and p-1-r hold the same two model chunks, one copy each; their
+  // gradients are summed (every element: their buffers are laid out alike) and the norm counts
+  // each chunk on its primary's rank.
+  if (schedule_.copies > 1) {
+    const int r = pp_.rank(), mirror = pp_.size() - 1 - r;
+    copies_ = pp_.split(std::min(r, mirror), r, "copies");
+  }
   std::vector<nn::ElementRange> counted, experts;
-  for (nn::Parameter* p : model_.parameters()) {
+  const nn::ParameterList& params = model_.parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    nn::Parameter* p = params[i];
     if (nn::has_shared_grads(*p)) shared_grads_.push_back(p);
     if (copy && p == embedding_group_) continue;
+    if (copies_ && !layout.primary(layout.chunk_of(model_.position(i)))) continue;
     auto& into = experts_apart && p->shard.group == nn::ParallelGroup::Expert ? experts : counted;
     for (const auto& [offset, n] : nn::counted_elements(*p, tp)) into.push_back({buffer_->offset_of(*p) + offset, n});
   }
@@ -78,7 +88,7 @@ TrainingStep::TrainingStep(models::TransformerModel& model, const TrainConfig& c
   std::sort(experts.begin(), experts.end(), by_offset);
   const std::vector<nn::ElementRange> all = {{0, buffer_->grads().numel()}};
   const std::vector<nn::ElementRange>& mine = distributed_ ? distributed_->owned() : all;
-  norm_ranges_ = tp.active() || copy || ep.active() ? nn::intersect(counted, mine) : mine;
+  norm_ranges_ = tp.active() || copy || ep.active() || copies_ ? nn::intersect(counted, mine) : mine;
   expert_norm_ranges_ = nn::intersect(experts, mine);
   if (const auto scaling = loss_scaler_config(cfg)) scaler_.emplace(*scaling);
   if (cfg.optimizer_post_validation) undo_ = std::make_unique<StepUndo>(*buffer_, *optimizer_);
@@ -116,6 +126,7 @@ double TrainingStep::finish_reductions() {
   // gradient (with the distributed optimizer, on the shard this rank owns: its tensor-parallel
   // peers own the same elements of their identical buffers).
   for (nn::Parameter* p : shared_grads_) nn::sum_shared_grads(*p, model_.tensor_parallel());
+  if (copies_) copies_->all_reduce(buffer_->grads());  // each copy saw half the micro-batches
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
@@ -171,7 +182,7 @@ TrainingStep::Result TrainingStep::forward_backward(int64_t step, int64_t first_
   // are refreshed as they land (the gate).
   if (!distributed_ || !distributed_->weights_in_flight()) model_.refresh_compute_weights();
   begin_fp8_step();
-  buffer_->begin_step(schedule_.microbatches);
+  buffer_->begin_step(schedule_.microbatches / schedule_.copies);  // a copy runs its own micro-batches
   model_.begin_moe_step();
   model_.begin_mtp_step();
   if (!loader_ || loader_position_ != first_sample) {

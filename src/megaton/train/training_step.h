@@ -136,6 +136,7 @@ class TrainingStep {
   nn::ParameterList shared_grads_;               // parameters with gradients summed over tensor parallelism
   nn::Parameter* embedding_group_ = nullptr;     // this stage's copy of a tied embedding held by two stages
   std::unique_ptr<parallel::Communicator> embedding_comm_;  // the two stages holding those copies
+  std::unique_ptr<parallel::Communicator> copies_;  // DualPipe: this stage and the one holding the other copies
   std::vector<nn::ElementRange> norm_ranges_;    // the gradient elements this rank adds to the norm
   std::vector<nn::ElementRange> expert_norm_ranges_;  // ... of them, its own experts' (summed over ep)
   pipeline::Schedule schedule_;  // this step's op lists (no pipelining at pp 1: F, B, W per micro-batch)
