@@ -133,7 +133,8 @@ INSTANTIATE_TEST_SUITE_P(Dispatchers, ExpertParallelMoe,
 class TensorParallelMoe : public ::testing::TestWithParam<std::tuple<Case, bool>> {};
 
 TEST_P(TensorParallelMoe, MatchesTheWholeLayerOnEachPairsTokens) {
-  const auto& [k, sp] = GetParam();
+  const Case& k = std::get<0>(GetParam());
+  const bool sp = std::get<1>(GetParam());  // not a structured binding: the lambda below captures it
   const nn::MoeConfig c = config_of(k);
   const int64_t C = 12, B = 2, T = 6, N = B * T;
   const auto tp_group = W().split(W().rank() / 2, W().rank() % 2, "tp");

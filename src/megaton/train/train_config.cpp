@@ -321,9 +321,7 @@ void check_pipeline(const TrainConfig& c) {
   const auto& kinds = pipeline::schedule_kinds();
   check(c.pipeline_schedule != "none" && std::find(kinds.begin(), kinds.end(), c.pipeline_schedule) != kinds.end(),
         "parallel.pipeline_schedule",
-        "'" + c.pipeline_schedule + "' is not one of 1f1b, interleaved, zb-h1, zb-h2, zbv, dualpipev");
-  check(c.pipeline_schedule != "dualpipe" || !c.use_distributed_optimizer, "parallel.pipeline_schedule",
-        "'dualpipe' (two parameter copies per rank) with parallel.use_distributed_optimizer is not supported yet");
+        "'" + c.pipeline_schedule + "' is not one of 1f1b, interleaved, zb-h1, zb-h2, zbv, dualpipe, dualpipev");
   check(vpp == 1 || c.pipeline_schedule == "interleaved", "parallel.virtual_pipeline_model_parallel_size",
         std::to_string(vpp) + " needs parallel.pipeline_schedule = \"interleaved\"");
   pipeline_stage_layers(c);

@@ -126,7 +126,12 @@ double TrainingStep::finish_reductions() {
   // gradient (with the distributed optimizer, on the shard this rank owns: its tensor-parallel
   // peers own the same elements of their identical buffers).
   for (nn::Parameter* p : shared_grads_) nn::sum_shared_grads(*p, model_.tensor_parallel());
-  if (copies_) copies_->all_reduce(buffer_->grads());  // each copy saw half the micro-batches
+  // DualPipe: each copy saw half the micro-batches (with the distributed optimizer, the pair owns
+  // the same shards of its identical buffers: only those hold the reduced gradients).
+  if (copies_ && !distributed_) copies_->all_reduce(buffer_->grads());
+  if (copies_ && distributed_)
+    for (const nn::ElementRange& r : distributed_->owned())
+      copies_->all_reduce(buffer_->grads().window(r.offset, {r.numel}, "grad_shard"));
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
