@@ -4,11 +4,12 @@
 // (1e-4 with tp2, as for tensor parallelism alone). Each stage runs the same kernels on the same
 // shapes, so the untied Llama trains bit for bit at pp2 under every schedule; GPT's tied embedding
 // sums its two copies' gradients (the first and the last stage's) in another order. pp2 with 1F1B,
-// ZB-H1, ZB-H2, ZB-V, DualPipe, DualPipeV and interleaved (vpp2); pp4 with 1F1B and ZB-H1; uneven
-// first / last stages; pp2 x dp2 (plain and distributed optimizer) and pp2 x tp2 on four ranks
-// (DualPipe at pp4 and pp2 x dp2 in its own test, with the 8 micro-batches those need). A pp2 checkpoint resumes at pp2 bitwise like
-// the uninterrupted run and in one process like the single-process run, and the reverse; each
-// stage holds about half the parameters; bad layouts are refused naming the sizes.
+// ZB-H1, ZB-H2, ZB-V, DualPipe, DualPipeV and interleaved (vpp2); pp4 with every schedule (1F1B
+// and ZB-H1 here, DualPipe and the rest in tests of their own, with the 8 micro-batches and layers
+// they need); uneven first / last stages; pp2 x dp2 (plain and distributed optimizer) and pp2 x tp2
+// on four ranks. A pp2 checkpoint resumes at pp2 bitwise like the uninterrupted run and in one
+// process like the single-process run, and the reverse; each stage holds about half the
+// parameters; bad layouts are refused naming the sizes.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -143,6 +144,22 @@ TEST(PipelineParallel, DualPipeTrainsLikeOneProcessAndResumes) {
             4u);
   const Metrics at_pp1 = run.train_ok("at_pp1", kShort + "--resume auto");
   expect_like(run, at_pp1, "at_pp1", run.train_ok("single4", kShort), "single4");
+}
+
+// The schedules with more model chunks than stages, and ZB-H2, at pp4: 8 layers (8 model chunks
+// for the V schedules and interleaved vpp2) and 8 micro-batches.
+TEST(PipelineParallel, MoreSchedulesAtFourStagesTrainLikeOneProcess) {
+  TinyRunDir run("gpt-tiny");
+  const std::string eight = kShort + "--set model.num_layers=8 --set training.global_batch_size=16 ";
+  const Metrics single = run.train_ok("single", eight);
+  for (const auto& [kind, chunks] : std::vector<std::pair<std::string, std::string>>{
+           {"zb-h2", "4"}, {"interleaved", "8"}, {"zbv", "8"}, {"dualpipev", "8"}}) {
+    const std::string vpp = kind == "interleaved" ? "--set parallel.virtual_pipeline_model_parallel_size=2 " : "";
+    const Metrics got = run.train_mpi_ok(4, kind, eight + "--set pp=4 --set parallel.pipeline_schedule='\"" + kind +
+                                                      "\"' " + vpp,
+                                         "pipeline parallel 4 stages, schedule '" + kind + "', " + chunks + " model chunks");
+    expect_like(run, got, kind, single, "single");
+  }
 }
 
 // A rewind under pipeline parallelism restores the whole-model snapshot into each stage: after an
