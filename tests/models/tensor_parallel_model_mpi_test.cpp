@@ -32,26 +32,13 @@ Tensor random(Shape shape, uint64_t stream, const std::string& name) {
   return t;
 }
 
-// max |got - want| / max |want| <= 1e-5 (NaN / inf fail).
-void expect_close(const Tensor& got, const Tensor& want, const std::string& what) {
-  ASSERT_EQ(got.shape(), want.shape()) << what;
-  double diff = 0, ref = 0;
-  for (int64_t i = 0; i < want.numel(); ++i) {
-    const double g = got.data<float>()[i], w = want.data<float>()[i];
-    ASSERT_TRUE(std::isfinite(g) && std::isfinite(w)) << what << " element " << i << ": " << g << " vs " << w;
-    diff = std::max(diff, std::abs(g - w));
-    ref = std::max(ref, std::abs(w));
-  }
-  EXPECT_LE(diff, 1e-5 * std::max(ref, 1e-30)) << what << " (rank " << W().rank() << " of " << W().size() << ")";
-}
-
 // This rank's rows of t (the sequence-parallel split).
 Tensor my_rows(const Tensor& t) { return parallel::scatter_rows(W(), t, t.name()); }
 
 // The split parameter's gradient, gathered, against the whole one's.
 void expect_same_grad(const nn::Parameter& split, const nn::Parameter& whole, const nn::TensorParallel& tp) {
   nn::sum_shared_grads(split, tp);
-  expect_close(nn::gather_global(split, split.grad, tp), whole.grad, split.name + " gradient");
+  testing::expect_close_on_rank(nn::gather_global(split, split.grad, tp), whole.grad, split.name + " gradient");
 }
 
 void set_from_global(nn::Parameter& split, const nn::Parameter& whole) { nn::slice_global(split, whole.value, split.value); }
@@ -82,8 +69,8 @@ TEST_P(ParallelLinears, ColumnThenRowMatchTheUnsplitPair) {
   const Tensor dxs = as.backward_input(sa, bs.backward_input(sb, sp ? my_rows(dy) : dy));
   bs.backward_weight(sb);
   as.backward_weight(sa);
-  expect_close(ys, sp ? my_rows(y) : y, "output");
-  expect_close(dxs, sp ? my_rows(dx) : dx, "input gradient");
+  testing::expect_close_on_rank(ys, sp ? my_rows(y) : y, "output");
+  testing::expect_close_on_rank(dxs, sp ? my_rows(dx) : dx, "input gradient");
   for (auto [s, w] : {std::pair{&as.weight, &a.weight}, {&as.bias, &a.bias}, {&bs.weight, &b.weight}, {&bs.bias, &b.bias}})
     expect_same_grad(*s, *w, tp);
 }
@@ -120,10 +107,10 @@ TEST_P(VocabParallelLoss, MatchesTheUnsplitHead) {
   const nn::LossSum ls = split.loss_and_grad(sp ? my_rows(x) : x, targets, 0.5f, dxs);
   EXPECT_EQ(ls.count, l.count);
   EXPECT_NEAR(ls.sum, l.sum, 1e-5 * std::abs(l.sum));
-  expect_close(dxs, sp ? my_rows(dx) : dx, "input gradient");
+  testing::expect_close_on_rank(dxs, sp ? my_rows(dx) : dx, "input gradient");
   // Only the real rows: the padding's gradient is zero, the unsplit head has none.
   const Tensor g = nn::gather_global(split.weight(), split.weight().grad, tp);
-  expect_close(g, whole.weight().grad, "weight gradient");
+  testing::expect_close_on_rank(g, whole.weight().grad, "weight gradient");
   // (EXPECT, not ASSERT, before a collective: a rank leaving the test early would hang the others.)
   if (split.weight().shard.rank == W().size() - 1) {
     const int64_t rows = split.weight().value.size(0), real = vocab - split.weight().shard.mine()[0].start;
@@ -179,7 +166,7 @@ TEST_P(SplitModels, TrainLikeTheWholeModel) {
   // Gathered back, the split model is the whole one.
   const auto gathered = models::gather_whole_model(split);
   for (size_t i = 0; i < whole.parameters().size(); ++i)
-    expect_close(gathered->parameters()[i]->value, whole.parameters()[i]->value, whole.parameters()[i]->name);
+    testing::expect_close_on_rank(gathered->parameters()[i]->value, whole.parameters()[i]->value, whole.parameters()[i]->name);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, SplitModels,

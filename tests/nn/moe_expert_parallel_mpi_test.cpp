@@ -30,19 +30,6 @@ Tensor random(Shape shape, uint64_t stream, const std::string& name) {
   return t;
 }
 
-// max |got - want| / max |want| <= 1e-5 (NaN / inf fail).
-void expect_close(const Tensor& got, const Tensor& want, const std::string& what) {
-  ASSERT_EQ(got.shape(), want.shape()) << what;
-  double diff = 0, ref = 0;
-  for (int64_t i = 0; i < want.numel(); ++i) {
-    const double g = got.data<float>()[i], w = want.data<float>()[i];
-    ASSERT_TRUE(std::isfinite(g) && std::isfinite(w)) << what << " element " << i << ": " << g << " vs " << w;
-    diff = std::max(diff, std::abs(g - w));
-    ref = std::max(ref, std::abs(w));
-  }
-  EXPECT_LE(diff, 1e-5 * std::max(ref, 1e-30)) << what << " (rank " << W().rank() << " of " << W().size() << ")";
-}
-
 struct Case {
   std::string name, dispatcher;
   bool overlap, deepseek;
@@ -96,22 +83,22 @@ TEST_P(ExpertParallelMoe, MatchesTheWholeLayerOnEachRanksTokens) {
   const Tensor x = random({N, C}, 1000 + W().rank(), "x"), dy = random({N, C}, 2000 + W().rank(), "dy");
   auto cw = whole.new_ctx(), cs = split.new_ctx();
   const Tensor yw = whole.forward(*cw, x, B, T), ys = split.forward(*cs, x, B, T);
-  expect_close(ys, yw, "output");
+  testing::expect_close_on_rank(ys, yw, "output");
   EXPECT_EQ(split.stats().dropped, whole.stats().dropped);
   if (k.deepseek) {
     EXPECT_GT(W().all_reduce_scalar(static_cast<double>(whole.stats().dropped)), 0) << "no token dropped";
   }
-  expect_close(split.backward_input(*cs, dy, B, T), whole.backward_input(*cw, dy, B, T), "input gradient");
+  testing::expect_close_on_rank(split.backward_input(*cs, dy, B, T), whole.backward_input(*cw, dy, B, T), "input gradient");
   split.backward_weight(*cs);
   whole.backward_weight(*cw);
   for (size_t i = 0; i < wp.size(); ++i) {
     if (sp[i]->shard.group != nn::ParallelGroup::Expert) {  // replicated: this rank's tokens alone
-      expect_close(sp[i]->grad, wp[i]->grad, sp[i]->name + " gradient");
+      testing::expect_close_on_rank(sp[i]->grad, wp[i]->grad, sp[i]->name + " gradient");
       continue;
     }
     // A rank's experts learn from every rank's tokens.
     W().all_reduce(wp[i]->grad);
-    expect_close(nn::gather_global(*sp[i], sp[i]->grad, nn::ShardGroups({}, nn::ExpertParallel{&W()})), wp[i]->grad,
+    testing::expect_close_on_rank(nn::gather_global(*sp[i], sp[i]->grad, nn::ShardGroups({}, nn::ExpertParallel{&W()})), wp[i]->grad,
                  sp[i]->name + " gradient");
   }
 }
@@ -156,15 +143,15 @@ TEST_P(TensorParallelMoe, MatchesTheWholeLayerOnEachPairsTokens) {
   const auto mine = [&](const Tensor& t) { return sp ? parallel::scatter_rows(*tp.group, t, t.name()) : t; };
   auto cw = whole.new_ctx(), cs = split.new_ctx();
   const Tensor yw = whole.forward(*cw, x, B, T), ys = split.forward(*cs, mine(x), B, T);
-  expect_close(ys, mine(yw), "output");
+  testing::expect_close_on_rank(ys, mine(yw), "output");
   EXPECT_EQ(split.stats().dropped, whole.stats().dropped);
-  expect_close(split.backward_input(*cs, mine(dy), B, T), mine(whole.backward_input(*cw, dy, B, T)),
+  testing::expect_close_on_rank(split.backward_input(*cs, mine(dy), B, T), mine(whole.backward_input(*cw, dy, B, T)),
                "input gradient");
   split.backward_weight(*cs);
   whole.backward_weight(*cw);
   for (size_t i = 0; i < wp.size(); ++i) {
     if (sp_params[i]->shard.group == nn::ParallelGroup::Expert) dp_group->all_reduce(wp[i]->grad);
-    expect_close(nn::gather_global(*sp_params[i], sp_params[i]->grad, groups), wp[i]->grad,
+    testing::expect_close_on_rank(nn::gather_global(*sp_params[i], sp_params[i]->grad, groups), wp[i]->grad,
                  sp_params[i]->name + " gradient");
   }
 }

@@ -4,7 +4,10 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <string>
 
 #include "megaton/parallel/communicator.h"
 
@@ -41,6 +44,21 @@ inline bool launched_or_explain(const char* argv0) {
   if (parallel::launched_distributed()) return true;
   std::fprintf(stderr, "%s: run under mpirun with 2 or more ranks (CTest does)\n", argv0);
   return false;
+}
+
+// max |got - want| / max |want| <= 1e-5 over f32 tensors (NaN / inf fail), naming this rank of the
+// world: the multi-process tests' comparison against a single-process reference.
+inline void expect_close_on_rank(const Tensor& got, const Tensor& want, const std::string& what) {
+  ASSERT_EQ(got.shape(), want.shape()) << what;
+  double diff = 0, ref = 0;
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    const double g = got.data<float>()[i], w = want.data<float>()[i];
+    ASSERT_TRUE(std::isfinite(g) && std::isfinite(w)) << what << " element " << i << ": " << g << " vs " << w;
+    diff = std::max(diff, std::abs(g - w));
+    ref = std::max(ref, std::abs(w));
+  }
+  EXPECT_LE(diff, 1e-5 * std::max(ref, 1e-30))
+      << what << " (rank " << parallel::world().rank() << " of " << parallel::world().size() << ")";
 }
 
 }  // namespace megaton::testing
