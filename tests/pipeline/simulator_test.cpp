@@ -9,6 +9,7 @@
 #include <tuple>
 
 #include "../support/temp_dir.h"
+#include "megaton/core/error.h"
 #include "megaton/pipeline/generators.h"
 
 using namespace megaton;
@@ -265,4 +266,32 @@ TEST(Simulator, EveryGeneratorRunsEachFBWOnceInOrderWithoutDeadlock) {
           }
           EXPECT_NO_THROW(simulate(s, kCosts[1]));
         }
+}
+
+TEST(Simulator, PerChunkCostsEqualToUniformOnesGiveTheSameTimeline) {
+  for (const std::string kind : {"1f1b", "interleaved", "zb-h2", "zbv", "dualpipe", "dualpipev"}) {
+    SCOPED_TRACE(kind);
+    const int chunks = kind == "1f1b" || kind == "zb-h2" ? 1 : 2;
+    const Schedule s = generate(kind, 4, chunks, 8);
+    OpCosts uniform{2, 1.5, 1, 0.1};
+    OpCosts per = uniform;
+    per.per_chunk.assign(static_cast<size_t>(s.model_chunks()), ChunkCosts{2, 1.5, 1});
+    const Simulation a = simulate(s, uniform), b = simulate(s, per);
+    EXPECT_DOUBLE_EQ(a.step_time, b.step_time);
+    EXPECT_EQ(a.peak_activations, b.peak_activations);
+  }
+}
+
+TEST(Simulator, ASlowerFirstChunkDelaysEveryLaterStage) {
+  // 1F1B at p = 2, m = 2: the first stage's forward costs 3 instead of 1, so the step grows by
+  // 2 per micro-batch's forward on the critical path: F0 F1 on stage 0 (6), then stage 1 catches up.
+  const Schedule s = one_f_one_b(2, 2);
+  OpCosts c;
+  c.per_chunk = {{3, 1, 1}, {1, 1, 1}};
+  const Simulation sim = simulate(s, c);
+  // Stage 0: F0 [0,3] F1 [3,6]; stage 1: F0 [3,4] B0+W0 [4,6] F1 [6,7] B1+W1 [7,9]; stage 0: B0+W0 [6,8]
+  // B1+W1 [9,11].
+  EXPECT_DOUBLE_EQ(sim.step_time, 11.0);
+  c.per_chunk = {{1, 1, 1}};
+  EXPECT_THROW(simulate(s, c), Error);  // one cost for a schedule of two model chunks
 }

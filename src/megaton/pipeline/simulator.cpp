@@ -45,10 +45,24 @@ Simulation simulate(const Schedule& s, const OpCosts& costs) {
     return it->second.end + (it->second.stage != stage ? costs.transfer : 0.0);
   };
 
-  const auto cost_of = [&](OpKind k) {  // of a compute op
-    if (k == OpKind::ForwardBackward)
-      return costs.forward_backward > 0 ? costs.forward_backward : costs.forward + costs.backward_input;
-    return k == OpKind::Forward ? costs.forward : k == OpKind::BackwardInput ? costs.backward_input : costs.backward_weight;
+  if (!costs.per_chunk.empty()) {
+    if (costs.per_chunk.size() != static_cast<size_t>(s.model_chunks()))
+      fail("simulate: ", costs.per_chunk.size(), " per-chunk costs for schedule '", s.name, "' of ", s.model_chunks(),
+           " model chunks");
+    if (costs.forward_backward > 0) fail("simulate: forward_backward cost given with per-chunk costs");
+  }
+  // The cost of one F, B or W part on `stage`.
+  const auto part_cost = [&](OpKind k, int stage, int chunk) {
+    const ChunkCosts& c = costs.per_chunk.empty()
+                              ? ChunkCosts{costs.forward, costs.backward_input, costs.backward_weight}
+                              : costs.per_chunk[static_cast<size_t>(s.model_chunk_of(stage, chunk))];
+    return k == OpKind::Forward ? c.forward : k == OpKind::BackwardInput ? c.backward_input : c.backward_weight;
+  };
+  const auto cost_of = [&](const Op& op, int stage) {  // of a compute op
+    if (op.kind == OpKind::ForwardBackward && costs.forward_backward > 0) return costs.forward_backward;
+    double sum = 0;
+    for (const Op& part : compute_parts(op)) sum += part_cost(part.kind, stage, part.chunk);
+    return sum;
   };
   size_t remaining = 0;
   for (const auto& ops : s.ops) remaining += ops.size();
@@ -68,15 +82,16 @@ Simulation simulate(const Schedule& s, const OpCosts& costs) {
         }
         if (at < 0) break;
         const double start = std::max(free_at[static_cast<size_t>(st)], at);
-        double end = start + cost_of(op.kind);
+        double end = start + cost_of(op, st);
         sim.timeline[static_cast<size_t>(st)].push_back({op, start, end});
         // A B (alone or in an F&B) directly followed by its own W: one backward call, so the W runs now
         // and the gradient leaves after it.
         const Op& last = parts.back();
         if (last.kind == OpKind::BackwardInput && i + 1 < ops.size() &&
             ops[i + 1] == Op{OpKind::BackwardWeight, last.microbatch, last.chunk}) {
-          sim.timeline[static_cast<size_t>(st)].push_back({ops[i + 1], end, end + costs.backward_weight});
-          end += costs.backward_weight;
+          const double w = part_cost(OpKind::BackwardWeight, st, last.chunk);
+          sim.timeline[static_cast<size_t>(st)].push_back({ops[i + 1], end, end + w});
+          end += w;
           done[{OpKind::BackwardWeight, last.microbatch, s.model_chunk_of(st, last.chunk)}] = {end, st};
           ++i, --remaining;
         }

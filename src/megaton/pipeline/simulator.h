@@ -14,11 +14,21 @@
 
 namespace megaton::pipeline {
 
+// Seconds (or any unit) of one model chunk's F, B and W for one micro-batch.
+struct ChunkCosts {
+  double forward = 1, backward_input = 1, backward_weight = 1;
+};
+
 // Seconds (or any unit) per op of one model chunk and one micro-batch.
 struct OpCosts {
   double forward = 1, backward_input = 1, backward_weight = 1;
   double transfer = 0;          // activation or gradient transfer between two stages
   double forward_backward = 0;  // an overlapped F&B (OpKind::ForwardBackward); 0: forward + backward_input
+  // Per model chunk in layer order (Schedule::model_chunks() entries; both DualPipe copies of a chunk
+  // cost the same): replaces forward / backward_input / backward_weight, so the first chunk can pay
+  // for the embedding and the last for the output head (the planner's costs). An F&B costs its F's
+  // plus its B's chunk; forward_backward must then be 0.
+  std::vector<ChunkCosts> per_chunk{};
 };
 
 struct TimedOp {

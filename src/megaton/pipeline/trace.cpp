@@ -21,6 +21,13 @@ void write_chrome_trace(const std::string& path, const std::vector<TraceRow>& ro
                         {"dur", (t.end - t.start) * us_per_unit},
                         {"args", args}});
     }
+    for (const TraceSpan& sp : rows[r].spans)
+      events.push_back({{"name", sp.name},
+                        {"ph", "X"},
+                        {"pid", r},
+                        {"tid", 1},
+                        {"ts", sp.start * us_per_unit},
+                        {"dur", (sp.end - sp.start) * us_per_unit}});
   }
   write_file_atomically(path, nlohmann::json{{"traceEvents", events}, {"otherData", other}}.dump());
 }

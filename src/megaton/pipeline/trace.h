@@ -11,9 +11,16 @@
 
 namespace megaton::pipeline {
 
+// A named interval outside the op list (the planner's gradient reduction, optimizer step).
+struct TraceSpan {
+  std::string name;
+  double start, end;
+};
+
 struct TraceRow {
   std::string name;  // "stage 0", "rank 1 (pp 1)", ...
   std::vector<TimedOp> ops;
+  std::vector<TraceSpan> spans{};  // drawn on a second thread row of the process
 };
 
 // Writes PATH atomically; op times are multiplied by us_per_unit (seconds: 1e6). `other` goes to

@@ -5,17 +5,23 @@
 namespace megaton::train {
 
 models::StageLayout pipeline_layout(const TrainConfig& cfg, parallel::Communicator& pipeline) {
-  const std::vector<int64_t> stage_layers = pipeline_stage_layers(cfg);
-  if (cfg.pipeline_model_parallel_size == 1) return models::StageLayout::whole(cfg.model.num_layers, 1);
+  if (cfg.pipeline_model_parallel_size == 1) return pipeline_layout(cfg);
   if (pipeline.size() != cfg.pipeline_model_parallel_size)
     fail("pipeline group '", pipeline.name(), "' has ", pipeline.size(),
          " ranks but the config sets pipeline_model_parallel_size ", cfg.pipeline_model_parallel_size);
+  models::StageLayout layout = pipeline_layout(cfg);
+  layout.group = &pipeline;
+  return layout;
+}
+
+models::StageLayout pipeline_layout(const TrainConfig& cfg) {
+  const std::vector<int64_t> stage_layers = pipeline_stage_layers(cfg);
+  if (cfg.pipeline_model_parallel_size == 1) return models::StageLayout::whole(cfg.model.num_layers, 1);
   // The schedule's placement of model chunks (its op lists are the step's business).
   const int per_rank = static_cast<int>(pipeline_chunks_per_rank(cfg));
-  const pipeline::Schedule s =
-      pipeline::generate(cfg.pipeline_schedule, pipeline.size(), per_rank, cfg.grad_accum_steps());
+  const pipeline::Schedule s = pipeline::generate(cfg.pipeline_schedule, static_cast<int>(cfg.pipeline_model_parallel_size),
+                                                  per_rank, cfg.grad_accum_steps());
   models::StageLayout layout;
-  layout.group = &pipeline;
   layout.chunk_layers.assign(static_cast<size_t>(s.model_chunks()), 0);
   layout.chunk_rank.assign(static_cast<size_t>(s.model_chunks()), -1);
   if (s.copies > 1) layout.chunk_copy_rank.assign(static_cast<size_t>(s.model_chunks()), -1);

@@ -11,5 +11,7 @@ namespace megaton::train {
 
 // pipeline: this rank's pipeline group (size cfg.pipeline_model_parallel_size).
 models::StageLayout pipeline_layout(const TrainConfig& cfg, parallel::Communicator& pipeline);
+// The same placement without a group (what the planner needs): pipeline_model_parallel_size ranks.
+models::StageLayout pipeline_layout(const TrainConfig& cfg);
 
 }  // namespace megaton::train
