@@ -15,5 +15,6 @@ void add_schedule_command(CLI::App& app);
 void add_serve_command(CLI::App& app);
 void add_convert_command(CLI::App& app);
 void add_model_command(CLI::App& app);
+void add_plan_command(CLI::App& app);
 
 }  // namespace megaton::app

@@ -1,6 +1,5 @@
 #include "megaton/pipeline/schedule.h"
 
-#include <map>
 #include <set>
 #include <utility>
 
@@ -8,18 +7,22 @@
 
 namespace megaton::pipeline {
 
-std::vector<Op> compute_parts(const Op& op) {
+OpParts compute_parts(const Op& op) {
+  OpParts parts;
   switch (op.kind) {
     case OpKind::Forward:
     case OpKind::BackwardInput:
     case OpKind::BackwardWeight:
-      return {op};
+      parts.ops[parts.count++] = op;
+      break;
     case OpKind::ForwardBackward:
-      return {{OpKind::Forward, op.microbatch, op.chunk},
-              {OpKind::BackwardInput, op.backward_microbatch, op.backward_chunk}};
+      parts.ops[parts.count++] = {OpKind::Forward, op.microbatch, op.chunk};
+      parts.ops[parts.count++] = {OpKind::BackwardInput, op.backward_microbatch, op.backward_chunk};
+      break;
     default:
-      return {};
+      break;
   }
+  return parts;
 }
 
 std::string op_name(const Op& op) {
@@ -90,7 +93,7 @@ void validate(const Schedule& s) {
   validate_placement(s);
   for (int st = 0; st < s.stages; ++st) {
     // Per (micro-batch, chunk): how many of F, B, W have run so far, in that order.
-    std::map<std::pair<int64_t, int>, int> done;
+    std::vector<int> done(static_cast<size_t>(s.microbatches * s.chunks_per_stage), 0);
     for (const Op& whole : s.ops[static_cast<size_t>(st)])
       for (const Op& op : compute_parts(whole)) {
         const auto where = [&] {
@@ -103,7 +106,7 @@ void validate(const Schedule& s) {
         MEGATON_CHECK(s.runs(st, op.chunk, op.microbatch), where(), ": micro-batch ", op.microbatch, " runs on copy ",
                       s.copy_of_microbatch(op.microbatch), ", chunk ", op.chunk, " is copy ", s.copy_of(st, op.chunk));
         const int order = op.kind == OpKind::Forward ? 0 : op.kind == OpKind::BackwardInput ? 1 : 2;
-        int& n = done[{op.microbatch, op.chunk}];
+        int& n = done[static_cast<size_t>(op.microbatch * s.chunks_per_stage + op.chunk)];
         MEGATON_CHECK(n == order, where(), ": expected ", n == 0 ? "F" : n == 1 ? "B" : n == 2 ? "W" : "nothing more",
                       " next for micro-batch ", op.microbatch, " chunk ", op.chunk);
         ++n;
@@ -111,8 +114,7 @@ void validate(const Schedule& s) {
     for (int64_t m = 0; m < s.microbatches; ++m)
       for (int c = 0; c < s.chunks_per_stage; ++c) {
         if (!s.runs(st, c, m)) continue;
-        auto it = done.find({m, c});
-        const int n = it == done.end() ? 0 : it->second;
+        const int n = done[static_cast<size_t>(m * s.chunks_per_stage + c)];
         MEGATON_CHECK(n == 3, "schedule '", s.name, "' stage ", st, ": micro-batch ", m, " chunk ", c, " stops after ",
                       n, " of its F, B, W");
       }

@@ -39,7 +39,15 @@ struct Op {
 
 // The F, B and W ops a compute op stands for: itself, or a ForwardBackward's F and B. Empty for
 // communication ops.
-std::vector<Op> compute_parts(const Op& op);
+struct OpParts {  // at most two (an F&B's); a fixed array: the planner's simulations call this a lot
+  Op ops[2];
+  int count = 0;
+  const Op* begin() const { return ops; }
+  const Op* end() const { return ops + count; }
+  bool empty() const { return count == 0; }
+  const Op& back() const { return ops[count - 1]; }
+};
+OpParts compute_parts(const Op& op);
 
 struct Schedule {
   std::string name;

@@ -1,7 +1,6 @@
 #include "megaton/pipeline/simulator.h"
 
 #include <algorithm>
-#include <map>
 #include <optional>
 #include <tuple>
 
@@ -16,7 +15,28 @@ namespace {
 using OpKey = std::tuple<OpKind, int64_t, int>;
 struct Done {
   double end;
-  int stage;
+  int stage = -1;  // -1: not finished
+};
+
+// Finished F, B and W parts, indexed by OpKey.
+class DoneTable {
+ public:
+  DoneTable(int64_t microbatches, int model_chunks)
+      : chunks_(model_chunks), table_(static_cast<size_t>(3 * microbatches * model_chunks)) {}
+  Done& operator[](const OpKey& k) { return table_[index(k)]; }
+  const Done* find(const OpKey& k) const {
+    const Done& d = table_[index(k)];
+    return d.stage < 0 ? nullptr : &d;
+  }
+
+ private:
+  size_t index(const OpKey& k) const {
+    const auto [kind, mb, mc] = k;
+    const int64_t part = kind == OpKind::Forward ? 0 : kind == OpKind::BackwardInput ? 1 : 2;
+    return static_cast<size_t>((mb * 3 + part) * chunks_ + mc);
+  }
+  int chunks_;
+  std::vector<Done> table_;
 };
 
 }  // namespace
@@ -24,7 +44,7 @@ struct Done {
 Simulation simulate(const Schedule& s, const OpCosts& costs) {
   validate(s);
   const int last_chunk = s.model_chunks() - 1;
-  std::map<OpKey, Done> done;
+  DoneTable done(s.microbatches, s.model_chunks());
   std::vector<size_t> next(static_cast<size_t>(s.stages), 0);
   std::vector<double> free_at(static_cast<size_t>(s.stages), 0.0);
   Simulation sim;
@@ -40,9 +60,9 @@ Simulation simulate(const Schedule& s, const OpCosts& costs) {
       dep = mc < last_chunk ? OpKey{OpKind::BackwardInput, op.microbatch, mc + 1} : OpKey{OpKind::Forward, op.microbatch, mc};
     if (op.kind == OpKind::BackwardWeight) dep = OpKey{OpKind::BackwardInput, op.microbatch, mc};
     if (!dep) return 0.0;
-    auto it = done.find(*dep);
-    if (it == done.end()) return -1.0;
-    return it->second.end + (it->second.stage != stage ? costs.transfer : 0.0);
+    const Done* d = done.find(*dep);
+    if (!d) return -1.0;
+    return d->end + (d->stage != stage ? costs.transfer : 0.0);
   };
 
   if (!costs.per_chunk.empty()) {
@@ -73,7 +93,7 @@ Simulation simulate(const Schedule& s, const OpCosts& costs) {
       size_t& i = next[static_cast<size_t>(st)];
       for (; i < ops.size(); ++i, --remaining, progress = true) {
         const Op& op = ops[i];
-        const std::vector<Op> parts = compute_parts(op);
+        const OpParts parts = compute_parts(op);
         if (parts.empty()) continue;  // transfers are modelled as the transfer cost of the input
         double at = 0;  // when every input is there (an F&B waits for both)
         for (const Op& part : parts) {

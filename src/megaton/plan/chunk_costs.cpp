@@ -1,12 +1,23 @@
 #include "megaton/plan/chunk_costs.h"
 
 #include <algorithm>
+#include <map>
+#include <tuple>
 
 #include "megaton/core/error.h"
 #include "megaton/plan/collective_cost.h"
 #include "megaton/plan/op_counts.h"
 
 namespace megaton::plan {
+
+PhaseCost operator*(double k, PhaseCost c) {
+  c.compute_s *= k;
+  c.memory_s *= k;
+  c.overhead_s *= k;
+  c.comm_s *= k;
+  c.flops *= k;
+  return c;
+}
 
 PhaseCost& PhaseCost::operator+=(const PhaseCost& o) {
   compute_s += o.compute_s;
@@ -43,7 +54,10 @@ class Ledger {
   Ledger(const train::TrainConfig& c, const SystemSpec& s) : c_(c), s_(s) {}
   const train::TrainConfig& config() const { return c_; }
   const SystemSpec& system() const { return s_; }
-  PhaseCost& at(Phase p) { return p == F ? cost.forward : p == B ? cost.backward_input : cost.backward_weight; }
+  PhaseCost& at(Phase p) { return phase(cost, p); }
+  static PhaseCost& phase(ChunkCost& k, Phase p) {
+    return p == F ? k.forward : p == B ? k.backward_input : k.backward_weight;
+  }
 
   void gemm(Phase p, double m, double n, double k, const std::string& dtype) {
     if (m <= 0 || n <= 0 || k <= 0) return;
@@ -251,14 +265,15 @@ void moe_mlp(Ledger& L, const Shapes& sh) {
     L.memory(F, MemoryOp::Elementwise, 2.0 * slots * C * sh.elem);
     L.memory(B, MemoryOp::Elementwise, 2.0 * slots * C * sh.elem);
   }
-  for (double e = 0; e < local_experts; ++e) {
-    L.gemm(F, expert_rows, 2 * ffn, C, sh.dtype);
-    L.gemm(B, expert_rows, C, 2 * ffn, sh.dtype);
-    L.gemm(W, 2 * ffn, C, expert_rows, sh.dtype);
-    L.gemm(F, expert_rows, C, ffn, sh.dtype);
-    L.gemm(B, expert_rows, ffn, C, sh.dtype);
-    L.gemm(W, C, ffn, expert_rows, sh.dtype);
-  }
+  // Every local expert runs the same GEMMs (fc1 then fc2): one expert's, times the experts.
+  Ledger expert(c, L.system());
+  expert.gemm(F, expert_rows, 2 * ffn, C, sh.dtype);
+  expert.gemm(B, expert_rows, C, 2 * ffn, sh.dtype);
+  expert.gemm(W, 2 * ffn, C, expert_rows, sh.dtype);
+  expert.gemm(F, expert_rows, C, ffn, sh.dtype);
+  expert.gemm(B, expert_rows, ffn, C, sh.dtype);
+  expert.gemm(W, C, ffn, expert_rows, sh.dtype);
+  for (Phase p : {F, B, W}) L.at(p) += local_experts * expert.at(p);
   L.memory(F, MemoryOp::Activation, activation_bytes(slots, ffn, sh.elem, true, false));
   L.memory(B, MemoryOp::Activation, activation_bytes(slots, ffn, sh.elem, true, true));
   // The shared expert, and the token traffic it may hide.
@@ -423,10 +438,20 @@ ChunkCost chunk_cost(const train::TrainConfig& c, const SystemSpec& s, const mod
   const int64_t n = layout.chunk_layers[size_t(model_chunk)];
   if (model_chunk == 0) embedding(L, sh);
   const nn::RecomputeConfig rc = train::recompute_config(c);
+  // Layers of the same kind cost the same: each kind (MLP kind, GEMM dtype, fully recomputed or not)
+  // is costed once.
+  std::map<std::tuple<bool, std::string, bool>, ChunkCost> kinds;
   for (int64_t i = 0; i < n; ++i) {
     // Full recompute: "uniform" reruns every layer, "block" the first num_layers of each chunk.
     const bool full = rc.full() && (rc.method == nn::RecomputeMethod::Uniform || i < rc.num_layers);
-    layer_with_recompute(L, sh, first + i, full);
+    const auto key = std::make_tuple(c.model.is_moe_layer(first + i), layer_dtype(c, s, first + i), full);
+    auto it = kinds.find(key);
+    if (it == kinds.end()) {
+      Ledger one(c, s);
+      layer_with_recompute(one, sh, first + i, full);
+      it = kinds.emplace(key, one.cost).first;
+    }
+    for (Phase p : {F, B, W}) L.at(p) += Ledger::phase(it->second, p);
   }
   if (size_t(model_chunk) + 1 == layout.num_chunks()) {
     output_head(L, sh);

@@ -27,6 +27,7 @@ struct PhaseCost {
   double seconds() const { return compute_s + memory_s + overhead_s + comm_s; }
   PhaseCost& operator+=(const PhaseCost& o);
 };
+PhaseCost operator*(double k, PhaseCost c);
 
 struct ChunkCost {
   PhaseCost forward, backward_input, backward_weight;

@@ -15,12 +15,19 @@ models::StageLayout pipeline_layout(const TrainConfig& cfg, parallel::Communicat
 }
 
 models::StageLayout pipeline_layout(const TrainConfig& cfg) {
+  if (cfg.pipeline_model_parallel_size == 1) return pipeline_layout(cfg, pipeline::no_pipelining(1));
+  // The placement does not depend on the micro-batches: the fewest every kind takes (2p: interleaved
+  // wants a multiple of p, the DualPipes at least 2p) keep the op lists short.
+  const int stages = static_cast<int>(cfg.pipeline_model_parallel_size);
+  return pipeline_layout(cfg, pipeline::generate(cfg.pipeline_schedule, stages,
+                                                 static_cast<int>(pipeline_chunks_per_rank(cfg)), 2 * stages));
+}
+
+models::StageLayout pipeline_layout(const TrainConfig& cfg, const pipeline::Schedule& s) {
   const std::vector<int64_t> stage_layers = pipeline_stage_layers(cfg);
   if (cfg.pipeline_model_parallel_size == 1) return models::StageLayout::whole(cfg.model.num_layers, 1);
   // The schedule's placement of model chunks (its op lists are the step's business).
   const int per_rank = static_cast<int>(pipeline_chunks_per_rank(cfg));
-  const pipeline::Schedule s = pipeline::generate(cfg.pipeline_schedule, static_cast<int>(cfg.pipeline_model_parallel_size),
-                                                  per_rank, cfg.grad_accum_steps());
   models::StageLayout layout;
   layout.chunk_layers.assign(static_cast<size_t>(s.model_chunks()), 0);
   layout.chunk_rank.assign(static_cast<size_t>(s.model_chunks()), -1);

@@ -5,6 +5,7 @@
 #pragma once
 #include "megaton/models/stage_layout.h"
 #include "megaton/parallel/communicator.h"
+#include "megaton/pipeline/schedule.h"
 #include "megaton/train/train_config.h"
 
 namespace megaton::train {
@@ -13,5 +14,7 @@ namespace megaton::train {
 models::StageLayout pipeline_layout(const TrainConfig& cfg, parallel::Communicator& pipeline);
 // The same placement without a group (what the planner needs): pipeline_model_parallel_size ranks.
 models::StageLayout pipeline_layout(const TrainConfig& cfg);
+// The placement of `schedule`, cfg's schedule already generated (the planner's, generated once).
+models::StageLayout pipeline_layout(const TrainConfig& cfg, const pipeline::Schedule& schedule);
 
 }  // namespace megaton::train

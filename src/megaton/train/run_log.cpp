@@ -28,8 +28,9 @@ double median(std::vector<double> v) {
 
 }  // namespace
 
-RunLog::RunLog(const TrainConfig& cfg, double flops_per_token, double peak_gflops, bool primary)
-    : cfg_(cfg), flops_per_token_(flops_per_token), peak_gflops_(peak_gflops), primary_(primary) {}
+RunLog::RunLog(const TrainConfig& cfg, double flops_per_token, double peak_gflops, bool primary,
+               parallel::Communicator* world)
+    : cfg_(cfg), flops_per_token_(flops_per_token), peak_gflops_(peak_gflops), primary_(primary), world_(world) {}
 
 void RunLog::open(bool resuming) {
   metrics_ = std::make_unique<MetricsLog>(
@@ -67,6 +68,11 @@ void RunLog::step(int64_t step, const TrainingStep::Result& r, double lr, int64_
     for (size_t c = 0; c < kNumMemCategories; ++c)
       peak[std::string(mem_category_name(static_cast<MemCategory>(c)))] = static_cast<double>(mem.peak[c]) / 1e6;
     rec["peak_memory_mb"] = peak;
+    // The largest process's total peak (all categories at once).
+    Tensor most = Tensor::empty({1}, DType::F64);
+    most.data<double>()[0] = static_cast<double>(mem.total_peak);
+    if (world_ && world_->size() > 1) world_->all_reduce(most, parallel::ReduceOp::Max);
+    rec["peak_memory_bytes"] = most.data<double>()[0];
   }
   if (!r.moe.empty()) {
     // Per MoE layer (in layer order): how unevenly the router loaded the experts, what capacity

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "megaton/parallel/communicator.h"
 #include "megaton/train/metrics_log.h"
 #include "megaton/train/train_config.h"
 #include "megaton/train/training_step.h"
@@ -16,7 +17,10 @@ class RunLog {
  public:
   // flops_per_token: training FLOPs per token of the model at the run's sequence length;
   // peak_gflops: what MFU divides by. Only the primary process (rank 0) writes the metrics file.
-  RunLog(const TrainConfig& cfg, double flops_per_token, double peak_gflops, bool primary = true);
+  // world (null: this process alone): every rank's step() joins a max of the memory peaks after the
+  // first step, so the record names the largest rank's (what `megaton plan` predicts).
+  RunLog(const TrainConfig& cfg, double flops_per_token, double peak_gflops, bool primary = true,
+         parallel::Communicator* world = nullptr);
   // Opens RUN/metrics.jsonl: continued when resuming, started afresh otherwise.
   void open(bool resuming);
   MetricsLog& metrics() { return *metrics_; }
@@ -32,6 +36,7 @@ class RunLog {
   const TrainConfig& cfg_;
   double flops_per_token_, peak_gflops_;
   bool primary_;
+  parallel::Communicator* world_;
   std::unique_ptr<MetricsLog> metrics_;
   std::vector<double> rates_;  // tokens/s of every step logged by this process
   double last_loss_ = 0;

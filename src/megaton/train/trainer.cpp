@@ -108,7 +108,8 @@ Trainer::Trainer(TrainConfig config, RunOptions options)
   else
     clear_on_start_ = options.overwrite;
   peak_gflops_ = cfg_.peak_tflops > 0 ? cfg_.peak_tflops * 1e3 : kernels::measure_sgemm_gflops();
-  log_ = std::make_unique<RunLog>(cfg_, model_->config().flops_per_token(cfg_.seq_length), peak_gflops_, primary_);
+  log_ = std::make_unique<RunLog>(cfg_, model_->config().flops_per_token(cfg_.seq_length), peak_gflops_, primary_,
+                                  &world_);
 }
 
 void Trainer::rewind(int64_t step, const std::string& reason, int64_t first_sample) {
@@ -304,7 +305,7 @@ TrainSummary Trainer::run() {
     // The schedule is indexed by the 1-based number of the update being made, so the first
     // update of a warmup already moves the weights.
     const double lr = schedule_.lr_at(step) * progress_.lr_multiplier(step);
-    const TrainingStep::Result r = step_->forward_backward(step, first_sample, lr);
+    TrainingStep::Result r = step_->forward_backward(step, first_sample, lr);
     progress_.loss_scaler = step_->loss_scaler_state();
     if (r.skipped) {
       // FP16 overflow: the dynamic loss scaler lowered its scale; the step's batch is consumed
@@ -323,7 +324,9 @@ TrainSummary Trainer::run() {
       continue;
     }
     if (cfg_.rewind) detector_.accept(progress_.recent, r.loss, r.grad_norm);
+    const auto update_start = std::chrono::steady_clock::now();
     step_->update(lr, r);
+    r.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - update_start).count();  // the whole step
     progress_.step = step;
     progress_.consumed_samples = first_sample + cfg_.global_batch_size;
     log_->step(step, r, lr, progress_.consumed_samples);
