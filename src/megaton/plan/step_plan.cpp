@@ -53,7 +53,7 @@ void add_buckets(std::vector<double>& costs, const SystemSpec& s, Collective col
 
 // Fills a stage's data-parallel reduction, optimizer and gather figures.
 void finish_stage(StagePlan& st, const train::TrainConfig& c, const SystemSpec& s, const models::StageLayout& layout,
-                  int stage, double backward_window) {
+                  int stage, double backward_window, double forward_window) {
   const Groups g = groups_of(c);
   const MemoryBreakdown fixed = static_memory(c, stage);
   const double elements = fixed.grads / 4.0;
@@ -89,7 +89,7 @@ void finish_stage(StagePlan& st, const train::TrainConfig& c, const SystemSpec& 
     for (double x : gathers) total += x;
     // Under overlap_param_gather the next forward waits only for what its first micro-batch's
     // forward outruns.
-    st.param_gather_s = c.overlap_param_gather ? std::max(0.0, total - backward_window) : total;
+    st.param_gather_s = c.overlap_param_gather ? std::max(0.0, total - forward_window) : total;
   }
 }
 
@@ -129,7 +129,7 @@ StepPlan plan_step(const train::TrainConfig& c, const SystemSpec& s, const pipel
   double after = 0;  // the optimizer step and parameter gather, every rank in parallel after the grad norm
   for (int r = 0; r < stages; ++r) {
     StagePlan st;
-    double backward_window = 0;
+    double backward_window = 0, forward_window = 0;  // the last micro-batch's B and W, the first's F
     for (const pipeline::TimedOp& t : p.simulation.timeline[size_t(r)]) {
       st.pipeline_end_s = std::max(st.pipeline_end_s, t.end);
       st.busy_s += t.end - t.start;
@@ -142,9 +142,10 @@ StepPlan plan_step(const train::TrainConfig& c, const SystemSpec& s, const pipel
         st.compute_s += ph.seconds() - ph.comm_s;
         if (part.kind != pipeline::OpKind::Forward && part.microbatch + 1 == p.microbatches)
           backward_window += ph.seconds();
+        if (part.kind == pipeline::OpKind::Forward && part.microbatch == 0) forward_window += ph.seconds();
       }
     }
-    finish_stage(st, c, s, layout, r, backward_window);
+    finish_stage(st, c, s, layout, r, backward_window, forward_window);
     st.in_flight = std::max<int64_t>(1, p.simulation.peak_activations[size_t(r)]);
     st.memory = peak_memory(c, r, st.in_flight);
     st.peak_memory_bytes = st.memory.total();
@@ -155,7 +156,11 @@ StepPlan plan_step(const train::TrainConfig& c, const SystemSpec& s, const pipel
   p.step_time_s = ready + after;
   for (int r = 0; r < stages; ++r) {
     const StagePlan& st = p.stages[size_t(r)];
-    if (st.pipeline_end_s + st.grad_sync_s >= ready) p.critical_stage = r;
+    // The critical rank is the busiest: the others' extra idle time is waiting for it.
+    const StagePlan& worst = p.stages[size_t(p.critical_stage)];
+    if (st.busy_s + st.grad_sync_s + st.optimizer_s + st.param_gather_s >
+        worst.busy_s + worst.grad_sync_s + worst.optimizer_s + worst.param_gather_s)
+      p.critical_stage = r;
     if (st.peak_memory_bytes > p.peak_memory_bytes) {
       p.peak_memory_bytes = st.peak_memory_bytes;
       p.peak_memory_stage = r;

@@ -39,7 +39,7 @@ struct StepPlan {
   std::string schedule;
   int64_t devices = 0, microbatches = 0;
   double step_time_s = 0, tokens_per_s = 0, mfu = 0;
-  // The step's breakdown on its critical pipeline rank: compute + comm + bubble + grad_sync +
+  // The step's breakdown on its critical pipeline rank (the busiest): compute + comm + bubble + grad_sync +
   // optimizer + param_gather = step time.
   double compute_s = 0, comm_s = 0, bubble_s = 0, grad_sync_s = 0, optimizer_s = 0, param_gather_s = 0;
   int64_t critical_stage = 0;
