@@ -2,8 +2,11 @@
 """`megaton plan`'s predictions against real runs on this machine: for each layout, the planner's
 step time and largest rank's peak memory next to the median measured step time (steps after the
 first --skip) and the allocator's peak of the largest rank (metrics.jsonl's first step record), run
-under mpirun with one thread per rank (a "device" is one core). Calibrate first:
+under mpirun with one thread per rank (a "device" is one core). Calibrate first, both under
+OMPI_MCA_btl=self,tcp on a 2-core machine (Open MPI's shared-memory transport polls on the core the
+computation needs; docs/performance.md):
 
+    export OMPI_MCA_btl=self,tcp
     mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 build/megaton plan calibrate \\
         --output /tmp/cpu.toml --threads 1
     python3 bench/plan_validation.py --megaton build/megaton --system /tmp/cpu.toml

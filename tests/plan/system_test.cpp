@@ -74,3 +74,10 @@ TEST(CollectiveCost, RingFormulas) {
   EXPECT_DOUBLE_EQ(collective_time(Collective::SendRecv, link, 2, 1e6), 1e-5 + 1e6 / 5e8);
   EXPECT_DOUBLE_EQ(collective_time(Collective::AllReduce, link, 1, 1e6), 0.0);
 }
+
+TEST(System, TheCalibratedCpuSystemShippedInConfigsLoads) {
+  const SystemSpec s = load_system(std::string(MEGATON_SOURCE_DIR) + "/configs/systems/cpu-epyc-2core.toml");
+  EXPECT_EQ(s.source, "calibrated");
+  EXPECT_GT(s.gemm.size(), 20u);
+  EXPECT_GT(s.peak("f32"), 0.0);
+}
