@@ -113,8 +113,8 @@ Sizes sizes_for(bool quick) {
           {512, 1024, 2048, 4096, 8192},
           {128, 512, 2048, 8192, 16384},
           {64, 256, 1024, 4096, 8192},
-          {512, 1024, 2048, 4096},
-          {64, 128},
+          {128, 256, 512, 1024, 2048, 4096},  // small models train at short sequences and small heads:
+          {16, 32, 64, 128},                  // their attention is far from the large shapes' efficiency
           int64_t{1} << 25,
           32768};
 }

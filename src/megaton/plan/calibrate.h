@@ -24,7 +24,7 @@ struct CalibrateOptions {
 //   square shapes and a grid of m = 128..16384 tokens by n, k = 64..8192, cheapest first, as many
 //   as the budget allows.
 // - [[attention]] (f32 only, the kernel's dtype: bf16 training runs it on an f32 copy): the flash
-//   attention kernels forward and backward at seq 512..4096, head_dim 64 and 128, one head per thread.
+//   attention kernels forward and backward at seq 128..4096, head_dim 16..128, one head per thread.
 // - peak_flops: per dtype the best rate a measured kernel reached (for f32 the attention kernels
 //   count too): the machine's measured ceiling, not a datasheet figure, so every efficiency is at
 //   most 1 and one of them is 1.
