@@ -48,7 +48,6 @@ int main(int argc, char** argv) {
   megaton::app::add_convert_command(app);
   megaton::app::add_model_command(app);
   megaton::app::add_plan_command(app);
-
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -9,42 +9,63 @@ namespace {
 int64_t align_up(int64_t n, int64_t a) { return (n + a - 1) / a * a; }
 }  // namespace
 
+BufferLayout lay_out_buffer(const std::vector<BufferSlot>& slots, int64_t bucket_size, int64_t shards,
+                            int64_t expert_shards) {
+  if (expert_shards == 0) expert_shards = shards;
+  MEGATON_CHECK(shards >= 1 && expert_shards >= 1, "gradient buffer needs at least one shard, got ", shards, " (",
+                expert_shards, " for the experts)");
+  constexpr int64_t kAlign = ParamAndGradBuffer::kAlignElements;
+  // A bucket ends on a multiple of this, so it splits into its shards aligned (with one shard, the
+  // alignment every parameter start has anyway: the layout of an unsharded buffer).
+  const auto bucket_align = [&](bool expert) { return kAlign * (expert ? expert_shards : shards); };
+  BufferLayout layout;
+  int64_t total = 0;
+  BucketSpan bucket;
+  for (size_t i = 0; i < slots.size(); ++i) {
+    int64_t offset = align_up(total, kAlign);
+    const bool expert = slots[i].expert;
+    const bool full = bucket_size > 0 && offset - bucket.offset >= bucket_size;
+    if (bucket.count > 0 && (full || expert != bucket.expert)) {
+      offset = bucket.offset + align_up(offset - bucket.offset, bucket_align(bucket.expert));
+      bucket.numel = offset - bucket.offset;
+      layout.buckets.push_back(bucket);
+      bucket = BucketSpan{offset, 0, false, i, 0};
+    }
+    bucket.expert = expert;
+    ++bucket.count;
+    layout.offsets.push_back(offset);
+    total = offset + slots[i].numel;
+  }
+  total = bucket.offset + align_up(total - bucket.offset, bucket_align(bucket.expert));
+  bucket.numel = total - bucket.offset;
+  if (bucket.count > 0) layout.buckets.push_back(bucket);
+  layout.total = total;
+  return layout;
+}
+
 ParamAndGradBuffer::ParamAndGradBuffer(const ParameterList& params, int64_t bucket_size, int64_t shards,
                                        int64_t expert_shards)
     : params_(params.rbegin(), params.rend()), shards_(shards), expert_shards_(expert_shards ? expert_shards : shards) {
-  MEGATON_CHECK(shards >= 1 && expert_shards_ >= 1, "gradient buffer needs at least one shard, got ", shards, " (",
-                expert_shards_, " for the experts)");
-  // A bucket ends on a multiple of this, so it splits into its shards aligned (with one shard, the
-  // alignment every parameter start has anyway: the layout of an unsharded buffer).
-  const auto bucket_align = [&](bool expert) { return kAlignElements * (expert ? expert_shards_ : shards_); };
   std::set<const Parameter*> seen;
-  int64_t total = 0;
-  GradBucket bucket;
+  std::vector<BufferSlot> slots;
   for (Parameter* p : params_) {
     MEGATON_CHECK(p != nullptr && p->value.defined(), "gradient buffer given an undefined parameter");
     MEGATON_CHECK(seen.insert(p).second, "gradient buffer given parameter '", p->name, "' twice");
     MEGATON_CHECK(p->value.dtype() == DType::F32, "parameter '", p->name, "' main weight must be f32");
-    int64_t offset = align_up(total, kAlignElements);
-    const bool expert = p->shard.group == ParallelGroup::Expert;
-    const bool full = bucket_size > 0 && offset - bucket.offset >= bucket_size;
-    if (!bucket.params.empty() && (full || expert != bucket.expert)) {
-      offset = bucket.offset + align_up(offset - bucket.offset, bucket_align(bucket.expert));
-      bucket.numel = offset - bucket.offset;
-      buckets_.push_back(std::move(bucket));
-      bucket = GradBucket{offset, 0, {}};
-    }
-    bucket.expert = expert;
-    offsets_.push_back(offset);
-    bucket_of_.push_back(buckets_.size());
-    bucket.params.push_back(p);
-    total = offset + p->value.numel();
+    slots.push_back({p->value.numel(), p->shard.group == ParallelGroup::Expert});
   }
-  total = bucket.offset + align_up(total - bucket.offset, bucket_align(bucket.expert));
-  bucket.numel = total - bucket.offset;
-  if (!bucket.params.empty()) buckets_.push_back(std::move(bucket));
-
-  weights_ = Tensor::zeros({total}, DType::F32, MemCategory::Params, "param_buffer");
-  grads_ = Tensor::zeros({total}, DType::F32, MemCategory::Grads, "grad_buffer");
+  const BufferLayout layout = lay_out_buffer(slots, bucket_size, shards_, expert_shards_);
+  offsets_ = layout.offsets;
+  for (const BucketSpan& span : layout.buckets) {
+    GradBucket bucket{span.offset, span.numel, {}, span.expert};
+    for (size_t i = span.first; i < span.first + span.count; ++i) {
+      bucket.params.push_back(params_[i]);
+      bucket_of_.push_back(buckets_.size());
+    }
+    buckets_.push_back(std::move(bucket));
+  }
+  weights_ = Tensor::zeros({layout.total}, DType::F32, MemCategory::Params, "param_buffer");
+  grads_ = Tensor::zeros({layout.total}, DType::F32, MemCategory::Grads, "grad_buffer");
   for (size_t i = 0; i < params_.size(); ++i) {
     Parameter& p = *params_[i];
     Tensor w = weights_.window(offsets_[i], p.value.shape(), p.name);

@@ -46,6 +46,27 @@ struct GradBucket {
   bool expert = false;             // holds routed experts' weights (split over expert parallelism)
 };
 
+// Where the buffer puts its parameters, computed from their sizes alone (the planner's memory
+// model lays out parameters it never builds with it): one slot per parameter in buffer order.
+struct BufferSlot {
+  int64_t numel = 0;
+  bool expert = false;  // a routed expert's weight: never in a bucket with other parameters
+};
+struct BucketSpan {
+  int64_t offset = 0, numel = 0;  // padding included
+  bool expert = false;
+  size_t first = 0, count = 0;    // its slots
+};
+struct BufferLayout {
+  std::vector<int64_t> offsets;  // per slot
+  std::vector<BucketSpan> buckets;
+  int64_t total = 0;             // elements of each flat buffer
+};
+// The layout ParamAndGradBuffer(params, bucket_size, shards, expert_shards) makes (see there);
+// expert_shards 0: shards.
+BufferLayout lay_out_buffer(const std::vector<BufferSlot>& slots, int64_t bucket_size, int64_t shards,
+                            int64_t expert_shards = 0);
+
 class ParamAndGradBuffer {
  public:
   // Each parameter's start is aligned to kAlignElements (64 bytes of fp32), so every view is

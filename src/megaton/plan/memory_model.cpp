@@ -63,7 +63,6 @@ MemoryBreakdown max(const MemoryBreakdown& a, const MemoryBreakdown& b) {
 namespace {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-int64_t align_up(int64_t n, int64_t a) { return ceil_div(n, a) * a; }
 bool is_16bit(DType t) { return t == DType::BF16 || t == DType::F16; }
 
 // ---------------------------------------------------------------------------------------------
@@ -1372,32 +1371,17 @@ struct GradBuffer {
 };
 
 GradBuffer lay_out(const ParamSpecs& params, int64_t bucket_size, int64_t shards, int64_t expert_shards) {
-  constexpr int64_t kAlign = nn::ParamAndGradBuffer::kAlignElements;
-  const auto shards_of = [&](bool expert) { return expert ? expert_shards : shards; };
+  std::vector<nn::BufferSlot> slots;
+  for (auto p = params.rbegin(); p != params.rend(); ++p) slots.push_back({p->numel, p->expert});  // reverse order of registration
+  const nn::BufferLayout layout = nn::lay_out_buffer(slots, bucket_size, shards, expert_shards);
   GradBuffer g;
-  int64_t total = 0, begin = 0;  // the buffer's end so far; the open bucket's first element
-  bool expert = false, open = false;
-  const auto close = [&](int64_t end) {
-    const int64_t n = end - begin, shard = n / shards_of(expert);
+  g.elements = layout.total;
+  for (const nn::BucketSpan& b : layout.buckets) {
+    const int64_t shard = b.numel / (b.expert ? expert_shards : shards);
     g.owned += shard;
-    g.largest_bucket = std::max(g.largest_bucket, n);
+    g.largest_bucket = std::max(g.largest_bucket, b.numel);
     g.largest_shard = std::max(g.largest_shard, shard);
-  };
-  for (auto p = params.rbegin(); p != params.rend(); ++p) {  // reverse order of registration
-    int64_t offset = align_up(total, kAlign);
-    const bool full = bucket_size > 0 && offset - begin >= bucket_size;
-    if (open && (full || p->expert != expert)) {
-      offset = begin + align_up(offset - begin, kAlign * shards_of(expert));
-      close(offset);
-      begin = offset;
-    }
-    expert = p->expert;
-    open = true;
-    total = offset + p->numel;
   }
-  total = begin + align_up(total - begin, kAlign * shards_of(expert));
-  if (open) close(total);
-  g.elements = total;
   return g;
 }
 

@@ -51,12 +51,11 @@ void add_buckets(std::vector<double>& costs, const SystemSpec& s, Collective col
     costs.push_back(collective_seconds(s, col, g, std::min(left, bucket_size) * 4.0));
 }
 
-// Fills a stage's data-parallel reduction, optimizer and gather figures.
+// Fills a stage's data-parallel reduction, optimizer and gather figures (st.memory already set).
 void finish_stage(StagePlan& st, const train::TrainConfig& c, const SystemSpec& s, const models::StageLayout& layout,
                   int stage, double backward_window, double forward_window) {
   const Groups g = groups_of(c);
-  const MemoryBreakdown fixed = static_memory(c, stage);
-  const double elements = fixed.grads / 4.0;
+  const double elements = st.memory.grads / 4.0;  // the fp32 gradient buffer, padding included
   const double experts = std::min(elements, expert_elements(c, layout, stage));
   const double dense = elements - experts;
   const bool distopt = c.use_distributed_optimizer;
@@ -145,10 +144,10 @@ StepPlan plan_step(const train::TrainConfig& c, const SystemSpec& s, const pipel
         if (part.kind == pipeline::OpKind::Forward && part.microbatch == 0) forward_window += ph.seconds();
       }
     }
-    finish_stage(st, c, s, layout, r, backward_window, forward_window);
     st.in_flight = std::max<int64_t>(1, p.simulation.peak_activations[size_t(r)]);
     st.memory = peak_memory(c, r, st.in_flight);
     st.peak_memory_bytes = st.memory.total();
+    finish_stage(st, c, s, layout, r, backward_window, forward_window);
     ready = std::max(ready, st.pipeline_end_s + st.grad_sync_s);
     after = std::max(after, st.optimizer_s + st.param_gather_s);
     p.stages.push_back(st);

@@ -111,6 +111,20 @@ std::string checked_dtype(TableReader& r) {
   return d;
 }
 
+// Each table of the array of tables [[key]] (if any), through a reader of its own.
+template <typename Read>
+void read_points(TableReader& r, const std::string& key, const std::string& origin, Read read) {
+  const toml::array* a = r.array(key);
+  if (!a) return;
+  for (size_t i = 0; i < a->size(); ++i) {
+    const std::string where = origin + ": " + key + "[" + std::to_string(i) + "]";
+    const toml::table* t = (*a)[i].as_table();
+    if (!t) fail(where, ": not a table");
+    TableReader point(*t, where);
+    read(point);
+  }
+}
+
 LinkSpec read_link(const toml::table& t, const std::string& where) {
   TableReader r(t, where);
   LinkSpec l;
@@ -215,26 +229,14 @@ SystemSpec parse_system(const std::string& text, const std::string& origin) {
       if (t.get(d)) s.peak_flops[d] = p.number(d, 1e6, kHuge);
     if (s.peak_flops.empty()) fail(origin, ": [peak_flops] gives no dtype (f32, bf16, fp16, fp8)");
   }
-  if (const toml::array* a = r.array("gemm"))
-    for (size_t i = 0; i < a->size(); ++i) {
-      const toml::table* t = (*a)[i].as_table();
-      const std::string where = origin + ": gemm[" + std::to_string(i) + "]";
-      if (!t) fail(where, ": not a table");
-      TableReader g(*t, where);
-      GemmPoint p{checked_dtype(g), g.integer("m", 1, int64_t{1} << 40), g.integer("n", 1, int64_t{1} << 40),
-                  g.integer("k", 1, int64_t{1} << 40), g.number("efficiency", 1e-5, 1.0)};
-      s.gemm.push_back(p);
-    }
-  if (const toml::array* a = r.array("attention"))
-    for (size_t i = 0; i < a->size(); ++i) {
-      const toml::table* t = (*a)[i].as_table();
-      const std::string where = origin + ": attention[" + std::to_string(i) + "]";
-      if (!t) fail(where, ": not a table");
-      TableReader g(*t, where);
-      AttentionPoint p{checked_dtype(g), g.integer("seq", 1, int64_t{1} << 30), g.integer("head_dim", 1, 1 << 16),
-                       g.number("forward", 1e-5, 1.0), g.number("backward", 1e-5, 1.0)};
-      s.attention.push_back(p);
-    }
+  read_points(r, "gemm", origin, [&](TableReader& g) {
+    s.gemm.push_back({checked_dtype(g), g.integer("m", 1, int64_t{1} << 40), g.integer("n", 1, int64_t{1} << 40),
+                      g.integer("k", 1, int64_t{1} << 40), g.number("efficiency", 1e-5, 1.0)});
+  });
+  read_points(r, "attention", origin, [&](TableReader& g) {
+    s.attention.push_back({checked_dtype(g), g.integer("seq", 1, int64_t{1} << 30), g.integer("head_dim", 1, 1 << 16),
+                           g.number("forward", 1e-5, 1.0), g.number("backward", 1e-5, 1.0)});
+  });
   for (const auto& [dtype, peak] : s.peak_flops) {
     bool has = false;
     for (const GemmPoint& p : s.gemm) has = has || p.dtype == dtype;

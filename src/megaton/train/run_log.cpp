@@ -69,10 +69,8 @@ void RunLog::step(int64_t step, const TrainingStep::Result& r, double lr, int64_
       peak[std::string(mem_category_name(static_cast<MemCategory>(c)))] = static_cast<double>(mem.peak[c]) / 1e6;
     rec["peak_memory_mb"] = peak;
     // The largest process's total peak (all categories at once).
-    Tensor most = Tensor::empty({1}, DType::F64);
-    most.data<double>()[0] = static_cast<double>(mem.total_peak);
-    if (world_ && world_->size() > 1) world_->all_reduce(most, parallel::ReduceOp::Max);
-    rec["peak_memory_bytes"] = most.data<double>()[0];
+    const double total = static_cast<double>(mem.total_peak);
+    rec["peak_memory_bytes"] = world_ ? world_->all_reduce_scalar(total, parallel::ReduceOp::Max) : total;
   }
   if (!r.moe.empty()) {
     // Per MoE layer (in layer order): how unevenly the router loaded the experts, what capacity
