@@ -180,10 +180,12 @@ void add_bench_command(CLI::App& app) {
                   "With --recompute selective: comma-separated core_attn, mlp, layernorm, moe_act")
       ->capture_default_str();
   cmd->add_option("--fusion", fusion,
-                  "Fused kernels (bias + activation, residual add + norm; training.bias_activation_fusion and "
-                  "residual_norm_fusion): on, off, or one of them alone (bias-act, residual-norm)")
+                  "Fused kernels (bias + activation, residual add + norm, and under FP8 the norm -> linear and "
+                  "activation -> fc2 casts; training.bias_activation_fusion, residual_norm_fusion, "
+                  "layernorm_linear_fusion, layernorm_mlp_fusion): on, off, or one of them alone (bias-act, "
+                  "residual-norm, norm-linear, mlp-cast)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"on", "off", "bias-act", "residual-norm"}));
+      ->check(CLI::IsMember({"on", "off", "bias-act", "residual-norm", "norm-linear", "mlp-cast"}));
   cmd->add_flag("--cpu-info", cpu_only, "Only print the CPU line (model, features, threads) every benchmark starts with");
   cmd->callback([] {
     set_num_threads(threads);
@@ -211,7 +213,9 @@ void add_bench_command(CLI::App& app) {
     const nn::RecomputeConfig rc = nn::recompute_config_from_names(recompute == "none" ? "" : recompute, "uniform", 1,
                                                                    recompute_modules);
     const nn::FusionConfig fc{.bias_activation = fusion == "on" || fusion == "bias-act",
-                              .residual_norm = fusion == "on" || fusion == "residual-norm"};
+                              .residual_norm = fusion == "on" || fusion == "residual-norm",
+                              .layernorm_linear = fusion == "on" || fusion == "norm-linear",
+                              .layernorm_mlp = fusion == "on" || fusion == "mlp-cast"};
     BenchResult r = run_bench(preset, batch, seq_len, steps, parsed, rc, fc);
     nlohmann::json peak_mb;
     for (size_t c = 0; c < kNumMemCategories; ++c)

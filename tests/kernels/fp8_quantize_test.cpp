@@ -161,6 +161,56 @@ TEST(Fp8Quantize, BlocksAndTensorsTransposeExactly) {
   EXPECT_THROW(fp8_transpose(fp8_quantize(x, {.granularity = Fp8Granularity::Tile1x128}), "t"), std::exception);
 }
 
+// The quantiser reads its source in 128 x 512 blocks; a matrix of several blocks each way, ragged at
+// both edges, against a tile loop over the whole matrix written here from the definitions.
+Fp8Matrix naive_quantize(const Tensor& x, Fp8Granularity g) {
+  const int64_t rows = x.size(0), cols = x.size(1);
+  const Fp8TileShape t = fp8_tile_shape(g, rows, cols);
+  const int64_t gr = (rows + t.rows - 1) / t.rows, gc = (cols + t.cols - 1) / t.cols;
+  const bool mx = g == Fp8Granularity::Mx1x32;
+  Fp8Matrix q;
+  q.granularity = g;
+  q.data = Tensor::empty({rows, cols}, DType::F8E4M3, MemCategory::Other, "naive");
+  q.scale_inv = Tensor::empty({gr, gc}, mx ? DType::U8 : DType::F32, MemCategory::Other, "naive_scale_inv");
+  for (int64_t i = 0; i < gr; ++i)
+    for (int64_t j = 0; j < gc; ++j) {
+      float amax = 0.0f;
+      for (int64_t r = i * t.rows; r < std::min(rows, (i + 1) * t.rows); ++r)
+        for (int64_t c = j * t.cols; c < std::min(cols, (j + 1) * t.cols); ++c)
+          amax = std::max(amax, std::fabs(x.data<float>()[r * cols + c]));
+      float scale;
+      if (mx) {
+        const uint8_t code = mx_scale_code(amax, 448.0f);
+        q.scale_inv.data<uint8_t>()[i * gc + j] = code;
+        scale = std::ldexp(1.0f, 127 - code);
+      } else {
+        scale = fp8_scale_from_amax(amax, 448.0f);
+        q.scale_inv.data<float>()[i * gc + j] = 1.0f / scale;
+      }
+      for (int64_t r = i * t.rows; r < std::min(rows, (i + 1) * t.rows); ++r)
+        for (int64_t c = j * t.cols; c < std::min(cols, (j + 1) * t.cols); ++c)
+          static_cast<uint8_t*>(q.data.raw())[r * cols + c] = fp8::encode(x.data<float>()[r * cols + c] * scale, fp8::Format::E4M3);
+    }
+  return q;
+}
+
+TEST(Fp8Quantize, ManyBlocksBothLayoutsInOnePassMatchATileLoop) {
+  const Tensor x = fixture_matrix(300, 1100), xt = transposed(x);
+  for (Fp8Granularity g : {Fp8Granularity::Tensor, Fp8Granularity::Tile1x128, Fp8Granularity::Block128x128, Fp8Granularity::Mx1x32}) {
+    const std::string what(granularity_name(g));
+    const Fp8Layouts both = fp8_quantize_both(fp8_source(x), {.granularity = g}, "x", "xt");
+    expect_same(both.rowwise, naive_quantize(x, g), what + " rowwise");
+    expect_same(both.columnwise, naive_quantize(xt, g), what + " columnwise");
+    expect_same(fp8_quantize(x, {.granularity = g}), both.rowwise, what + " single rowwise");
+    expect_same(fp8_quantize(x, {.granularity = g, .transpose = true}), both.columnwise, what + " single columnwise");
+    EXPECT_EQ(both.rowwise.amax, both.columnwise.amax);
+  }
+  // Delayed scaling's given scale, in both layouts: the columnwise codes are the rowwise ones transposed.
+  const Fp8Layouts given = fp8_quantize_both(fp8_source(x), {.scale = 0.25f}, "x", "xt");
+  expect_same(given.columnwise, fp8_transpose(given.rowwise, "t"), "given scale");
+  EXPECT_EQ(given.rowwise.scale_inv.data<float>()[0], 4.0f);
+}
+
 TEST(Fp8Quantize, DataIsOneBytePerElement) {
   const Tensor x = fixture_matrix(130, 300);
   Fp8QuantizeOptions o;

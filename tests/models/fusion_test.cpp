@@ -79,6 +79,7 @@ double worst_relative_error(const Outcome& a, const Outcome& b) {
   return worst;
 }
 
+// The FP8-only fusions (layernorm_linear, layernorm_mlp) change nothing here: tests/models/fp8_fusion_test.cpp.
 constexpr nn::FusionConfig kNone{.bias_activation = false, .residual_norm = false};
 constexpr nn::FusionConfig kResidualNorm{.bias_activation = false, .residual_norm = true};
 constexpr nn::FusionConfig kBiasActivation{.bias_activation = true, .residual_norm = false};

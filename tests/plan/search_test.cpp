@@ -41,7 +41,9 @@ TEST(Search, KeepsWhatFitsWithTheLightestRecomputeFastestFirst) {
   bool recomputed = false;
   for (size_t i = 0; i < r.best.size(); ++i) {
     EXPECT_LE(r.best[i].plan.peak_memory_bytes, (1 - space.memory_margin) * s.memory_bytes);
-    if (i > 0) EXPECT_GE(r.best[i].plan.step_time_s, r.best[i - 1].plan.step_time_s);
+    if (i > 0) {
+      EXPECT_GE(r.best[i].plan.step_time_s, r.best[i - 1].plan.step_time_s);
+    }
     const bool full_here = r.best[i].settings.find("recompute_granularity=\"full\"") != std::string::npos;
     // Only the largest micro-batch needs recompute, and it takes the lightest setting that fits.
     EXPECT_EQ(full_here, r.best[i].settings.find("micro_batch_size=16") != std::string::npos) << r.best[i].settings;

@@ -69,6 +69,7 @@ void* Allocator::allocate(size_t bytes, MemCategory cat, std::string_view what) 
   }
   auto i = static_cast<size_t>(cat);
   raise_peak(peak_[i], live_[i].fetch_add(bytes, std::memory_order_relaxed) + bytes);
+  allocated_[i].fetch_add(bytes, std::memory_order_relaxed);
   raise_peak(total_peak_, total_live_.fetch_add(bytes, std::memory_order_relaxed) + bytes);
   return p;
 }
@@ -90,6 +91,7 @@ MemStats Allocator::stats() const {
   for (size_t i = 0; i < kNumMemCategories; ++i) {
     s.live[i] = live_[i].load();
     s.peak[i] = peak_[i].load();
+    s.allocated[i] = allocated_[i].load();
   }
   s.total_live = total_live_.load();
   s.total_peak = total_peak_.load();
@@ -97,7 +99,10 @@ MemStats Allocator::stats() const {
 }
 
 void Allocator::reset_peaks() {
-  for (size_t i = 0; i < kNumMemCategories; ++i) peak_[i] = live_[i].load();
+  for (size_t i = 0; i < kNumMemCategories; ++i) {
+    peak_[i] = live_[i].load();
+    allocated_[i] = 0;
+  }
   total_peak_ = total_live_.load();
 }
 

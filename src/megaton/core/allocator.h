@@ -20,6 +20,9 @@ struct MemStats {
   std::array<size_t, kNumMemCategories> peak{};
   size_t total_live = 0;
   size_t total_peak = 0;
+  // Bytes allocated since the last reset_peaks(), whatever was freed since: how much an op writes
+  // into fresh tensors (a fused op's saving shows here even where the peak does not move).
+  std::array<size_t, kNumMemCategories> allocated{};
 };
 
 class Allocator {
@@ -34,13 +37,14 @@ class Allocator {
   void* allocate(size_t bytes, MemCategory cat, std::string_view what);
   void deallocate(void* p, size_t bytes, MemCategory cat);
   MemStats stats() const;
-  void reset_peaks();
+  void reset_peaks();  // also restarts the `allocated` counts
 
  private:
   explicit Allocator(Device device) : device_(device) {}
   Device device_;
   std::array<std::atomic<size_t>, kNumMemCategories> live_{};
   std::array<std::atomic<size_t>, kNumMemCategories> peak_{};
+  std::array<std::atomic<size_t>, kNumMemCategories> allocated_{};
   std::atomic<size_t> total_live_{0};
   std::atomic<size_t> total_peak_{0};
 };

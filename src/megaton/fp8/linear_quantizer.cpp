@@ -4,12 +4,6 @@
 
 namespace megaton::fp8 {
 
-namespace {
-
-bool per_tensor(kernels::Fp8Granularity g) { return g == kernels::Fp8Granularity::Tensor; }
-
-}  // namespace
-
 LinearQuantizer::LinearQuantizer(std::string name, const Fp8Config& config)
     : config_(config),
       input_{name + ".input_fp8", config.forward_format(), config.activation_granularity(), std::nullopt},
@@ -19,30 +13,33 @@ LinearQuantizer::LinearQuantizer(std::string name, const Fp8Config& config)
     for (Role* r : {&input_, &weight_, &grad_}) r->delayed.emplace(r->format, config.delayed);
 }
 
-kernels::Fp8Matrix LinearQuantizer::quantize(Role& role, const Tensor& t, bool transpose, const std::string& name,
-                                             MemCategory cat) {
+kernels::Fp8QuantizeOptions LinearQuantizer::options(Role& role, bool transpose, MemCategory cat) const {
   kernels::Fp8QuantizeOptions o{.format = role.format,
                                 .granularity = role.granularity,
                                 .pow2_scales = config_.pow2_scales,
                                 .transpose = transpose,
                                 .category = cat};
   if (role.delayed) {
-    if (!role.delayed->scale()) fail(name, ": delayed FP8 scaling has no scale yet; the linear must calibrate first");
+    if (!role.delayed->scale()) fail(role.name, ": delayed FP8 scaling has no scale yet; the linear must calibrate first");
     o.scale = *role.delayed->scale();
   }
-  kernels::Fp8Matrix q = kernels::fp8_quantize(t, o, name);
+  return o;
+}
+
+kernels::Fp8Matrix LinearQuantizer::quantize(Role& role, const Tensor& t, bool transpose, const std::string& name,
+                                             MemCategory cat) {
+  kernels::Fp8Matrix q = kernels::fp8_quantize(t, options(role, transpose, cat), name);
   if (role.delayed) role.delayed->record(q.amax);
   return q;
 }
 
-LinearQuantizer::Input LinearQuantizer::input(const Tensor& x) {
-  Input in;
-  in.fprop = quantize(input_, x, false, input_.name, MemCategory::Activations);
-  // Per-tensor scales transpose exactly; tiles are re-cut along M from the source (recording the
-  // same amax again changes nothing: the history keeps the step's max).
-  in.wgrad = per_tensor(input_.granularity) ? kernels::fp8_transpose(in.fprop, input_.name + "_t")
-                                            : quantize(input_, x, true, input_.name + "_t", MemCategory::Activations);
-  return in;
+LinearQuantizer::Input LinearQuantizer::input(const kernels::Fp8Source& x) {
+  // Per-tensor scales give the transposed codes exactly; tiles are re-cut along M (DeepSeek-V3's
+  // re-tiling). Either way both layouts come from the one pass.
+  kernels::Fp8Layouts q = kernels::fp8_quantize_both(x, options(input_, false, MemCategory::Activations), input_.name,
+                                                     input_.name + "_t");
+  if (input_.delayed) input_.delayed->record(q.rowwise.amax);
+  return {std::move(q.rowwise), std::move(q.columnwise)};
 }
 
 const kernels::Fp8Matrix& LinearQuantizer::weight(const Tensor& w, uint64_t version) {

@@ -28,7 +28,10 @@ class LinearQuantizer {
     kernels::Fp8Matrix fprop;  // x along K
     kernels::Fp8Matrix wgrad;  // x^T along M, what backward-W reads (8-bit, saved in the context)
   };
-  Input input(const Tensor& x);
+  // Both layouts from one pass over x: a tensor, or a fused producer (a norm's or an activation's
+  // output that is never written in the compute dtype: kernels/fp8_sources.h).
+  Input input(const kernels::Fp8Source& x);
+  Input input(const Tensor& x) { return input(kernels::fp8_source(x)); }
   const kernels::Fp8Matrix& weight(const Tensor& w, uint64_t version);             // fprop operand
   const kernels::Fp8Matrix& weight_transposed(const Tensor& w, uint64_t version);  // dgrad operand
   kernels::Fp8Matrix grad_output(const Tensor& dy);              // dgrad operand
@@ -59,6 +62,7 @@ class LinearQuantizer {
     kernels::Fp8Granularity granularity;
     std::optional<DelayedScaling> delayed;
   };
+  kernels::Fp8QuantizeOptions options(Role& role, bool transpose, MemCategory cat) const;
   kernels::Fp8Matrix quantize(Role& role, const Tensor& t, bool transpose, const std::string& name, MemCategory cat);
   static void observe(Role& role, const Tensor& t);
 

@@ -16,20 +16,125 @@ inline float nan_max(float a, float b) {
   return std::isnan(a) || std::isnan(b) ? std::numeric_limits<float>::quiet_NaN() : std::max(a, b);
 }
 
-// The input (or its transpose) as f32 rows, bf16 widened exactly, so the tile loops read one type.
-std::vector<float> as_float(const Tensor& x, bool transpose) {
-  const int64_t rows = x.size(0), cols = x.size(1);
-  std::vector<float> v(static_cast<size_t>(x.numel()));
-  const float* f32 = x.dtype() == DType::F32 ? x.data<float>() : nullptr;
-  const BFloat16* bf16 = f32 ? nullptr : x.data<BFloat16>();
-#pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) {
-      const int64_t i = r * cols + c;
-      const float value = f32 ? f32[i] : bf16_to_float(bf16[i].bits);
-      v[static_cast<size_t>(transpose ? c * rows + r : i)] = value;
+// Blocks the quantiser reads its source in: multiples of every tile's extent in both layouts
+// (1, 32 and 128 along either dimension), so each tile lies inside one block.
+constexpr int64_t kBlockRows = 128, kBlockCols = 512;
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// One output layout of a quantisation: the source as it is (rowwise) or transposed (columnwise),
+// with its granularity's tiles cut from the layout's own rows.
+struct Layout {
+  Fp8Matrix* out;
+  bool transposed;
+  int64_t tile_rows, tile_cols;  // a tile's extent in the source's coordinates
+  int64_t scale_cols;            // of the layout's scale grid
+};
+
+Layout make_layout(Fp8Matrix& q, const Fp8QuantizeOptions& o, bool transposed, int64_t rows, int64_t cols,
+                   const std::string& name) {
+  // The layout's own shape: [cols, rows] when transposed.
+  const int64_t lr = transposed ? cols : rows, lc = transposed ? rows : cols;
+  const Fp8TileShape t = fp8_tile_shape(o.granularity, lr, lc);
+  const bool mx = o.granularity == Fp8Granularity::Mx1x32;
+  q.granularity = o.granularity;
+  q.data = Tensor::empty({lr, lc}, fp8::dtype_of_format(o.format), o.category, name);
+  q.scale_inv = Tensor::empty({ceil_div(lr, t.rows), ceil_div(lc, t.cols)}, mx ? DType::U8 : DType::F32, o.category,
+                              name + "_scale_inv");
+  return transposed ? Layout{&q, true, t.cols, t.rows, q.scale_inv.size(1)}
+                    : Layout{&q, false, t.rows, t.cols, q.scale_inv.size(1)};
+}
+
+// The scale of a tile with this amax, its scale_inv stored at index `at` of the layout's grid.
+float tile_scale(const Layout& l, int64_t at, float amax, const Fp8QuantizeOptions& o, float fp8_max) {
+  if (l.out->granularity == Fp8Granularity::Mx1x32) {
+    const uint8_t code = mx_scale_code(amax, fp8_max);
+    l.out->scale_inv.data<uint8_t>()[at] = code;
+    return code == 0xff ? std::numeric_limits<float>::quiet_NaN() : std::ldexp(1.0f, 127 - static_cast<int>(code));
+  }
+  const float scale = o.scale ? *o.scale : fp8_scale_from_amax(amax, fp8_max, o.pow2_scales);
+  l.out->scale_inv.data<float>()[at] = 1.0f / scale;
+  return scale;
+}
+
+// Rows [r0, r1) x columns [c0, c1) of the source, held in buf (row stride ld), encoded into one
+// layout: tile by tile, or all at `tensor_scale` for per-tensor granularity.
+void encode_block(const Layout& l, const float* buf, int64_t ld, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
+                  int64_t rows, int64_t cols, const Fp8QuantizeOptions& o, float fp8_max, float tensor_scale) {
+  auto* codes = static_cast<uint8_t*>(l.out->data.raw());
+  const bool per_tensor = l.out->granularity == Fp8Granularity::Tensor;
+  for (int64_t tr = r0; tr < r1; tr += l.tile_rows)
+    for (int64_t tc = c0; tc < c1; tc += l.tile_cols) {
+      const int64_t er = std::min(r1, tr + l.tile_rows), ec = std::min(c1, tc + l.tile_cols);
+      float scale = tensor_scale;
+      if (!per_tensor) {
+        float amax = 0.0f;
+        for (int64_t r = tr; r < er; ++r)
+          for (int64_t c = tc; c < ec; ++c) amax = nan_max(amax, std::fabs(buf[(r - r0) * ld + (c - c0)]));
+        const int64_t grid_r = tr / l.tile_rows, grid_c = tc / l.tile_cols;
+        scale = tile_scale(l, l.transposed ? grid_c * l.scale_cols + grid_r : grid_r * l.scale_cols + grid_c, amax, o,
+                           fp8_max);
+      }
+      for (int64_t r = tr; r < er; ++r)
+        for (int64_t c = tc; c < ec; ++c) {
+          const uint8_t code = fp8::encode(buf[(r - r0) * ld + (c - c0)] * scale, o.format);
+          codes[l.transposed ? c * rows + r : r * cols + c] = code;
+        }
     }
-  return v;
+}
+
+// Runs body(r0, r1, c0, c1, buf, ld) on every block of the source with the block filled, blocks
+// spread over threads, one buffer per thread; returns the largest |value| seen (NaN if any was).
+template <typename Body>
+float for_each_block(const Fp8Source& src, Body body) {
+  const int64_t block_rows = ceil_div(src.rows, kBlockRows), block_cols = ceil_div(src.cols, kBlockCols);
+  const int64_t blocks = block_rows * block_cols;
+  std::vector<float> block_amax(static_cast<size_t>(blocks), 0.0f);
+#pragma omp parallel
+  {
+    std::vector<float> buf(static_cast<size_t>(kBlockRows * kBlockCols));
+#pragma omp for schedule(static)
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t r0 = b / block_cols * kBlockRows, c0 = b % block_cols * kBlockCols;
+      const int64_t r1 = std::min(src.rows, r0 + kBlockRows), c1 = std::min(src.cols, c0 + kBlockCols);
+      const int64_t ld = c1 - c0;
+      src.fill(r0, r1, c0, c1, buf.data(), ld);
+      float m = 0.0f;
+      for (int64_t i = 0; i < (r1 - r0) * ld; ++i) m = nan_max(m, std::fabs(buf[static_cast<size_t>(i)]));
+      block_amax[static_cast<size_t>(b)] = m;
+      body(r0, r1, c0, c1, buf.data(), ld);
+    }
+  }
+  float amax = 0.0f;
+  for (float m : block_amax) amax = nan_max(amax, m);
+  return amax;
+}
+
+void check_options(const Fp8Source& x, const Fp8QuantizeOptions& options) {
+  MEGATON_CHECK(!options.scale || options.granularity == Fp8Granularity::Tensor,
+                "a given FP8 scale applies to per-tensor scaling only, not ", granularity_name(options.granularity));
+  MEGATON_CHECK(!options.scale || (std::isfinite(*options.scale) && *options.scale > 0.0f),
+                "FP8 scale for '", x.name, "' must be finite and positive, got ", options.scale.value_or(0.0f));
+}
+
+// The layouts asked for (rowwise and / or columnwise) from one pass over the source; a second,
+// earlier pass reads the amax when a per-tensor scale is not given.
+void quantize_layouts(const Fp8Source& src, const Fp8QuantizeOptions& o, Fp8Matrix* rowwise, Fp8Matrix* columnwise,
+                      const std::string& row_name, const std::string& column_name) {
+  check_options(src, o);
+  const float fp8_max = fp8::info(o.format).max;
+  std::vector<Layout> layouts;
+  if (rowwise) layouts.push_back(make_layout(*rowwise, o, false, src.rows, src.cols, row_name));
+  if (columnwise) layouts.push_back(make_layout(*columnwise, o, true, src.rows, src.cols, column_name));
+  float tensor_scale = 0.0f;
+  if (o.granularity == Fp8Granularity::Tensor) {
+    const float amax = o.scale ? 0.0f : for_each_block(src, [](auto...) {});
+    for (const Layout& l : layouts) tensor_scale = tile_scale(l, 0, amax, o, fp8_max);
+  }
+  const float amax = for_each_block(src, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1, const float* buf, int64_t ld) {
+    for (const Layout& l : layouts) encode_block(l, buf, ld, r0, r1, c0, c1, src.rows, src.cols, o, fp8_max, tensor_scale);
+  });
+  for (const Layout& l : layouts) l.out->amax = amax;
 }
 
 }  // namespace
@@ -77,60 +182,37 @@ std::string_view granularity_name(Fp8Granularity g) {
   return "?";
 }
 
-Fp8Matrix fp8_quantize(const Tensor& x, const Fp8QuantizeOptions& options, const std::string& name) {
+Fp8Source fp8_source(const Tensor& x) {
   MEGATON_CHECK(x.dim() == 2, "FP8 quantisation of '", x.name(), "' takes a 2-D matrix, got ", shape_str(x.shape()));
   MEGATON_CHECK(x.device().is_cpu() && (x.dtype() == DType::F32 || x.dtype() == DType::BF16),
                 "FP8 quantisation of '", x.name(), "' takes f32 or bf16 on the host, got ", dtype_name(x.dtype()),
                 " on ", x.device().str());
-  MEGATON_CHECK(!options.scale || options.granularity == Fp8Granularity::Tensor,
-                "a given FP8 scale applies to per-tensor scaling only, not ", granularity_name(options.granularity));
-  MEGATON_CHECK(!options.scale || (std::isfinite(*options.scale) && *options.scale > 0.0f),
-                "FP8 scale for '", x.name(), "' must be finite and positive, got ", options.scale.value_or(0.0f));
-  const int64_t rows = x.size(options.transpose ? 1 : 0), cols = x.size(options.transpose ? 0 : 1);
-  const Fp8TileShape tile = fp8_tile_shape(options.granularity, rows, cols);
-  const int64_t tile_rows = (rows + tile.rows - 1) / tile.rows, tile_cols = (cols + tile.cols - 1) / tile.cols;
-  const bool mx = options.granularity == Fp8Granularity::Mx1x32;
-  const float fp8_max = fp8::info(options.format).max;
+  const int64_t cols = x.size(1);
+  const float* f32 = x.dtype() == DType::F32 ? x.data<float>() : nullptr;
+  const BFloat16* bf16 = f32 ? nullptr : x.data<BFloat16>();
+  // The lambda holds x, so its storage lives as long as the source.
+  return {x.size(0), cols, x.name(), [x, f32, bf16, cols](int64_t r0, int64_t r1, int64_t c0, int64_t c1, float* out, int64_t ld) {
+            for (int64_t r = r0; r < r1; ++r)
+              for (int64_t c = c0; c < c1; ++c)
+                out[(r - r0) * ld + (c - c0)] = f32 ? f32[r * cols + c] : bf16_to_float(bf16[r * cols + c].bits);
+          }};
+}
 
+Fp8Matrix fp8_quantize(const Tensor& x, const Fp8QuantizeOptions& options, const std::string& name) {
+  return fp8_quantize(fp8_source(x), options, name);
+}
+
+Fp8Matrix fp8_quantize(const Fp8Source& x, const Fp8QuantizeOptions& options, const std::string& name) {
   Fp8Matrix q;
-  q.granularity = options.granularity;
-  q.data = Tensor::empty({rows, cols}, fp8::dtype_of_format(options.format), options.category, name);
-  q.scale_inv = Tensor::empty({tile_rows, tile_cols}, mx ? DType::U8 : DType::F32, options.category, name + "_scale_inv");
-  const std::vector<float> in = as_float(x, options.transpose);
-  // Amax per (row, tile column) in parallel over rows, then per tile over its rows: every
-  // granularity, the whole-tensor one included, reads the input once with all threads.
-  std::vector<float> row_amax(static_cast<size_t>(rows * tile_cols), 0.0f);
-#pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) {
-      float& m = row_amax[static_cast<size_t>(r * tile_cols + c / tile.cols)];
-      m = nan_max(m, std::fabs(in[static_cast<size_t>(r * cols + c)]));
-    }
-  std::vector<float> scale(static_cast<size_t>(tile_rows * tile_cols));
-  q.amax = 0.0f;
-  for (int64_t t = 0; t < tile_rows * tile_cols; ++t) {
-    const int64_t tr = t / tile_cols, tc = t % tile_cols;
-    float amax = 0.0f;
-    for (int64_t r = tr * tile.rows; r < std::min(rows, (tr + 1) * tile.rows); ++r)
-      amax = nan_max(amax, row_amax[static_cast<size_t>(r * tile_cols + tc)]);
-    q.amax = nan_max(q.amax, amax);
-    if (mx) {
-      const uint8_t code = mx_scale_code(amax, fp8_max);
-      q.scale_inv.data<uint8_t>()[t] = code;
-      scale[static_cast<size_t>(t)] =
-          code == 0xff ? std::numeric_limits<float>::quiet_NaN() : std::ldexp(1.0f, 127 - static_cast<int>(code));
-    } else {
-      scale[static_cast<size_t>(t)] = options.scale ? *options.scale : fp8_scale_from_amax(amax, fp8_max, options.pow2_scales);
-      q.scale_inv.data<float>()[t] = 1.0f / scale[static_cast<size_t>(t)];
-    }
-  }
-  auto* out = static_cast<uint8_t*>(q.data.raw());
-#pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) {
-      const size_t i = static_cast<size_t>(r * cols + c);
-      out[i] = fp8::encode(in[i] * scale[static_cast<size_t>((r / tile.rows) * tile_cols + c / tile.cols)], options.format);
-    }
+  quantize_layouts(x, options, options.transpose ? nullptr : &q, options.transpose ? &q : nullptr, name, name);
+  return q;
+}
+
+Fp8Layouts fp8_quantize_both(const Fp8Source& x, const Fp8QuantizeOptions& options, const std::string& row_name,
+                             const std::string& column_name) {
+  MEGATON_CHECK(!options.transpose, "fp8_quantize_both of '", x.name, "' writes both layouts; transpose is not an option");
+  Fp8Layouts q;
+  quantize_layouts(x, options, &q.rowwise, &q.columnwise, row_name, column_name);
   return q;
 }
 

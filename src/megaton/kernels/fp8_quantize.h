@@ -8,8 +8,16 @@
 // A quantised value is q = encode(x * scale), and x ~ decode(q) * scale_inv with scale_inv = 1 / scale,
 // as TransformerEngine stores them. fp8_dequantize(fp8_quantize(x)) is x rounded to FP8 at the
 // tile's scale. CPU only for now.
+//
+// The quantiser reads its input through an Fp8Source, a block at a time (128 rows x 512 columns,
+// so no tile of any granularity, in either layout, straddles two blocks): a tensor widened as read,
+// or a fused producer whose output is never written in a wider dtype (kernels/fp8_sources.h: a
+// norm's output for LayerNormLinear, an activation's for LayerNormMLP). Both layouts a linear
+// needs, x and x^T, come from one pass over the source.
 #pragma once
+#include <functional>
 #include <optional>
+#include <string>
 #include <string_view>
 
 #include "megaton/core/fp8_format.h"
@@ -57,8 +65,29 @@ struct Fp8QuantizeOptions {
   MemCategory category = MemCategory::Activations;
 };
 
+// A [rows, cols] matrix produced on demand: fill(r0, r1, c0, c1, out, ld) writes the f32 values of
+// rows [r0, r1) x columns [c0, c1) to out, row stride ld. The quantiser may ask for a block twice
+// (per-tensor current scaling reads the amax first) and from several threads at once, so fill must
+// be a pure function of its arguments.
+struct Fp8Source {
+  int64_t rows = 0, cols = 0;
+  std::string name;  // for error messages
+  std::function<void(int64_t r0, int64_t r1, int64_t c0, int64_t c1, float* out, int64_t ld)> fill;
+};
+// x: 2-D, f32 or bf16, on the host; widened exactly as read.
+Fp8Source fp8_source(const Tensor& x);
+
 // x: 2-D, f32 or bf16, on the host.
 Fp8Matrix fp8_quantize(const Tensor& x, const Fp8QuantizeOptions& options, const std::string& name = "fp8");
+Fp8Matrix fp8_quantize(const Fp8Source& x, const Fp8QuantizeOptions& options, const std::string& name = "fp8");
+// Both layouts of x from one pass over the source: rowwise = fp8_quantize(x, options) and
+// columnwise = the same with `transpose` (options.transpose must be false). Under a per-tensor
+// scale the columnwise codes are the rowwise ones transposed, as fp8_transpose would give them.
+struct Fp8Layouts {
+  Fp8Matrix rowwise, columnwise;
+};
+Fp8Layouts fp8_quantize_both(const Fp8Source& x, const Fp8QuantizeOptions& options, const std::string& row_name,
+                             const std::string& column_name);
 // The same values transposed, without re-quantising: exact for per-tensor scales and 128x128
 // blocks (the block grid transposes with them); tiles along a row cannot be transposed (quantise
 // the source with `transpose` instead) and are refused.

@@ -63,6 +63,11 @@ void SelfAttention::rotate(Tensor& buf, int64_t B, int64_t T, int64_t pos_offset
 kernels::HeadStrides SelfAttention::fused_strides() const { return {shape_.qkv_size(), shape_.group_size()}; }
 
 Tensor SelfAttention::forward(SublayerCtx& c, const Tensor& x, int64_t B, int64_t T) {
+  FusedInput in = FusedInput::of(x);
+  return forward_fused(c, in, B, T);
+}
+
+Tensor SelfAttention::forward_fused(SublayerCtx& c, FusedInput& x, int64_t B, int64_t T) {
   auto& ctx = ctx_as<AttentionCtx>(c);
   // RoPE and attention compute in f32 (fp32 softmax statistics, as TransformerEngine's bf16
   // attention): a bf16 qkv is converted, and the output converted back for the projection.

@@ -60,6 +60,7 @@ class SelfAttention final : public AttentionLayer {
                 const TensorParallel& tp = {});
   std::unique_ptr<SublayerCtx> new_ctx() const override { return std::make_unique<AttentionCtx>(); }
   Tensor forward(SublayerCtx& ctx, const Tensor& x, int64_t B, int64_t T) override;
+  Tensor forward_fused(SublayerCtx& ctx, FusedInput& x, int64_t B, int64_t T) override;
   Tensor backward_input(SublayerCtx& ctx, const Tensor& dy, int64_t B, int64_t T) override;
   void backward_weight(SublayerCtx& ctx) override;
   Tensor forward_cached(KVCache& cache, const Tensor& x, int64_t B, int64_t T) override;

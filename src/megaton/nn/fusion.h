@@ -9,6 +9,16 @@
 //     and both norms' input gradients take the residual gradient as they are written (add + norm
 //     and norm backward + add). Saves one read of the sum forward and a read + write of the
 //     gradient per norm backward.
+//   - layernorm_linear (TE's LayerNormLinear / RMSNormLinear): a norm whose output feeds one linear
+//     alone (the attention's qkv, the dense MLP's fc1) writes that linear's input precision
+//     directly. Under FP8 only the statistics are written; the quantiser computes the norm's output
+//     in f32 block by block and encodes it, so the compute-dtype output (and its rereads for the
+//     amax and the two layouts) never exists. In f32 / bf16 the norm already writes the GEMM's
+//     dtype: nothing changes. Not under sequence parallelism (the linear gathers the written rows).
+//   - layernorm_mlp (TE's LayerNormMLP): norm -> fc1 -> activation -> fc2 with, under FP8, fc2's
+//     8-bit input computed from fc1's output as it is quantised (the activation's output is never
+//     written). fc1's GEMM itself runs in oneDNN, which has no hook for a dynamic-scale FP8
+//     epilogue, so the activation + quantisation is one pass over fc1's output right after it.
 #pragma once
 
 namespace megaton::nn {
@@ -16,6 +26,8 @@ namespace megaton::nn {
 struct FusionConfig {
   bool bias_activation = true;
   bool residual_norm = true;
+  bool layernorm_linear = true;
+  bool layernorm_mlp = true;
 };
 
 }  // namespace megaton::nn

@@ -48,16 +48,13 @@ Tensor Linear::forward(LinearCtx& ctx, const Tensor& x) {
   const bool column = parallel_ == LinearParallel::Column;
   const Tensor xin = column && tp_.splits_sequence() ? parallel::gather_rows(*tp_.group, x, weight.name + ".x") : x;
   const int64_t N = rows_of(xin);
+  if (fp8_active() && !weight.quantized) return reduce_output(fp8_forward(ctx, kernels::fp8_source(xin.view({N, in_})), x.dtype()));
   Tensor y = new_activation({N, out_}, weight.name + ".out", x.dtype());
   // A row-parallel bias is added once to the sum: by rank 0's partial output.
   const Tensor& b = bias_deferred_ || (!column && tp_.rank() != 0) ? Tensor() : bias.value;
   const auto exec = kernels::ExecContext::on(xin);
   if (weight.quantized) {
     kernels::quantized_linear_forward(exec, y, xin, *weight.quantized, b);  // inference: no ctx.x kept
-  } else if (fp8_ && !fp8_->calibrating()) {
-    fp8::LinearQuantizer::Input in = fp8_->input(xin.view({N, in_}));
-    kernels::fp8_gemm(exec, y, in.fprop, fp8_->weight(weight.value, weight.version), false, b);
-    ctx.x_fp8 = std::move(in.wgrad);  // backward-W reads the 8-bit x^T; the input itself is not kept
   } else {
     if (fp8_) {
       fp8_->observe_input(xin);
@@ -66,7 +63,29 @@ Tensor Linear::forward(LinearCtx& ctx, const Tensor& x) {
     kernels::linear_forward(exec, y, xin, weight.weight_in(x.dtype()), b);
     ctx.x = xin;
   }
-  if (column || !tp_.active()) return y;
+  return reduce_output(std::move(y));
+}
+
+Tensor Linear::forward(LinearCtx& ctx, FusedInput& x) {
+  const bool gathers = parallel_ == LinearParallel::Column && tp_.splits_sequence();
+  if (!fp8_active() || gathers || weight.quantized) return forward(ctx, x.written());
+  const kernels::Fp8Source src = x.source();
+  if (src.cols != in_) fail("linear '", weight.name, "': input '", src.name, "' has ", src.cols, " features, expected ", in_);
+  return reduce_output(fp8_forward(ctx, src, x.dtype()));
+}
+
+Tensor Linear::fp8_forward(LinearCtx& ctx, const kernels::Fp8Source& x, DType dtype) {
+  const bool column = parallel_ == LinearParallel::Column;
+  Tensor y = new_activation({x.rows, out_}, weight.name + ".out", dtype);
+  const Tensor& b = bias_deferred_ || (!column && tp_.rank() != 0) ? Tensor() : bias.value;
+  fp8::LinearQuantizer::Input in = fp8_->input(x);
+  kernels::fp8_gemm(kernels::ExecContext::on(y), y, in.fprop, fp8_->weight(weight.value, weight.version), false, b);
+  ctx.x_fp8 = std::move(in.wgrad);  // backward-W reads the 8-bit x^T; the input itself is not kept
+  return y;
+}
+
+Tensor Linear::reduce_output(Tensor y) {
+  if (parallel_ == LinearParallel::Column || !tp_.active()) return y;
   if (tp_.sequence_parallel) return parallel::reduce_scatter_rows(*tp_.group, y, weight.name + ".out");
   parallel::reduce_from_region(*tp_.group, y);
   return y;

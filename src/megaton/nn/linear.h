@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "megaton/fp8/linear_quantizer.h"
+#include "megaton/nn/fused_input.h"
 #include "megaton/nn/tensor_parallel.h"
 
 namespace megaton::nn {
@@ -33,6 +34,9 @@ class Linear {
   Linear(const std::string& name, int64_t in_features, int64_t out_features, bool bias, LinearParallel parallel,
          const TensorParallel& tp = {}, std::vector<std::vector<ShardPiece>> out_pieces = {});
   Tensor forward(LinearCtx& ctx, const Tensor& x);           // x [N, in] -> [N, out]
+  // The same from an input that may never be written (fused_input.h): quantised straight from its
+  // producer when the GEMMs run in FP8 and no sequence-parallel gather comes first.
+  Tensor forward(LinearCtx& ctx, FusedInput& x);
   Tensor backward_input(LinearCtx& ctx, const Tensor& dy);   // -> dx [N, in]
   void backward_weight(LinearCtx& ctx);                      // dW += dy^T x, db += sum dy; frees ctx
   void parameters(ParameterList& out);
@@ -52,6 +56,12 @@ class Linear {
   Parameter bias;    // [out], undefined when the layer has no bias
 
  private:
+  // The FP8 forward GEMM on x's two quantised layouts (the transposed one kept in ctx for W).
+  Tensor fp8_forward(LinearCtx& ctx, const kernels::Fp8Source& x, DType dtype);
+  // A row-parallel output summed over the group (reduce-scattered under sequence parallelism).
+  Tensor reduce_output(Tensor y);
+  bool fp8_active() const { return fp8_ && !fp8_->calibrating(); }
+
   int64_t in_, out_;  // local
   LinearParallel parallel_;
   TensorParallel tp_;

@@ -1,6 +1,7 @@
 #include "megaton/nn/mlp.h"
 
 #include "megaton/kernels/activation.h"
+#include "megaton/kernels/fp8_sources.h"
 
 namespace megaton::nn {
 
@@ -31,19 +32,31 @@ Tensor bias_for(const Parameter& bias, const Tensor& h) {
 }
 }  // namespace
 
-Tensor Mlp::forward(SublayerCtx& c, const Tensor& x, int64_t, int64_t) {
+Tensor Mlp::forward(SublayerCtx& c, const Tensor& x, int64_t B, int64_t T) {
+  FusedInput in = FusedInput::of(x);
+  return forward_fused(c, in, B, T);
+}
+
+Tensor Mlp::forward_fused(SublayerCtx& c, FusedInput& x, int64_t, int64_t) {
   auto& ctx = ctx_as<MlpCtx>(c);
   ctx.h = fc1.forward(ctx.fc1_ctx, x);
-  const int64_t N = rows_of(ctx.h);  // every row of the micro-batch under sequence parallelism
-  Tensor a = new_activation({N, ffn_}, fc1.weight.name + ".act", ctx.h.dtype());
-  const auto on = kernels::ExecContext::on(x);
-  if (fuse_bias_) {
-    const Tensor bias = bias_for(fc1.bias, ctx.h);
-    swiglu_ ? kernels::bias_swiglu_forward(on, a, ctx.h, bias) : kernels::bias_gelu_forward(on, a, ctx.h, bias);
-  } else {
-    swiglu_ ? kernels::swiglu_forward(on, a, ctx.h) : kernels::gelu_forward(on, a, ctx.h);
-  }
-  return fc2.forward(ctx.fc2_ctx, a);
+  const Tensor h = ctx.h;
+  const Tensor bias = fuse_bias_ ? bias_for(fc1.bias, h) : Tensor();
+  const std::string name = fc1.weight.name + ".act";
+  FusedInput act(
+      h.dtype(),
+      [&] {
+        const int64_t N = rows_of(h);  // every row of the micro-batch under sequence parallelism
+        Tensor a = new_activation({N, ffn_}, name, h.dtype());
+        const auto on = kernels::ExecContext::on(h);
+        if (bias.defined())
+          swiglu_ ? kernels::bias_swiglu_forward(on, a, h, bias) : kernels::bias_gelu_forward(on, a, h, bias);
+        else
+          swiglu_ ? kernels::swiglu_forward(on, a, h) : kernels::gelu_forward(on, a, h);
+        return a;
+      },
+      [&] { return kernels::activation_fp8_source(h.view({rows_of(h), h.size(-1)}), bias, swiglu_, name); });
+  return fuse_act_cast_ ? fc2.forward(ctx.fc2_ctx, act) : fc2.forward(ctx.fc2_ctx, act.written());
 }
 
 Tensor Mlp::backward_input(SublayerCtx& c, const Tensor& dy, int64_t, int64_t) {

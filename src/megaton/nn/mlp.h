@@ -24,6 +24,9 @@ class Mlp final : public MlpLayer {
   std::unique_ptr<SublayerCtx> new_ctx() const override { return std::make_unique<MlpCtx>(); }
   // Rows are independent tokens: B and T are not used.
   Tensor forward(SublayerCtx& ctx, const Tensor& x, int64_t B, int64_t T) override;
+  // LayerNormMLP when x is a norm's fused input and fc1 / fc2 run in FP8 (with the activation's
+  // fusion on, fc2's 8-bit input comes straight from fc1's output: set_activation_cast_fusion).
+  Tensor forward_fused(SublayerCtx& ctx, FusedInput& x, int64_t B, int64_t T) override;
   Tensor backward_input(SublayerCtx& ctx, const Tensor& dy, int64_t B, int64_t T) override;
   void backward_weight(SublayerCtx& ctx) override;
   void parameters(ParameterList& out) override;
@@ -32,6 +35,9 @@ class Mlp final : public MlpLayer {
   Tensor* kept_input(SublayerCtx& ctx) override { return &ctx_as<MlpCtx>(ctx).fc1_ctx.x; }
   // FusionConfig::bias_activation (on from construction); changes nothing when fc1 has no bias.
   void set_bias_activation_fusion(bool on);
+  // FusionConfig::layernorm_mlp: under FP8 the activation is computed as fc2's quantiser reads it
+  // (kernels::activation_fp8_source) instead of being written in the compute dtype first.
+  void set_activation_cast_fusion(bool on) { fuse_act_cast_ = on; }
 
   Linear fc1;
   Linear fc2;
@@ -41,6 +47,7 @@ class Mlp final : public MlpLayer {
   bool swiglu_;
   bool fc1_bias_;
   bool fuse_bias_ = false;  // fc1's bias added by the activation (ctx.h then holds x W^T alone)
+  bool fuse_act_cast_ = FusionConfig{}.layernorm_mlp;
 };
 
 }  // namespace megaton::nn

@@ -1,5 +1,6 @@
 #include "megaton/nn/norm.h"
 
+#include "megaton/kernels/fp8_sources.h"
 #include "megaton/kernels/norm.h"
 #include "megaton/nn/linear.h"
 
@@ -34,6 +35,19 @@ Tensor Norm::normalize(NormCtx& ctx, const Tensor& x, const Tensor& residual) {
          : kernels::layernorm_forward(on, y, ctx.mean, ctx.rstd, x, weight.value, bias.value, eps_);
   }
   return y;
+}
+
+FusedInput Norm::fused_input(NormCtx& ctx, const Tensor& x, const Tensor& residual) {
+  return {x.dtype(), [this, &ctx, x, residual] { return normalize(ctx, x, residual); },
+          [this, &ctx, x, residual] {
+            const int64_t N = rows_of(x);
+            ctx.x = x;  // the sum, under a fused residual: written into x's storage
+            ctx.rstd = new_activation({N}, weight.name + ".rstd");
+            if (!rms_) ctx.mean = new_activation({N}, weight.name + ".mean");
+            kernels::norm_statistics(kernels::ExecContext::on(x), residual.defined() ? x : Tensor(), ctx.mean, ctx.rstd,
+                                     x, residual, eps_);
+            return kernels::norm_fp8_source(x, ctx.mean, ctx.rstd, weight.value, bias.value, weight.name + ".out");
+          }};
 }
 
 Tensor Norm::backward_input(NormCtx& ctx, const Tensor& dy, const Tensor& dresidual) {

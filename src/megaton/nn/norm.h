@@ -1,5 +1,6 @@
 // LayerNorm or RMSNorm over the hidden dimension, chosen by the model config.
 #pragma once
+#include "megaton/nn/fused_input.h"
 #include "megaton/nn/layer_kinds.h"
 #include "megaton/nn/parameter.h"
 
@@ -22,6 +23,11 @@ class Norm {
   // in x's storage (so x must be a fresh tensor no other context keeps), then the norm of the sum,
   // in one pass over each row; returns the norm's output.
   Tensor forward_add(NormCtx& ctx, const Tensor& x, const Tensor& residual);
+  // forward (or forward_add, when residual is defined) as an input its linear may quantise straight
+  // to FP8 (LayerNormLinear / RMSNormLinear): produced, only the statistics are written, and the
+  // output is made in f32 block by block as the quantiser reads it. ctx afterwards holds what
+  // backward needs either way.
+  FusedInput fused_input(NormCtx& ctx, const Tensor& x, const Tensor& residual = {});
   // dresidual, when defined, is added into the returned input gradient as it is written: the
   // gradient of a residual stream that feeds both this norm and the residual branch.
   Tensor backward_input(NormCtx& ctx, const Tensor& dy, const Tensor& dresidual = {});

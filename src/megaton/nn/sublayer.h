@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "megaton/core/error.h"
+#include "megaton/nn/fused_input.h"
 #include "megaton/nn/parameter.h"
 
 namespace megaton::nn {
@@ -36,6 +37,11 @@ class Sublayer {
   // x: [B*T, hidden] -> [B*T, hidden]. B and T are the micro-batch's batch and sequence sizes
   // (attention needs them; an MLP treats the rows as independent tokens).
   virtual Tensor forward(SublayerCtx& ctx, const Tensor& x, int64_t B, int64_t T) = 0;
+  // The same from an input that may never be written (a norm's output, fused_input.h): kinds whose
+  // first GEMM reads it alone hand it to that linear (LayerNormLinear); the others write it.
+  virtual Tensor forward_fused(SublayerCtx& ctx, FusedInput& x, int64_t B, int64_t T) {
+    return forward(ctx, x.written(), B, T);
+  }
   // B: the input gradient; keeps in ctx what W needs.
   virtual Tensor backward_input(SublayerCtx& ctx, const Tensor& dy, int64_t B, int64_t T) = 0;
   // W: accumulates every weight gradient and frees the rest of ctx.

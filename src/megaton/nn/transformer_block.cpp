@@ -42,9 +42,14 @@ void rebuild_norm_output(Norm& norm, const NormCtx& saved, Sublayer& sublayer, S
 }
 }  // namespace
 
-Tensor TransformerBlock::add_then_norm(Norm& norm, NormCtx& ctx, const Tensor& h, const Tensor& x) const {
-  if (fuse_residual_norm_) return norm.forward_add(ctx, h, x);
-  return norm.forward(ctx, add_into(h, x));
+FusedInput TransformerBlock::add_then_norm(Norm& norm, NormCtx& ctx, const Tensor& h, const Tensor& x) const {
+  if (fuse_residual_norm_) return norm.fused_input(ctx, h, x);
+  return norm.fused_input(ctx, add_into(h, x));
+}
+
+Tensor TransformerBlock::forward_normed(Sublayer& sublayer, SublayerCtx& ctx, FusedInput& normed, int64_t B,
+                                        int64_t T) const {
+  return fuse_norm_linear_ ? sublayer.forward_fused(ctx, normed, B, T) : sublayer.forward(ctx, normed.written(), B, T);
 }
 
 Tensor TransformerBlock::norm_backward_add(Norm& norm, NormCtx& ctx, const Tensor& dnorm,
@@ -56,16 +61,17 @@ Tensor TransformerBlock::norm_backward_add(Norm& norm, NormCtx& ctx, const Tenso
 Tensor TransformerBlock::forward(BlockCtx& ctx, const Tensor& x, int64_t B, int64_t T) {
   ctx.attn = attention->new_ctx();
   ctx.mlp = mlp->new_ctx();
-  const Tensor n1 = input_norm.forward(ctx.norm1, x);
-  const Tensor h = attention->forward(*ctx.attn, n1, B, T);  // + x below, in its storage
-  if (recompute_norm_) ctx.norm1_out_dropped = drop_norm_output(*attention, *ctx.attn, n1);
-  const Tensor n2 = add_then_norm(pre_mlp_norm, ctx.norm2, h, x);
-  Tensor m = mlp->forward(*ctx.mlp, n2, B, T);
+  FusedInput n1 = input_norm.fused_input(ctx.norm1, x);
+  const Tensor h = forward_normed(*attention, *ctx.attn, n1, B, T);  // + x below, in its storage
+  if (recompute_norm_) ctx.norm1_out_dropped = drop_norm_output(*attention, *ctx.attn, n1.output());
+  FusedInput n2 = add_then_norm(pre_mlp_norm, ctx.norm2, h, x);
+  // Recomputing the MLP keeps its input, so the norm's output is written for it.
+  Tensor m = recompute_mlp_ ? mlp->forward(*ctx.mlp, n2.written(), B, T) : forward_normed(*mlp, *ctx.mlp, n2, B, T);
   if (recompute_mlp_) {  // rebuilt by backward_input from its input
-    ctx.mlp_input = n2;
+    ctx.mlp_input = n2.output();
     ctx.mlp.reset();
   } else if (recompute_norm_) {
-    ctx.norm2_out_dropped = drop_norm_output(*mlp, *ctx.mlp, n2);
+    ctx.norm2_out_dropped = drop_norm_output(*mlp, *ctx.mlp, n2.output());
   }
   return add_into(m, h);
 }
@@ -99,7 +105,7 @@ Tensor TransformerBlock::forward_cached(KVCache& cache, const Tensor& x, int64_t
   NormCtx n1, n2;
   auto m = mlp->new_ctx();
   const Tensor h = attention->forward_cached(cache, input_norm.forward(n1, x), B, T);  // + x, in its storage
-  return add_into(mlp->forward(*m, add_then_norm(pre_mlp_norm, n2, h, x), B, T), h);
+  return add_into(mlp->forward(*m, add_then_norm(pre_mlp_norm, n2, h, x).written(), B, T), h);
 }
 
 void TransformerBlock::set_recompute(const RecomputeConfig& config) {
@@ -112,9 +118,13 @@ void TransformerBlock::set_recompute(const RecomputeConfig& config) {
 
 void TransformerBlock::set_fusion(const FusionConfig& config) {
   fuse_residual_norm_ = config.residual_norm;
-  if (auto* dense = dynamic_cast<Mlp*>(mlp.get())) dense->set_bias_activation_fusion(config.bias_activation);
-  if (auto* moe = dynamic_cast<MoeLayer*>(mlp.get()); moe && moe->shared)
-    moe->shared->set_bias_activation_fusion(config.bias_activation);
+  fuse_norm_linear_ = config.layernorm_linear;
+  auto* moe = dynamic_cast<MoeLayer*>(mlp.get());
+  for (Mlp* dense : {dynamic_cast<Mlp*>(mlp.get()), moe && moe->shared ? &*moe->shared : nullptr})
+    if (dense) {
+      dense->set_bias_activation_fusion(config.bias_activation);
+      dense->set_activation_cast_fusion(config.layernorm_mlp);
+    }
 }
 
 void TransformerBlock::parameters(ParameterList& out) {

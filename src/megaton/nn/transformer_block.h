@@ -52,14 +52,17 @@ class TransformerBlock {
   std::unique_ptr<MlpLayer> mlp;
 
  private:
-  // h += x, then norm(h): one pass under residual_norm fusion.
-  Tensor add_then_norm(Norm& norm, NormCtx& ctx, const Tensor& h, const Tensor& x) const;
+  // h += x, then norm(h): one pass under residual_norm fusion. As a fused input (Norm::fused_input).
+  FusedInput add_then_norm(Norm& norm, NormCtx& ctx, const Tensor& h, const Tensor& x) const;
+  // The sublayer's forward on a norm's output: handed over unwritten under layernorm_linear fusion.
+  Tensor forward_normed(Sublayer& sublayer, SublayerCtx& ctx, FusedInput& normed, int64_t B, int64_t T) const;
   // The norm's input gradient + the residual stream's gradient dresidual (fused under residual_norm).
   Tensor norm_backward_add(Norm& norm, NormCtx& ctx, const Tensor& dnorm, const Tensor& dresidual) const;
 
   std::string name_;
   bool recompute_mlp_ = false, recompute_norm_ = false;
   bool fuse_residual_norm_ = FusionConfig{}.residual_norm;
+  bool fuse_norm_linear_ = FusionConfig{}.layernorm_linear;
 };
 
 }  // namespace megaton::nn

@@ -222,6 +222,23 @@ struct LinearCtx {
   std::optional<Fp8Buf> x_fp8;  // FP8: x^T, 8-bit, instead of x
 };
 
+// nn::FusedInput: an input written when asked for, or produced for an FP8 linear's quantiser (then
+// only what its values depend on is allocated: a norm's statistics).
+struct FusedBuf {
+  int64_t rows;
+  DType dtype;
+  std::function<Buf()> write;
+  std::function<void()> produce;
+  Buf out;
+  const Buf& written() {
+    if (!out.defined()) out = write();
+    return out;
+  }
+  static FusedBuf of(const Buf& x) {
+    return {x.rows(), x.dtype(), [x] { return x; }, [] {}, {}};
+  }
+};
+
 // nn::Linear (column- or row-parallel over `tp`; a linear built without a group has tp size 1).
 class Linear {
  public:
@@ -232,17 +249,17 @@ class Linear {
   Buf forward(const Pass& p, LinearCtx& ctx, const Buf& x) const {
     const Buf xin = column_ && tp_.splits_sequence() ? p.gather_rows(x, tp_.size) : x;
     const int64_t N = xin.rows();
+    if (fp8_) return reduce_output(p, fp8_forward(p, ctx, N, x.dtype()));
     Buf y = p.act(N, out_, x.dtype());
-    if (fp8_) {
-      const Fp8Buf fprop = fp8_quantize(p, N, in_, act_granularity(), MemCategory::Activations);
-      ctx.x_fp8 = transposed_input(p, fprop, N);
-      fp8_gemm(p, N, out_, in_, act_granularity(), fp8_->weight_granularity(), y.dtype());
-    } else {
-      p.gemm(N, out_, in_, x.dtype(), y.dtype());
-      ctx.x = xin;
-    }
-    if (column_ || !tp_.active()) return y;
-    return tp_.sequence_parallel ? p.split_rows(y, tp_.size) : y;  // reduce-scatter, or all-reduce in place
+    p.gemm(N, out_, in_, x.dtype(), y.dtype());
+    ctx.x = xin;
+    return reduce_output(p, y);
+  }
+  // nn::Linear::forward of a FusedInput: produced straight into FP8 unless rows are gathered first.
+  Buf forward(const Pass& p, LinearCtx& ctx, FusedBuf& x) const {
+    if (!fp8_ || (column_ && tp_.splits_sequence())) return forward(p, ctx, x.written());
+    x.produce();
+    return reduce_output(p, fp8_forward(p, ctx, x.rows, x.dtype));
   }
 
   Buf backward_input(const Pass& p, LinearCtx& ctx, const Buf& dy) const {
@@ -282,6 +299,17 @@ class Linear {
 
  private:
   kernels::Fp8Granularity act_granularity() const { return fp8_->activation_granularity(); }
+  Buf fp8_forward(const Pass& p, LinearCtx& ctx, int64_t N, DType dtype) const {
+    Buf y = p.act(N, out_, dtype);
+    const Fp8Buf fprop = fp8_quantize(p, N, in_, act_granularity(), MemCategory::Activations);
+    ctx.x_fp8 = transposed_input(p, fprop, N);
+    fp8_gemm(p, N, out_, in_, act_granularity(), fp8_->weight_granularity(), y.dtype());
+    return y;
+  }
+  Buf reduce_output(const Pass& p, const Buf& y) const {
+    if (column_ || !tp_.active()) return y;
+    return tp_.sequence_parallel ? p.split_rows(y, tp_.size) : y;  // reduce-scatter, or all-reduce in place
+  }
   // What backward-W reads of x: the forward's codes transposed (per-tensor scales), or x^T
   // quantised afresh in its own tiles.
   Fp8Buf transposed_input(const Pass& p, const Fp8Buf& fprop, int64_t N) const {
@@ -313,6 +341,16 @@ class Norm {
     if (!rms_) ctx.mean = p.act(x.rows(), 1, DType::F32);
     return y;
   }
+  // nn::Norm::fused_input: produced, only the statistics are allocated.
+  FusedBuf fused(const Pass& p, NormCtx& ctx, const Buf& x) const {
+    return {x.rows(), x.dtype(), [this, &p, &ctx, x] { return forward(p, ctx, x); },
+            [this, &p, &ctx, x] {
+              ctx.x = x;
+              ctx.rstd = p.act(x.rows(), 1, DType::F32);
+              if (!rms_) ctx.mean = p.act(x.rows(), 1, DType::F32);
+            },
+            {}};
+  }
   Buf backward_input(const Pass& p, NormCtx& ctx, const Buf& dy) const {
     Buf dx = p.act(dy.rows(), hidden_, dy.dtype());
     ctx.dy = dy;
@@ -339,6 +377,7 @@ class Sublayer {
   virtual ~Sublayer() = default;
   virtual std::unique_ptr<SublayerCtx> new_ctx() const = 0;
   virtual Buf forward(const Pass& p, SublayerCtx& ctx, const Buf& x) const = 0;
+  virtual Buf forward_fused(const Pass& p, SublayerCtx& ctx, FusedBuf& x) const { return forward(p, ctx, x.written()); }
   virtual Buf backward_input(const Pass& p, SublayerCtx& ctx, const Buf& dy) const = 0;
   virtual void backward_weight(const Pass& p, SublayerCtx& ctx) const = 0;
   // Where the context keeps the input its first GEMM read (selective "layernorm" recompute).
@@ -383,11 +422,15 @@ class SelfAttention final : public Sublayer {
   std::unique_ptr<SublayerCtx> new_ctx() const override { return std::make_unique<AttentionCtx>(); }
 
   Buf forward(const Pass& p, SublayerCtx& c, const Buf& x) const override {
+    FusedBuf in = FusedBuf::of(x);
+    return forward_fused(p, c, in);
+  }
+  Buf forward_fused(const Pass& p, SublayerCtx& c, FusedBuf& x) const override {
     auto& ctx = static_cast<AttentionCtx&>(c);
     const Buf qkv_x = qkv_.forward(p, ctx.qkv_ctx, x);
     const Buf q32 = p.as_dtype(qkv_x, DType::F32);  // rotated in place
-    ctx.out = p.as_dtype(core_forward(p, ctx), x.dtype());
-    ctx.qkv = x.dtype() == DType::F32 ? q32 : qkv_x;
+    ctx.out = p.as_dtype(core_forward(p, ctx), x.dtype);
+    ctx.qkv = x.dtype == DType::F32 ? q32 : qkv_x;
     return project_output(p, proj_, ctx.proj_ctx, ctx.out, ctx.lse, recompute_core_);
   }
 
@@ -572,20 +615,27 @@ struct MlpCtx : SublayerCtx {
   LinearCtx fc2_ctx;
 };
 
-// nn::Mlp: fc1 -> GeLU / SwiGLU -> fc2 (the fused bias adds change no allocation).
+// nn::Mlp: fc1 -> GeLU / SwiGLU -> fc2 (the fused bias adds change no allocation; under FP8 with
+// the activation-cast fusion the activation's output is never allocated).
 class Mlp final : public Sublayer {
  public:
-  Mlp(int64_t hidden, int64_t ffn, bool swiglu, bool bias, Tp tp)
+  Mlp(int64_t hidden, int64_t ffn, bool swiglu, bool bias, Tp tp, bool fuse_act_cast)
       : ffn_(local_features({ffn}, tp, "ffn_hidden_size")),
         fc1_(hidden, (swiglu ? 2 : 1) * ffn_, bias, Parallel::Column, tp),
-        fc2_(ffn_, hidden, bias, Parallel::Row, tp) {}
+        fc2_(ffn_, hidden, bias, Parallel::Row, tp),
+        fuse_act_cast_(fuse_act_cast) {}
   std::unique_ptr<SublayerCtx> new_ctx() const override { return std::make_unique<MlpCtx>(); }
 
   Buf forward(const Pass& p, SublayerCtx& c, const Buf& x) const override {
+    FusedBuf in = FusedBuf::of(x);
+    return forward_fused(p, c, in);
+  }
+  Buf forward_fused(const Pass& p, SublayerCtx& c, FusedBuf& x) const override {
     auto& ctx = static_cast<MlpCtx&>(c);
     ctx.h = fc1_.forward(p, ctx.fc1_ctx, x);
-    const Buf a = p.act(ctx.h.rows(), ffn_, ctx.h.dtype());
-    return fc2_.forward(p, ctx.fc2_ctx, a);
+    const Buf h = ctx.h;
+    FusedBuf act{h.rows(), h.dtype(), [this, &p, h] { return p.act(h.rows(), ffn_, h.dtype()); }, [] {}, {}};
+    return fuse_act_cast_ ? fc2_.forward(p, ctx.fc2_ctx, act) : fc2_.forward(p, ctx.fc2_ctx, act.written());
   }
   Buf backward_input(const Pass& p, SublayerCtx& c, const Buf& dy) const override {
     auto& ctx = static_cast<MlpCtx&>(c);
@@ -609,6 +659,7 @@ class Mlp final : public Sublayer {
  private:
   int64_t ffn_;  // this rank's
   Linear fc1_, fc2_;
+  bool fuse_act_cast_;
 };
 
 // A micro-batch's routing on its own rank (nn::MoeRouting): [tokens, K] indices, probs, slot
@@ -737,6 +788,7 @@ struct MoeSetting {
   Tp tp;
   int ep = 1;
   bool recompute_act = false;
+  bool fuse_act_cast = false;  // the shared expert's (FusionConfig::layernorm_mlp)
 };
 
 // nn::MoeLayer: the fp32 router on every token, the routed experts as grouped GEMMs over the
@@ -748,7 +800,7 @@ class Moe final : public Sublayer {
     if (m.num_moe_experts % s.ep != 0)
       fail("num_moe_experts ", m.num_moe_experts, " is not divisible by expert_model_parallel_size ", s.ep);
     if (m.moe_shared_expert_intermediate_size > 0)
-      shared_.emplace(hidden, m.moe_shared_expert_intermediate_size, true, false, s.tp);
+      shared_.emplace(hidden, m.moe_shared_expert_intermediate_size, true, false, s.tp, s.fuse_act_cast);
   }
   std::unique_ptr<SublayerCtx> new_ctx() const override { return std::make_unique<MoeCtx>(); }
 
@@ -896,9 +948,11 @@ struct BlockCtx {
   bool norm1_out_dropped = false, norm2_out_dropped = false;
 };
 
-// Selective recompute inside a block (nn::TransformerBlock::set_recompute).
+// Selective recompute inside a block (nn::TransformerBlock::set_recompute), and whether its norms
+// hand their outputs to the sublayers unwritten (FusionConfig::layernorm_linear).
 struct BlockRecompute {
   bool mlp = false, norm = false;
+  bool fuse_norm_linear = false;
 };
 
 // nn::TransformerBlock: x + attention(norm1(x)), then + mlp(norm2(.)); the residual sums reuse the
@@ -915,16 +969,16 @@ class Block {
   Buf forward(const Pass& p, BlockCtx& ctx, const Buf& x) const {
     ctx.attn = attention_->new_ctx();
     ctx.mlp = mlp_->new_ctx();
-    const Buf n1 = input_norm_.forward(p, ctx.norm1, x);
-    const Buf h = attention_->forward(p, *ctx.attn, n1);
-    if (recompute_.norm) ctx.norm1_out_dropped = drop_norm_output(*attention_, *ctx.attn, n1);
-    const Buf n2 = pre_mlp_norm_.forward(p, ctx.norm2, h);  // of h + x, summed in h's storage
-    Buf m = mlp_->forward(p, *ctx.mlp, n2);
+    FusedBuf n1 = input_norm_.fused(p, ctx.norm1, x);
+    const Buf h = forward_normed(p, *attention_, *ctx.attn, n1);
+    if (recompute_.norm) ctx.norm1_out_dropped = drop_norm_output(*attention_, *ctx.attn, n1.out);
+    FusedBuf n2 = pre_mlp_norm_.fused(p, ctx.norm2, h);  // of h + x, summed in h's storage
+    Buf m = recompute_.mlp ? mlp_->forward(p, *ctx.mlp, n2.written()) : forward_normed(p, *mlp_, *ctx.mlp, n2);
     if (recompute_.mlp) {
-      ctx.mlp_input = n2;
+      ctx.mlp_input = n2.out;
       ctx.mlp.reset();
     } else if (recompute_.norm) {
-      ctx.norm2_out_dropped = drop_norm_output(*mlp_, *ctx.mlp, n2);
+      ctx.norm2_out_dropped = drop_norm_output(*mlp_, *ctx.mlp, n2.out);
     }
     return m;  // + h, in m's storage
   }
@@ -971,6 +1025,9 @@ class Block {
   const Fp8Weights& fp8_weights() const { return fp8_; }
 
  private:
+  Buf forward_normed(const Pass& p, const Sublayer& s, SublayerCtx& ctx, FusedBuf& normed) const {
+    return recompute_.fuse_norm_linear ? s.forward_fused(p, ctx, normed) : s.forward(p, ctx, normed.written());
+  }
   // Drops the sublayer's kept input when it is the norm's output itself (not a gathered or 8-bit copy).
   static bool drop_norm_output(const Sublayer& s, SublayerCtx& ctx, const Buf& norm_out) {
     Buf* kept = s.kept_input(ctx);
@@ -1317,11 +1374,13 @@ std::unique_ptr<shadow::Sublayer> attention(const Build& b, bool recompute_core)
 
 std::unique_ptr<shadow::Sublayer> mlp(const Build& b, bool moe, bool recompute_act) {
   const models::TransformerConfig& m = b.c.model;
-  if (moe) return std::make_unique<shadow::Moe>(m.hidden_size, m.moe, shadow::MoeSetting{b.tp, b.ep, recompute_act});
+  if (moe)
+    return std::make_unique<shadow::Moe>(m.hidden_size, m.moe,
+                                         shadow::MoeSetting{b.tp, b.ep, recompute_act, b.c.layernorm_mlp_fusion});
   if (m.mlp_type != "dense" && m.mlp_type != "moe")
     fail("memory model: mlp kind '", m.mlp_type, "' is not modelled (dense, moe)");
   return std::make_unique<shadow::Mlp>(m.hidden_size, m.ffn_hidden_size, m.activation == nn::Activation::SwiGLU,
-                                       m.add_bias_linear, b.tp);
+                                       m.add_bias_linear, b.tp, b.c.layernorm_mlp_fusion);
 }
 
 // Layer `layer` (num_layers: an MTP depth's block, which neither recomputes nor runs FP8).
@@ -1331,7 +1390,7 @@ shadow::Block block(const Build& b, int64_t layer) {
   const bool selective = decoder && b.recompute.granularity == nn::RecomputeGranularity::Selective;
   shadow::Block block(norm(m), attention(b, selective && b.recompute.core_attn),
                       mlp(b, m.is_moe_layer(layer), selective && b.recompute.moe_act),
-                      {selective && b.recompute.mlp, selective && b.recompute.layernorm});
+                      {selective && b.recompute.mlp, selective && b.recompute.layernorm, b.c.layernorm_linear_fusion});
   if (decoder && b.fp8 && layer >= b.fp8_layers.first && layer < b.fp8_layers.second) block.enable_fp8(*b.fp8);
   return block;
 }

@@ -164,6 +164,8 @@ const std::vector<Field>& fields() {
       field("training.recompute_modules", &TC::recompute_modules),
       field("training.bias_activation_fusion", &TC::bias_activation_fusion),
       field("training.residual_norm_fusion", &TC::residual_norm_fusion),
+      field("training.layernorm_linear_fusion", &TC::layernorm_linear_fusion),
+      field("training.layernorm_mlp_fusion", &TC::layernorm_mlp_fusion),
       field("parallel.tensor_model_parallel_size", &TC::tensor_model_parallel_size),
       field("parallel.pipeline_model_parallel_size", &TC::pipeline_model_parallel_size),
       field("parallel.virtual_pipeline_model_parallel_size", &TC::virtual_pipeline_model_parallel_size),

@@ -53,6 +53,8 @@ struct TrainConfig {
   // Fused kernels (nn/fusion.h; Megatron's bias_activation_fusion, on by default as there).
   bool bias_activation_fusion = true;
   bool residual_norm_fusion = true;
+  bool layernorm_linear_fusion = true;  // TE's LayerNormLinear / RMSNormLinear (FP8 only changes)
+  bool layernorm_mlp_fusion = true;     // TE's LayerNormMLP's activation + cast (FP8 only changes)
 
   // [parallel]: Megatron's names. The world is tp x cp x dp x pp processes (rank order tp fastest);
   // dp is derived from the world size. `--set tp=2` (also pp, cp, ep, dp) is short for these keys.

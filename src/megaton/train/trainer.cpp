@@ -89,7 +89,10 @@ Trainer::Trainer(TrainConfig config, RunOptions options)
   if (cfg_.bf16) model_->set_compute_dtype(DType::BF16);
   if (cfg_.fp16) model_->set_compute_dtype(DType::F16);
   model_->set_recompute(recompute_config(cfg_));
-  model_->set_fusion({.bias_activation = cfg_.bias_activation_fusion, .residual_norm = cfg_.residual_norm_fusion});
+  model_->set_fusion({.bias_activation = cfg_.bias_activation_fusion,
+                      .residual_norm = cfg_.residual_norm_fusion,
+                      .layernorm_linear = cfg_.layernorm_linear_fusion,
+                      .layernorm_mlp = cfg_.layernorm_mlp_fusion});
   if (const auto fp8 = fp8_config(cfg_)) {
     const auto [first, end] = fp8_layer_range(cfg_, model_->config().num_layers);
     model_->enable_fp8(*fp8, first, end);

@@ -67,17 +67,51 @@ void on_column_slices(int64_t C, Body body) {
   }
 }
 
+// The activation of rows [r0, r1) x columns [c0, c1) of fc1's output h (F output columns; h has F
+// columns, or 2F as SwiGLU's [gate | up]), + fc1's deferred bias with kBias, written as TO to
+// out (row stride ldo; out points at element (r0, c0)). Every forward form runs this one loop: the kernels
+// that store T, and the FP8 producer that hands f32 values straight to the quantiser.
+template <bool kSwiglu, bool kBias, typename TO, typename T>
+void activation_rows(TO* __restrict out, int64_t ldo, const T* __restrict h, const compute_t<T>* __restrict bias,
+                     int64_t F, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+  using C = compute_t<T>;
+  const int64_t ldh = kSwiglu ? 2 * F : F;
+  for (int64_t r = r0; r < r1; ++r) {
+    const T* x = h + r * ldh;
+    TO* o = out + (r - r0) * ldo;
+#pragma omp simd
+    for (int64_t c = c0; c < c1; ++c) {
+      if constexpr (kSwiglu) {
+        C g = load(x[c]), u = load(x[F + c]);
+        if constexpr (kBias) g += bias[c], u += bias[F + c];
+        o[c - c0] = store<TO>(g * sigmoid(g) * u);
+      } else {
+        C v = load(x[c]);
+        if constexpr (kBias) v += bias[c];
+        o[c - c0] = store<TO>(v * gelu_gate(v));
+      }
+    }
+  }
+}
+
+// activation_rows over every row, rows split over threads.
+template <bool kSwiglu, bool kBias, typename T>
+void activation_forward(T* out, const T* h, const compute_t<T>* bias, int64_t N, int64_t F) {
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < N; ++r) activation_rows<kSwiglu, kBias>(out + r * F, F, h, bias, F, r, r + 1, 0, F);
+}
+
 }  // namespace
 
 // Every kernel loads its T elements into C = compute_t<T> (fp32 for bf16), computes there and stores T.
 template <typename T>
 void gelu_forward(T* __restrict out, const T* __restrict x, int64_t n) {
-  using C = compute_t<T>;
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
-    const C v = load(x[i]);
-    out[i] = store<T>(v * gelu_gate(v));
-  }
+  // One row of n: split into column chunks over threads.
+  constexpr int64_t kChunk = 4096;
+#pragma omp parallel for schedule(static)
+  for (int64_t c0 = 0; c0 < n; c0 += kChunk)
+    activation_rows<false, false>(out + c0, 0, x, static_cast<const compute_t<T>*>(nullptr), n, 0, 1, c0,
+                                  std::min(n, c0 + kChunk));
 }
 
 template <typename T>
@@ -90,18 +124,7 @@ void gelu_backward(T* __restrict dx, const T* __restrict dout, const T* __restri
 
 template <typename T>
 void swiglu_forward(T* __restrict out, const T* __restrict gu, int64_t N, int64_t H) {
-  using C = compute_t<T>;
-#pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < N; ++r) {
-    const T* gate = gu + r * 2 * H;
-    const T* up = gate + H;
-    T* o = out + r * H;
-#pragma omp simd
-    for (int64_t h = 0; h < H; ++h) {
-      const C g = load(gate[h]);
-      o[h] = store<T>(g * sigmoid(g) * load(up[h]));
-    }
-  }
+  activation_forward<true, false>(out, gu, static_cast<const compute_t<T>*>(nullptr), N, H);
 }
 
 template <typename T>
@@ -125,17 +148,7 @@ void swiglu_backward(T* __restrict dgu, const T* __restrict dout, const T* __res
 template <typename T>
 void bias_gelu_forward(T* __restrict out, const T* __restrict h, const compute_t<T>* __restrict bias, int64_t N,
                        int64_t F) {
-  using C = compute_t<T>;
-#pragma omp parallel for schedule(static)
-  for (int64_t n = 0; n < N; ++n) {
-    const T* x = h + n * F;
-    T* o = out + n * F;
-#pragma omp simd
-    for (int64_t f = 0; f < F; ++f) {
-      const C v = load(x[f]) + bias[f];
-      o[f] = store<T>(v * gelu_gate(v));
-    }
-  }
+  activation_forward<false, true>(out, h, bias, N, F);
 }
 
 // Adds a row's stored gradients [f0, f1) into acc (indexed from f0): a second loop over the row
@@ -168,18 +181,7 @@ void bias_gelu_backward(T* __restrict dh, compute_t<T>* __restrict dbias, const 
 template <typename T>
 void bias_swiglu_forward(T* __restrict out, const T* __restrict gu, const compute_t<T>* __restrict bias, int64_t N,
                          int64_t H) {
-  using C = compute_t<T>;
-#pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < N; ++r) {
-    const T* gate = gu + r * 2 * H;
-    const T* up = gate + H;
-    T* o = out + r * H;
-#pragma omp simd
-    for (int64_t h = 0; h < H; ++h) {
-      const C g = load(gate[h]) + bias[h];
-      o[h] = store<T>(g * sigmoid(g) * (load(up[h]) + bias[H + h]));
-    }
-  }
+  activation_forward<true, true>(out, gu, bias, N, H);
 }
 
 template <typename T>
@@ -210,6 +212,17 @@ void bias_swiglu_backward(T* __restrict dgu, compute_t<T>* __restrict dbias, con
   });
 }
 
+template <typename T>
+void activation_block_f32(float* out, int64_t ld, const T* h, const compute_t<T>* bias, bool swiglu, int64_t F,
+                          int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+  if (swiglu)
+    bias ? activation_rows<true, true>(out, ld, h, bias, F, r0, r1, c0, c1)
+         : activation_rows<true, false>(out, ld, h, bias, F, r0, r1, c0, c1);
+  else
+    bias ? activation_rows<false, true>(out, ld, h, bias, F, r0, r1, c0, c1)
+         : activation_rows<false, false>(out, ld, h, bias, F, r0, r1, c0, c1);
+}
+
 // No __restrict: out may alias a or b. Each index is still read before it is written, so the
 // simd loop is safe.
 template <typename T>
@@ -233,5 +246,9 @@ MEGATON_INSTANTIATE(double)
 MEGATON_INSTANTIATE(BFloat16)
 MEGATON_INSTANTIATE(Float16)
 #undef MEGATON_INSTANTIATE
+template void activation_block_f32<float>(float*, int64_t, const float*, const float*, bool, int64_t, int64_t, int64_t,
+                                          int64_t, int64_t);
+template void activation_block_f32<BFloat16>(float*, int64_t, const BFloat16*, const float*, bool, int64_t, int64_t,
+                                             int64_t, int64_t, int64_t);
 
 }  // namespace megaton::kernels::cpu

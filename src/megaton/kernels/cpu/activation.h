@@ -36,6 +36,14 @@ template <typename T>
 void bias_swiglu_backward(T* dgu, compute_t<T>* dbias, const T* dout, const T* gu, const compute_t<T>* bias, int64_t N,
                           int64_t H);
 
+// The forward's output of rows [r0, r1) x columns [c0, c1) in f32, into out (row stride ld, from
+// r0 and c0): what gelu / swiglu (bias_* with bias) store, before the rounding to T. The FP8
+// producer of LayerNormMLP's fc2 input (kernels/fp8_sources.h). F: output columns. T: float or
+// BFloat16.
+template <typename T>
+void activation_block_f32(float* out, int64_t ld, const T* h, const compute_t<T>* bias, bool swiglu, int64_t F,
+                          int64_t r0, int64_t r1, int64_t c0, int64_t c1);
+
 // out = a + b (out may alias a or b). Its backward needs no kernel: both inputs receive dy.
 template <typename T>
 void residual_forward(T* out, const T* a, const T* b, int64_t n);

@@ -38,16 +38,19 @@ double row_mean_square(const T* x, double center, int64_t C) {
   return s / static_cast<double>(C);
 }
 
-// out = (x - mean) * rstd * weight (+ bias). RMSNorm is the case mean = 0, no bias.
-template <typename T, typename W>
-void normalize_row(T* __restrict out, const T* __restrict x, const W* __restrict weight, const W* __restrict bias,
-                   compute_t<T> mean, compute_t<T> rstd, int64_t C) {
+// out[c - c0] = (x - mean) * rstd * weight (+ bias) for columns [c0, c1). RMSNorm is the case
+// mean = 0, no bias. TO = T for the written output; float for the FP8 producer, which takes the
+// same values before their rounding to T.
+template <typename TO, typename T, typename W>
+void normalize_row(TO* __restrict out, const T* __restrict x, const W* __restrict weight, const W* __restrict bias,
+                   compute_t<T> mean, compute_t<T> rstd, int64_t c0, int64_t c1) {
   if (bias) {
 #pragma omp simd
-    for (int64_t c = 0; c < C; ++c) out[c] = store<T>((load(x[c]) - mean) * rstd * load(weight[c]) + load(bias[c]));
+    for (int64_t c = c0; c < c1; ++c)
+      out[c - c0] = store<TO>((load(x[c]) - mean) * rstd * load(weight[c]) + load(bias[c]));
   } else {
 #pragma omp simd
-    for (int64_t c = 0; c < C; ++c) out[c] = store<T>((load(x[c]) - mean) * rstd * load(weight[c]));
+    for (int64_t c = c0; c < c1; ++c) out[c - c0] = store<TO>((load(x[c]) - mean) * rstd * load(weight[c]));
   }
 }
 
@@ -142,7 +145,8 @@ S inverse_std(double mean_square, double eps) {
 
 // One pass per row: sum = x + residual first when residual is given (sum may alias x or residual:
 // each element is read before it is written), then the statistics and out = norm of that row while
-// it is in cache. mean == nullptr is RMSNorm (no centering, no bias).
+// it is in cache. mean == nullptr is RMSNorm (no centering, no bias); out == nullptr stops at the
+// statistics (the fused FP8 forms produce the output later, in f32, for the quantiser).
 template <typename T, typename W>
 void norm_forward(T* sum, T* out, compute_t<T>* mean, compute_t<T>* rstd, const T* x, const T* residual,
                   const W* weight, const W* bias, int64_t N, int64_t C, double eps) {
@@ -160,7 +164,7 @@ void norm_forward(T* sum, T* out, compute_t<T>* mean, compute_t<T>* rstd, const 
     const double m = mean ? row_mean(xr, C) : 0.0;
     if (mean) mean[n] = static_cast<S>(m);
     rstd[n] = inverse_std<S>(row_mean_square(xr, m, C), eps);
-    normalize_row(out + n * C, xr, weight, bias, mean ? mean[n] : S(0), rstd[n], C);
+    if (out) normalize_row(out + n * C, xr, weight, bias, mean ? mean[n] : S(0), rstd[n], 0, C);
   }
 }
 
@@ -176,6 +180,21 @@ template <typename T, typename W>
 void add_layernorm_forward(T* sum, T* out, compute_t<T>* mean, compute_t<T>* rstd, const T* x, const T* residual,
                            const W* weight, const W* bias, int64_t N, int64_t C, double eps) {
   norm_forward(sum, out, mean, rstd, x, residual, weight, bias, N, C, eps);
+}
+
+template <typename T>
+void norm_statistics(T* sum, compute_t<T>* mean, compute_t<T>* rstd, const T* x, const T* residual, int64_t N,
+                     int64_t C, double eps) {
+  norm_forward(sum, static_cast<T*>(nullptr), mean, rstd, x, residual, static_cast<const float*>(nullptr),
+               static_cast<const float*>(nullptr), N, C, eps);
+}
+
+template <typename T, typename W>
+void normalize_block_f32(float* out, int64_t ld, const T* x, const compute_t<T>* mean, const compute_t<T>* rstd,
+                         const W* weight, const W* bias, int64_t C, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+  using S = compute_t<T>;
+  for (int64_t n = r0; n < r1; ++n)
+    normalize_row(out + (n - r0) * ld, x + n * C, weight, bias, mean ? mean[n] : S(0), rstd[n], c0, c1);
 }
 
 template <typename T, typename W>
@@ -246,5 +265,16 @@ MEGATON_INSTANTIATE(BFloat16, BFloat16)
 MEGATON_INSTANTIATE(Float16, float)
 MEGATON_INSTANTIATE(Float16, Float16)
 #undef MEGATON_INSTANTIATE
+template void norm_statistics<float>(float*, float*, float*, const float*, const float*, int64_t, int64_t, double);
+template void norm_statistics<BFloat16>(BFloat16*, float*, float*, const BFloat16*, const BFloat16*, int64_t, int64_t,
+                                        double);
+template void normalize_block_f32<float, float>(float*, int64_t, const float*, const float*, const float*, const float*,
+                                                const float*, int64_t, int64_t, int64_t, int64_t, int64_t);
+template void normalize_block_f32<BFloat16, float>(float*, int64_t, const BFloat16*, const float*, const float*,
+                                                   const float*, const float*, int64_t, int64_t, int64_t, int64_t,
+                                                   int64_t);
+template void normalize_block_f32<BFloat16, BFloat16>(float*, int64_t, const BFloat16*, const float*, const float*,
+                                                      const BFloat16*, const BFloat16*, int64_t, int64_t, int64_t,
+                                                      int64_t, int64_t);
 
 }  // namespace megaton::kernels::cpu

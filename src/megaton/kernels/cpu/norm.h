@@ -39,4 +39,16 @@ void rmsnorm_backward_input(T* dx, const T* dout, const T* x, const W* weight, c
 template <typename T, typename W>
 void rmsnorm_backward_weight(W* dweight, const T* dout, const T* x, const compute_t<T>* rstd, int64_t N, int64_t C);
 
+// The fused FP8 forms (kernels/fp8_sources.h). norm_statistics: the mean (null for RMSNorm) and
+// rstd the forward saves, after sum = x + residual when residual is not null, without the output.
+// normalize_block_f32: the output of rows [r0, r1) x columns [c0, c1) from those statistics, in f32
+// into out (row stride ld, from (r0, c0)): the forward's values before their rounding to T.
+// T: float or BFloat16.
+template <typename T>
+void norm_statistics(T* sum, compute_t<T>* mean, compute_t<T>* rstd, const T* x, const T* residual, int64_t N,
+                     int64_t C, double eps);
+template <typename T, typename W>
+void normalize_block_f32(float* out, int64_t ld, const T* x, const compute_t<T>* mean, const compute_t<T>* rstd,
+                         const W* weight, const W* bias, int64_t C, int64_t r0, int64_t r1, int64_t c0, int64_t c1);
+
 }  // namespace megaton::kernels::cpu
