@@ -8,6 +8,7 @@
 
 #include "bench_timing.h"
 #include "megaton/kernels/activation.h"
+#include "megaton/kernels/fp8_sources.h"
 #include "megaton/kernels/linear.h"
 #include "megaton/kernels/norm.h"
 
@@ -17,8 +18,8 @@ namespace {
 
 struct Case {
   std::string fusion, pass;
-  // Elements read + written by the passes outside the GEMM, unfused and fused.
-  int64_t unfused_elements, fused_elements;
+  // Bytes read + written by the passes outside the GEMM, unfused and fused.
+  double unfused_bytes, fused_bytes;
   std::function<void()> unfused, fused;
 };
 
@@ -52,10 +53,12 @@ void print_fusion_kernels(const models::TransformerConfig& c, int64_t N, int rep
         : kernels::layernorm_backward_input(ctx, dx, dout, resid, gamma, mean, rstd, dresidual);
   };
   norm(resid);  // statistics for the backward cases
-  const std::vector<Case> cases{
+  const double e = static_cast<double>(dtype_size(dtype));
+  const double NF = static_cast<double>(N * F), NA = static_cast<double>(N * A), NH = static_cast<double>(N * H);
+  std::vector<Case> cases{
       // Unfused: the GEMM seeds its output with the bias and accumulates onto it (OpenBLAS: a write
       // and a read of h; oneDNN adds it in its epilogue), then the activation reads h.
-      {"bias_activation", "forward", 2 * N * F + N * F + N * A, N * F + N * A,
+      {"bias_activation", "forward", e * (2 * NF + NF + NA), e * (NF + NA),
        [&] {
          kernels::linear_forward(ctx, h, x, w1, b1);
          act();
@@ -64,7 +67,7 @@ void print_fusion_kernels(const models::TransformerConfig& c, int64_t N, int rep
          kernels::linear_forward(ctx, h, x, w1, Tensor());
          swiglu ? kernels::bias_swiglu_forward(ctx, a, h, b1) : kernels::bias_gelu_forward(ctx, a, h, b1);
        }},
-      {"bias_activation", "backward", N * A + 2 * N * F + N * F, N * A + 2 * N * F,
+      {"bias_activation", "backward", e * (NA + 2 * NF + NF), e * (NA + 2 * NF),
        [&] {
          swiglu ? kernels::swiglu_backward(ctx, dh, da, h) : kernels::gelu_backward(ctx, dh, da, h);
          kernels::bias_backward(ctx, db1, dh);
@@ -74,7 +77,7 @@ void print_fusion_kernels(const models::TransformerConfig& c, int64_t N, int rep
                 : kernels::bias_gelu_backward(ctx, dh, db1, da, h, b1);
        }},
       // Unfused: the add reads two and writes the sum; the norm reads it again and writes its output.
-      {"residual_norm", "forward", 3 * N * H + 2 * N * H, 4 * N * H,
+      {"residual_norm", "forward", e * (3 * NH + 2 * NH), e * 4 * NH,
        [&] {
          kernels::residual_forward(ctx, branch, branch, resid);
          norm(branch);
@@ -84,22 +87,47 @@ void print_fusion_kernels(const models::TransformerConfig& c, int64_t N, int rep
              : kernels::add_layernorm_forward(ctx, branch, out, mean, rstd, branch, resid, gamma, beta, c.norm_epsilon);
        }},
       // Unfused: the norm backward reads dout and x and writes dx; the add reads dx and dres and writes dx.
-      {"residual_norm", "backward", 3 * N * H + 3 * N * H, 4 * N * H,
+      {"residual_norm", "backward", e * (3 * NH + 3 * NH), e * 4 * NH,
        [&] {
          norm_backward(Tensor());
          kernels::residual_forward(ctx, dx, dx, dres);
        },
        [&] { norm_backward(dres); }},
   };
-  const double elem = static_cast<double>(dtype_size(dtype));
+  // The FP8 casts of LayerNormLinear and LayerNormMLP (nn/fusion.h), outside their GEMMs: both
+  // layouts of the GEMM's 8-bit input (2 bytes per element), made from the norm's / activation's
+  // written output (unfused) or straight from its producer (fused). Tensorwise current scaling
+  // reads its input twice (amax, then codes), the tiled recipes once.
+  for (const auto& [recipe, g, passes] : {std::tuple{"tensorwise", kernels::Fp8Granularity::Tensor, 2.0},
+                                         std::tuple{"blockwise", kernels::Fp8Granularity::Tile1x128, 1.0}}) {
+    const kernels::Fp8QuantizeOptions o{.granularity = g};
+    auto quantize = [o](const kernels::Fp8Source& src) { (void)kernels::fp8_quantize_both(src, o, "q", "q_t"); };
+    const Tensor none;
+    cases.push_back({std::string("layernorm_linear ") + recipe, "forward", e * NH * (2 + passes) + 2 * NH,
+                     e * NH * (1 + passes) + 2 * NH,
+                     [&, quantize] {
+                       norm(resid);
+                       quantize(kernels::fp8_source(out));
+                     },
+                     [&, quantize] {
+                       kernels::norm_statistics(ctx, none, rms ? none : mean, rstd, resid, none, c.norm_epsilon);
+                       quantize(kernels::norm_fp8_source(resid, rms ? none : mean, rstd, gamma, beta, "norm"));
+                     }});
+    cases.push_back({std::string("layernorm_mlp ") + recipe, "forward", e * (NF + NA + passes * NA) + 2 * NA,
+                     e * passes * NF + 2 * NA,
+                     [&, quantize] {
+                       act();
+                       quantize(kernels::fp8_source(a));
+                     },
+                     [&, quantize] { quantize(kernels::activation_fp8_source(h, none, swiglu, "act")); }});
+  }
   if (!json)
     std::printf("%s fused kernels at %ld rows, hidden %ld, fc1 width %ld (%s, %s); elementwise MB unfused -> fused\n",
                 std::string(dtype_name(dtype)).c_str(), N, H, F, swiglu ? "swiglu" : "gelu", rms ? "rmsnorm" : "layernorm");
   for (const Case& k : cases) {
     const double unfused_s = median_seconds(cpu, repeats, 1, k.unfused);
     const double fused_s = median_seconds(cpu, repeats, 1, k.fused);
-    const double unfused_mb = static_cast<double>(k.unfused_elements) * elem / 1e6;
-    const double fused_mb = static_cast<double>(k.fused_elements) * elem / 1e6;
+    const double unfused_mb = k.unfused_bytes / 1e6, fused_mb = k.fused_bytes / 1e6;
     if (json)
       std::printf("%s\n", nlohmann::json{{"fusion", k.fusion}, {"pass", k.pass}, {"rows", N}, {"dtype", dtype_name(dtype)},
                                          {"unfused_s", unfused_s}, {"fused_s", fused_s},
@@ -107,7 +135,7 @@ void print_fusion_kernels(const models::TransformerConfig& c, int64_t N, int rep
                               .dump()
                               .c_str());
     else
-      std::printf("%-16s %-8s unfused %8.3f ms  fused %8.3f ms  (%5.1f%% less)  %7.1f -> %7.1f MB\n", k.fusion.c_str(),
+      std::printf("%-27s %-8s unfused %8.3f ms  fused %8.3f ms  (%5.1f%% less)  %7.1f -> %7.1f MB\n", k.fusion.c_str(),
                   k.pass.c_str(), 1e3 * unfused_s, 1e3 * fused_s, 100.0 * (1.0 - fused_s / unfused_s), unfused_mb,
                   fused_mb);
   }

@@ -13,16 +13,6 @@ namespace {
 
 constexpr FormatInfo kE4M3{"e4m3", 4, 3, 7, 448.0f, 0x7e};
 constexpr FormatInfo kE5M2{"e5m2", 5, 2, 15, 57344.0f, 0x7b};
-constexpr uint8_t kCanonicalNaN = 0x7f;
-
-// Round-to-nearest-even of `bits` shifted right by `shift` (1..31).
-inline uint32_t shift_round_even(uint32_t bits, uint32_t shift) {
-  const uint32_t kept = bits >> shift;
-  const uint32_t rest = bits & ((1u << shift) - 1u);
-  const uint32_t half = 1u << (shift - 1u);
-  return kept + ((rest > half || (rest == half && (kept & 1u))) ? 1u : 0u);
-}
-
 std::array<float, 256> decode_table(const FormatInfo& fi) {
   std::array<float, 256> t{};
   const int m = fi.mantissa_bits;
@@ -69,32 +59,9 @@ Format format_of_dtype(DType t) {
 }
 
 uint8_t encode(float x, Format f, Overflow overflow) {
-  const FormatInfo& fi = info(f);
-  uint32_t u;
-  std::memcpy(&u, &x, sizeof u);
-  const uint32_t sign = (u >> 24) & 0x80u;
-  const uint32_t a = u & 0x7fffffffu;
-  if (a > 0x7f800000u) return kCanonicalNaN;
-  const uint32_t m = static_cast<uint32_t>(fi.mantissa_bits);
-  const int e = static_cast<int>(a >> 23) - 127;  // float subnormals (e = -127) are far below FP8's range
-  uint32_t mag;
-  if (a == 0x7f800000u) {
-    mag = 0x100u;  // beyond every format: the overflow rule below decides
-  } else if (e >= 1 - fi.bias) {
-    // Normal in the target: exponent and the top m mantissa bits, rounded; a carry out of the mantissa
-    // moves into the exponent field, which is the correctly rounded next binade.
-    mag = shift_round_even((static_cast<uint32_t>(e + fi.bias) << 23) | (a & 0x7fffffu), 23u - m);
-  } else {
-    // Subnormal in the target: the significand (implicit bit included) in units of the smallest
-    // subnormal, 2^(1 - bias - m); rounding up to 2^m lands on the smallest normal's code.
-    const int shift = 24 - fi.bias - static_cast<int>(m) - e;
-    mag = shift >= 32 ? 0u : shift_round_even((a & 0x7fffffu) | 0x800000u, static_cast<uint32_t>(shift));
-  }
-  if (mag > fi.max_code) {
-    if (overflow == Overflow::Saturate) mag = fi.max_code;
-    else mag = f == Format::E4M3 ? 0x7fu : 0x7cu;  // NaN / inf, signed as CUDA does
-  }
-  return static_cast<uint8_t>(sign | mag);
+  const bool sat = overflow == Overflow::Saturate;
+  if (f == Format::E4M3) return sat ? encode_inline<Format::E4M3, true>(x) : encode_inline<Format::E4M3, false>(x);
+  return sat ? encode_inline<Format::E5M2, true>(x) : encode_inline<Format::E5M2, false>(x);
 }
 
 float decode(uint8_t code, Format f) { return table(f)[code]; }

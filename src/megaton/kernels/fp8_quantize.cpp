@@ -57,8 +57,37 @@ float tile_scale(const Layout& l, int64_t at, float amax, const Fp8QuantizeOptio
   return scale;
 }
 
+// max |p[i * stride]| over n values, NaN if any is: a vectorised max with the NaNs counted aside.
+float strided_amax(const float* p, int64_t n, int64_t stride) {
+  float m = 0.0f;
+  bool nan = false;
+#pragma omp simd reduction(max : m) reduction(|| : nan)
+  for (int64_t i = 0; i < n; ++i) {
+    const float a = std::fabs(p[i * stride]);
+    m = a > m ? a : m;
+    nan = nan || a != a;
+  }
+  return nan ? std::numeric_limits<float>::quiet_NaN() : m;
+}
+
+// The largest |value| of rows [0, h) x columns [0, w) of buf (row stride ld).
+float rect_amax(const float* buf, int64_t ld, int64_t h, int64_t w) {
+  float m = 0.0f;
+  for (int64_t r = 0; r < h; ++r) m = nan_max(m, strided_amax(buf + r * ld, w, 1));
+  return m;
+}
+
+// dst[i * dst_stride] = code of src[i * src_stride] * scale, for n values.
+template <fp8::Format F>
+void encode_run(uint8_t* dst, int64_t dst_stride, const float* src, int64_t src_stride, int64_t n, float scale) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) dst[i * dst_stride] = fp8::encode_inline<F>(src[i * src_stride] * scale);
+}
+
 // Rows [r0, r1) x columns [c0, c1) of the source, held in buf (row stride ld), encoded into one
-// layout: tile by tile, or all at `tensor_scale` for per-tensor granularity.
+// layout: tile by tile, or all at `tensor_scale` for per-tensor granularity. Runs go along the
+// layout's rows, so the codes are stored contiguously.
+template <fp8::Format F>
 void encode_block(const Layout& l, const float* buf, int64_t ld, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
                   int64_t rows, int64_t cols, const Fp8QuantizeOptions& o, float fp8_max, float tensor_scale) {
   auto* codes = static_cast<uint8_t*>(l.out->data.raw());
@@ -66,20 +95,18 @@ void encode_block(const Layout& l, const float* buf, int64_t ld, int64_t r0, int
   for (int64_t tr = r0; tr < r1; tr += l.tile_rows)
     for (int64_t tc = c0; tc < c1; tc += l.tile_cols) {
       const int64_t er = std::min(r1, tr + l.tile_rows), ec = std::min(c1, tc + l.tile_cols);
+      const float* tile = buf + (tr - r0) * ld + (tc - c0);
       float scale = tensor_scale;
       if (!per_tensor) {
-        float amax = 0.0f;
-        for (int64_t r = tr; r < er; ++r)
-          for (int64_t c = tc; c < ec; ++c) amax = nan_max(amax, std::fabs(buf[(r - r0) * ld + (c - c0)]));
+        const float amax = rect_amax(tile, ld, er - tr, ec - tc);
         const int64_t grid_r = tr / l.tile_rows, grid_c = tc / l.tile_cols;
         scale = tile_scale(l, l.transposed ? grid_c * l.scale_cols + grid_r : grid_r * l.scale_cols + grid_c, amax, o,
                            fp8_max);
       }
-      for (int64_t r = tr; r < er; ++r)
-        for (int64_t c = tc; c < ec; ++c) {
-          const uint8_t code = fp8::encode(buf[(r - r0) * ld + (c - c0)] * scale, o.format);
-          codes[l.transposed ? c * rows + r : r * cols + c] = code;
-        }
+      if (l.transposed)
+        for (int64_t c = tc; c < ec; ++c) encode_run<F>(codes + c * rows + tr, 1, tile + (c - tc), ld, er - tr, scale);
+      else
+        for (int64_t r = tr; r < er; ++r) encode_run<F>(codes + r * cols + tc, 1, tile + (r - tr) * ld, 1, ec - tc, scale);
     }
 }
 
@@ -99,9 +126,7 @@ float for_each_block(const Fp8Source& src, Body body) {
       const int64_t r1 = std::min(src.rows, r0 + kBlockRows), c1 = std::min(src.cols, c0 + kBlockCols);
       const int64_t ld = c1 - c0;
       src.fill(r0, r1, c0, c1, buf.data(), ld);
-      float m = 0.0f;
-      for (int64_t i = 0; i < (r1 - r0) * ld; ++i) m = nan_max(m, std::fabs(buf[static_cast<size_t>(i)]));
-      block_amax[static_cast<size_t>(b)] = m;
+      block_amax[static_cast<size_t>(b)] = rect_amax(buf.data(), ld, r1 - r0, ld);
       body(r0, r1, c0, c1, buf.data(), ld);
     }
   }
@@ -132,7 +157,9 @@ void quantize_layouts(const Fp8Source& src, const Fp8QuantizeOptions& o, Fp8Matr
     for (const Layout& l : layouts) tensor_scale = tile_scale(l, 0, amax, o, fp8_max);
   }
   const float amax = for_each_block(src, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1, const float* buf, int64_t ld) {
-    for (const Layout& l : layouts) encode_block(l, buf, ld, r0, r1, c0, c1, src.rows, src.cols, o, fp8_max, tensor_scale);
+    for (const Layout& l : layouts)
+      (o.format == fp8::Format::E4M3 ? encode_block<fp8::Format::E4M3> : encode_block<fp8::Format::E5M2>)(
+          l, buf, ld, r0, r1, c0, c1, src.rows, src.cols, o, fp8_max, tensor_scale);
   });
   for (const Layout& l : layouts) l.out->amax = amax;
 }
