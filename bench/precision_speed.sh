@@ -4,7 +4,9 @@
 # interleaved over REPEATS rounds; prints per precision the median tokens/s, its ratio to fp32 and
 # the peak memory by category (MB). FUSIONS (environment, default "on") lists `bench --fusion` values
 # to run each precision with (e.g. FUSIONS="on off bias-act residual-norm"), PRECISIONS overrides the
-# precision list. Speed: measure on a quiet machine (`uptime` load well below the core count).
+# precision list, LAYERS a number of decoder layers instead of the preset's (`bench --layers`: a
+# large model's shape at a size this machine trains). Speed: measure on a quiet machine (`uptime`
+# load well below the core count).
 # Usage: [FUSIONS=...] [PRECISIONS=...] bench/precision_speed.sh [MEGATON] [PRESET] [REPEATS] [BATCH] [SEQ_LEN]
 set -euo pipefail
 megaton=${1:-build/megaton}
@@ -14,6 +16,8 @@ batch=${4:-4}
 seq_len=${5:-256}
 read -r -a precisions <<< "${PRECISIONS:-fp32 bf16 fp16 fp8-delayed fp8-tensorwise fp8-blockwise mxfp8}"
 read -r -a fusions <<< "${FUSIONS:-on}"
+layers=()
+[[ -n "${LAYERS:-}" ]] && layers=(--layers "$LAYERS")
 runs=()
 for p in "${precisions[@]}"; do
   for f in "${fusions[@]}"; do runs+=("$p:$f"); done
@@ -25,7 +29,7 @@ echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
 for ((r = 0; r < repeats; ++r)); do
   for run in "${runs[@]}"; do
     "$megaton" bench --model "$preset" --batch "$batch" --seq-len "$seq_len" --steps 3 --precision "${run%:*}" \
-      --fusion "${run#*:}" --json | tail -1 >> "$work/$run.jsonl"
+      --fusion "${run#*:}" "${layers[@]}" --json | tail -1 >> "$work/$run.jsonl"
   done
 done
 /usr/bin/python3 - "$work" "$preset" "$batch" "$seq_len" "${runs[@]}" <<'PY'
@@ -34,7 +38,7 @@ work, preset, batch, seq_len, names = sys.argv[1], sys.argv[2], sys.argv[3], sys
 rows = {n: [json.loads(l) for l in open(f"{work}/{n}.jsonl")] for n in names}
 median = {n: statistics.median(r["tokens_per_s"] for r in rows[n]) for n in names}
 first = names[0]
-print(f"{preset} batch {batch} x {seq_len}, median of {len(rows[first])} interleaved runs")
+print(f"{preset} ({rows[first][0]['layers']} layers) batch {batch} x {seq_len}, median of {len(rows[first])} interleaved runs")
 print(f"{'precision:fusion':<24} {'tokens/s':>9} {'vs ' + first:>18}  fwd s  bwd s  peak MB: params grads "
       "optimizer activations workspace total")
 for n in names:

@@ -73,9 +73,9 @@ void unscale_gradients(const nn::ParameterList& params) {
 }
 
 // Full training steps (forward, backward, clip, AdamW) on random tokens; median step time.
-BenchResult run_bench(const std::string& preset, int64_t B, int64_t T, int steps, const Precision& precision,
-                      const nn::RecomputeConfig& recompute, const nn::FusionConfig& fusion) {
-  models::TransformerModel model(models::preset(preset));
+BenchResult run_bench(const models::TransformerConfig& config, int64_t B, int64_t T, int steps,
+                      const Precision& precision, const nn::RecomputeConfig& recompute, const nn::FusionConfig& fusion) {
+  models::TransformerModel model(config);
   model.init_weights(1);
   model.set_compute_dtype(precision.compute);
   if (precision.fp8) model.enable_fp8(*precision.fp8);
@@ -141,12 +141,16 @@ void add_bench_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("bench", "Time training steps of a preset; report tokens/s, achieved GFLOP/s and "
                                           "the ratio to this machine's measured sgemm ceiling");
   static std::string preset = "gpt2-124m";
+  static int64_t layers = 0;  // 0: the preset's
   static int64_t batch = 4, seq_len = 256;
   static int steps = 5, threads = 0;
   static bool json = false, gemm_shapes = false, fusion_kernels = false, cpu_only = false;
   static std::string device_name = "cpu", dtype_text = "f32", cpu_gemm = "auto", precision = "fp32";
   static std::string recompute = "none", recompute_modules = "core_attn", fusion = "on";
   cmd->add_option("--model", preset, "Model preset")->capture_default_str();
+  cmd->add_option("--layers", layers,
+                  "Decoder layers instead of the preset's (a large model's shape at a size this machine trains)")
+      ->check(in_range<int64_t>(1, 1 << 16));
   cmd->add_option("--batch", batch, "Batch size")->capture_default_str()->check(in_range<int64_t>(1, 1 << 20));
   cmd->add_option("--seq-len", seq_len, "Sequence length")->capture_default_str()->check(in_range<int64_t>(1, 1 << 24));
   cmd->add_option("--steps", steps, "Timed steps (median reported)")->capture_default_str()->check(in_range(1, 1 << 20));
@@ -216,7 +220,9 @@ void add_bench_command(CLI::App& app) {
                               .residual_norm = fusion == "on" || fusion == "residual-norm",
                               .layernorm_linear = fusion == "on" || fusion == "norm-linear",
                               .layernorm_mlp = fusion == "on" || fusion == "mlp-cast"};
-    BenchResult r = run_bench(preset, batch, seq_len, steps, parsed, rc, fc);
+    models::TransformerConfig config = models::preset(preset);
+    if (layers > 0) config.num_layers = layers;
+    BenchResult r = run_bench(config, batch, seq_len, steps, parsed, rc, fc);
     nlohmann::json peak_mb;
     for (size_t c = 0; c < kNumMemCategories; ++c)
       peak_mb[std::string(mem_category_name(static_cast<MemCategory>(c)))] = static_cast<double>(r.memory.peak[c]) / 1e6;
@@ -225,6 +231,7 @@ void add_bench_command(CLI::App& app) {
     for (size_t p = 0; p < kNumPhases; ++p) phases[kPhases[p]] = r.phase_s[p];
     if (json) {
       std::printf("%s\n", nlohmann::json{{"model", preset},
+                                         {"layers", config.num_layers},
                                          {"precision", precision},
                                          {"recompute", recompute == "selective" ? "selective:" + recompute_modules : recompute},
                                          {"fusion", fusion},

@@ -88,6 +88,48 @@ void decode_attention(const ExecContext& ctx, const Tensor& out, TensorAt q, Ten
   });
 }
 
+void paged_decode_attention(const ExecContext& ctx, const Tensor& out, TensorAt q, const Tensor& k_pages,
+                            const Tensor& v_pages, const Tensor& pages, const Tensor& lens, int64_t B, int64_t Hq,
+                            int64_t Hkv, int64_t D, HeadStrides q_at, HeadStrides kv_at, double scale) {
+  constexpr std::string_view op = "paged_decode_attention";
+  expect_on_device(ctx, op, {&out, &q.t, &k_pages, &v_pages, &pages, &lens});
+  const AttentionDims d{B, 1, Hq, Hkv, D};
+  check_dims(op, d, 0);
+  if (k_pages.dim() != 3 || v_pages.shape() != k_pages.shape())
+    fail("kernel ", op, ": k and v pages must be [pages, page_size, cols] alike, got ", shape_str(k_pages.shape()),
+         " and ", shape_str(v_pages.shape()));
+  const int64_t num_pages = k_pages.size(0), page_size = k_pages.size(1);
+  if (kv_at.row != k_pages.size(2) || (Hkv - 1) * kv_at.group + D > kv_at.row)
+    fail("kernel ", op, ": ", Hkv, " kv heads of ", D, " at stride ", kv_at.group, " do not fit rows of ",
+         k_pages.size(2), " (kv_at.row ", kv_at.row, ")");
+  if (pages.dim() != 2 || pages.size(0) != B || pages.dtype() != DType::I32)
+    fail("kernel ", op, ": pages must be I32 [", B, ", max_pages], got ", dtype_name(pages.dtype()), " ",
+         shape_str(pages.shape()));
+  expect_matrix(op, lens, 1, B);
+  expect_dtype(DType::I64, op, {&lens});
+  const int64_t max_pages = pages.size(1);
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t n = lens.data<int64_t>()[b];
+    if (n < 1 || n > checked_mul(op, max_pages, page_size))
+      fail("kernel ", op, ": row ", b, " attends over ", n, " tokens; its ", max_pages, " pages of ", page_size,
+           " hold 1 to ", max_pages * page_size);
+    for (int64_t i = 0; i < (n + page_size - 1) / page_size; ++i) {
+      const int32_t page = pages.data<int32_t>()[b * max_pages + i];
+      if (page < 0 || page >= num_pages)
+        fail("kernel ", op, ": row ", b, " page ", i, " is ", page, ", outside the pool's ", num_pages, " pages");
+    }
+  }
+  expect_matrix(op, out, B, checked_mul(op, Hq, D));
+  expect_q_heads(op, q, d, q_at);
+  if (!ctx.device.is_cpu()) fail_no_backend(ctx, op);
+  expect_dtype(q.t.dtype(), op, {&out, &k_pages, &v_pages});
+  dispatch_cpu_float(q.t.dtype(), op, [&]<typename T>(T) {
+    cpu::paged_decode_attention(out.data<T>(), q.t.data<T>() + q.offset, k_pages.data<T>(), v_pages.data<T>(), B, Hq,
+                                Hkv, D, q_at, kv_at, scale, pages.data<int32_t>(), max_pages, lens.data<int64_t>(),
+                                page_size);
+  });
+}
+
 void attention_backward(const ExecContext& ctx, TensorAt dq, TensorAt dk, TensorAt dv, const Tensor& dout,
                         const Tensor& out, const Tensor& lse, TensorAt q, TensorAt k, TensorAt v, int64_t B,
                         int64_t Tlen, int64_t Hq, int64_t Hkv, HeadDim D, HeadStrides q_at, HeadStrides kv_at,

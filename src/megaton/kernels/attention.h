@@ -43,6 +43,15 @@ void decode_attention(const ExecContext& ctx, const Tensor& out, TensorAt q, Ten
                       int64_t Hq, int64_t Hkv, int64_t D, HeadStrides q_at, HeadStrides kv_at, double scale,
                       int64_t Tk, int64_t kv_batch_stride);
 
+// decode_attention over a paged KV cache (vLLM's PagedAttention layout; nn/paged_kv_cache.h):
+// k_pages / v_pages [num_pages, page_size, kv cols] with token rows kv_at.row = kv cols apart;
+// pages I32 [B, max_pages], row b's page ids in token order; lens I64 [B], the tokens row b attends
+// over (its new one, already written, included), covered by its first ceil(lens[b] / page_size)
+// pages. Pages of a multiple of 64 tokens give decode_attention's result bitwise.
+void paged_decode_attention(const ExecContext& ctx, const Tensor& out, TensorAt q, const Tensor& k_pages,
+                            const Tensor& v_pages, const Tensor& pages, const Tensor& lens, int64_t B, int64_t Hq,
+                            int64_t Hkv, int64_t D, HeadStrides q_at, HeadStrides kv_at, double scale);
+
 // dq, dk, dv are written in the layouts of q, k, v (dq by q_at, dk / dv by kv_at), so that they land
 // in a fused dQKV tensor; dk / dv sum over the query heads of each group. dout is laid out as out.
 // Training only: pos_offset 0, k / v batch rows Tlen * kv_at.row apart.

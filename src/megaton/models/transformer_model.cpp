@@ -350,6 +350,40 @@ Tensor TransformerModel::mtp_forward_cached(nn::KVCache& cache, const Tensor& ne
   return mtp_.front()->forward_cached(cache, embedding_->forward(next, 0, compute_dtype_), hidden, B, T);
 }
 
+nn::PagedKVCache TransformerModel::new_paged_kv_cache(int64_t num_pages, int64_t page_size) const {
+  check_whole("paged decoding");
+  std::vector<int64_t> cols;
+  for (const auto& l : layers_) cols.push_back(l->attention->kv_cols());
+  return nn::PagedKVCache(cols, num_pages, page_size);
+}
+
+Tensor TransformerModel::forward_paged(nn::PagedKVCache& cache, const std::vector<nn::PagedSequence*>& seqs,
+                                       const Tensor& tokens) {
+  if (tp_.active()) fail("paged decoding runs on an unsharded model, this one is split over ", tp_.size(), " ranks");
+  check_whole("paged decoding");
+  const int64_t S = tokens.size(0), T = tokens.size(1), C = config_.hidden_size;
+  if (S != static_cast<int64_t>(seqs.size()) || cache.num_layers() != layers_.size())
+    fail("paged step: ", S, " token rows for ", seqs.size(), " sequences, a cache of ", cache.num_layers(),
+         " layers for ", layers_.size());
+  const nn::PagedBatch batch(seqs, T, cache.page_size());
+  for (const nn::PagedSequence* s : seqs)
+    if (s->len + T > config_.max_position_embeddings)
+      fail("paged step: position ", s->len + T, " beyond the model's ", config_.max_position_embeddings);
+  // Each sequence's embedding at its own positions, into its rows.
+  Tensor h = nn::new_activation({S * T, C}, "paged_hidden", compute_dtype_);
+  const auto on = kernels::ExecContext::on(h);
+  for (int64_t s = 0; s < S; ++s) {
+    const Tensor e = embedding_->forward(tokens.slice_rows(s, s + 1), seqs[static_cast<size_t>(s)]->len, compute_dtype_);
+    kernels::copy_rows(on, {h.view({1, S * T, C}), s * T, 0}, {e.view({1, T, C}), 0, 0}, T, C);
+  }
+  for (size_t i = 0; i < layers_.size(); ++i) h = layers_[i]->forward_paged(cache.layer(i), batch, h);
+  for (nn::PagedSequence* s : seqs) s->len += T;
+  Tensor last = nn::new_activation({S, C}, "last_hidden", h.dtype());
+  kernels::copy_rows(on, {last.view({S, 1, C}), 0, 0}, {h.view({S, T, C}), T - 1, 0}, 1, C);
+  nn::NormCtx scratch;
+  return head_->logits(final_norm_->forward(scratch, last));
+}
+
 Tensor TransformerModel::forward_cached(std::vector<nn::KVCache>& caches, const Tensor& tokens) {
   const int64_t B = tokens.size(0), T = tokens.size(1), C = config_.hidden_size;
   const Tensor h = decoder_cached(caches, tokens);

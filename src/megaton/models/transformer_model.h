@@ -136,6 +136,11 @@ class TransformerModel {
   // sequence's last new token, [B, vocab].
   std::vector<nn::KVCache> new_kv_caches(int64_t B, int64_t max_len) const;
   Tensor forward_cached(std::vector<nn::KVCache>& caches, const Tensor& tokens);
+  // Continuous batching's step (infer/continuous_batching.h): a paged cache of num_pages pages of
+  // page_size tokens for every layer, and the last-position logits [S, V] of tokens [S, T], row s
+  // continuing seqs[s] (whose pages must already hold its len + T tokens; len advances by T).
+  nn::PagedKVCache new_paged_kv_cache(int64_t num_pages, int64_t page_size) const;
+  Tensor forward_paged(nn::PagedKVCache& cache, const std::vector<nn::PagedSequence*>& seqs, const Tensor& tokens);
   // The same pass returning the final-norm hidden state of every new position, [B*T, hidden]
   // (speculative decoding verifies several positions at once), and the logits of such rows.
   Tensor forward_cached_hidden(std::vector<nn::KVCache>& caches, const Tensor& tokens);

@@ -1,5 +1,6 @@
 #include "megaton/nn/attention.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "megaton/kernels/attention.h"
@@ -160,6 +161,53 @@ Tensor SelfAttention::forward_cached(KVCache& cache, const Tensor& x, int64_t B,
                                {ks, D}, scale_, cache.len, max_len * ks);
   }
   cache.len += T;
+  LinearCtx proj_scratch;
+  return proj.forward(proj_scratch, as_dtype(out, x.dtype()));
+}
+
+Tensor SelfAttention::forward_paged(PagedKVCache::Layer& layer, const PagedBatch& batch, const Tensor& x) {
+  const int64_t S = static_cast<int64_t>(batch.seqs.size()), T = batch.tokens, ks = shape_.kv_size();
+  const int64_t G = shape_.groups, D = shape_.head_dim, P = layer.k.size(1), pool_rows = layer.k.size(0) * P;
+  if (layer.k.size(2) != ks) fail("paged KV layer of ", layer.k.size(2), " columns for attention with ", ks);
+  LinearCtx scratch;
+  Tensor qkv_buf = as_dtype(qkv.forward(scratch, x), DType::F32);  // [S*T, qkv]
+  const auto on = kernels::ExecContext::on(qkv_buf);
+  // Each sequence's rows at its own positions; their k and v heads into its pages, one block copy
+  // per run of tokens inside one page (the fused rows and the pages viewed one group per row, as
+  // forward_cached appends).
+  const Tensor groups = qkv_buf.view({1, S * T * G, shape_.group_size()});
+  const Tensor k_heads = layer.k.view({1, pool_rows * G, D}), v_heads = layer.v.view({1, pool_rows * G, D});
+  for (int64_t s = 0; s < S; ++s) {
+    const PagedSequence& seq = *batch.seqs[static_cast<size_t>(s)];
+    Tensor rows = qkv_buf.slice_rows(s * T, (s + 1) * T);
+    rotate(rows, 1, T, seq.len, false);
+    for (int64_t t = 0; t < T;) {
+      const int64_t pos = seq.len + t, slot = pos % P, run = std::min(T - t, P - slot);
+      const int64_t dst = (seq.pages.at(static_cast<size_t>(pos / P)) * P + slot) * G, src = (s * T + t) * G;
+      kernels::copy_rows(on, {k_heads, dst, 0}, {groups, src, shape_.k_offset()}, run * G, D);
+      kernels::copy_rows(on, {v_heads, dst, 0}, {groups, src, shape_.v_offset()}, run * G, D);
+      t += run;
+    }
+  }
+  Tensor out = new_activation({S * T, shape_.q_size()}, qkv.weight.name + ".attn_out");
+  if (T == 1) {  // a decode step of every sequence at once, each over its own pages
+    kernels::paged_decode_attention(on, out, qkv_buf, layer.k, layer.v, batch.page_table, batch.lens, S, shape_.heads,
+                                    G, D, fused_strides(), {ks, D}, scale_);
+  } else {  // a prefill chunk: the sequence's keys gathered from its pages, then causal attention
+    for (int64_t s = 0; s < S; ++s) {
+      const PagedSequence& seq = *batch.seqs[static_cast<size_t>(s)];
+      const int64_t Tk = seq.len + T;
+      Tensor k = new_activation({Tk, ks}, "paged_k"), v = new_activation({Tk, ks}, "paged_v");
+      for (int64_t t = 0; t < Tk; t += P) {
+        const int64_t n = std::min(P, Tk - t), page = seq.pages.at(static_cast<size_t>(t / P));
+        kernels::copy_rows(on, {k.view({1, Tk, ks}), t, 0}, {layer.k.view({1, pool_rows, ks}), page * P, 0}, n, ks);
+        kernels::copy_rows(on, {v.view({1, Tk, ks}), t, 0}, {layer.v.view({1, pool_rows, ks}), page * P, 0}, n, ks);
+      }
+      Tensor lse = new_activation({shape_.heads, T}, qkv.weight.name + ".lse");
+      kernels::attention_forward(on, out.slice_rows(s * T, (s + 1) * T), lse, {qkv_buf, s * T * shape_.qkv_size()}, k,
+                                 v, 1, T, shape_.heads, G, D, fused_strides(), {ks, D}, scale_, seq.len, Tk * ks);
+    }
+  }
   LinearCtx proj_scratch;
   return proj.forward(proj_scratch, as_dtype(out, x.dtype()));
 }

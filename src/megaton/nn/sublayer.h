@@ -9,6 +9,7 @@
 
 #include "megaton/core/error.h"
 #include "megaton/nn/fused_input.h"
+#include "megaton/nn/paged_kv_cache.h"
 #include "megaton/nn/parameter.h"
 
 namespace megaton::nn {
@@ -68,6 +69,15 @@ class AttentionLayer : public Sublayer {
   virtual KVCache new_cache(int64_t B, int64_t max_len) const = 0;
   // Inference: x holds T new tokens per sequence at positions cache.len ...; appends to the cache.
   virtual Tensor forward_cached(KVCache& cache, const Tensor& x, int64_t B, int64_t T) = 0;
+  // The same over a paged cache (paged_kv_cache.h): x holds batch.tokens new tokens of each of
+  // batch.seqs (its rows in sequence order), sequence s's at positions seqs[s]->len ...; writes
+  // their keys and values into the sequences' pages of `layer`. kv_cols: what one token takes in
+  // a page. Kinds without a paged form (MLA, whose latent cache is contiguous for now) refuse.
+  virtual int64_t kv_cols() const { fail("this attention kind has no paged KV cache (MLA decodes with a contiguous one)"); }
+  virtual Tensor forward_paged(PagedKVCache::Layer& layer, const PagedBatch& batch, const Tensor& x) {
+    (void)layer, (void)batch, (void)x;
+    return Tensor::empty({kv_cols()}, DType::F32);  // kv_cols() refuses first
+  }
   // Selective recompute's "core_attn": the core's output and softmax statistics are dropped after
   // F and computed again from q, k, v before B.
   virtual void set_recompute_core(bool on) = 0;

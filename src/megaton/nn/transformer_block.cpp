@@ -108,6 +108,14 @@ Tensor TransformerBlock::forward_cached(KVCache& cache, const Tensor& x, int64_t
   return add_into(mlp->forward(*m, add_then_norm(pre_mlp_norm, n2, h, x).written(), B, T), h);
 }
 
+Tensor TransformerBlock::forward_paged(PagedKVCache::Layer& layer, const PagedBatch& batch, const Tensor& x) {
+  NormCtx n1, n2;
+  auto m = mlp->new_ctx();
+  const Tensor h = attention->forward_paged(layer, batch, input_norm.forward(n1, x));  // + x, in its storage
+  const auto S = static_cast<int64_t>(batch.seqs.size());
+  return add_into(mlp->forward(*m, add_then_norm(pre_mlp_norm, n2, h, x).written(), S, batch.tokens), h);
+}
+
 void TransformerBlock::set_recompute(const RecomputeConfig& config) {
   const bool selective = config.granularity == RecomputeGranularity::Selective;
   recompute_mlp_ = selective && config.mlp;

@@ -30,6 +30,7 @@ class TransformerBlock {
   Tensor backward_input(BlockCtx& ctx, const Tensor& dy, int64_t B, int64_t T);
   void backward_weight(BlockCtx& ctx);
   Tensor forward_cached(KVCache& cache, const Tensor& x, int64_t B, int64_t T);
+  Tensor forward_paged(PagedKVCache::Layer& layer, const PagedBatch& batch, const Tensor& x);
   // Selective recompute of this block's modules (core_attn, mlp); other granularities leave the
   // block as it is (full recompute is the model chunk's).
   void set_recompute(const RecomputeConfig& config);

@@ -14,18 +14,30 @@ namespace {
 // values are accumulated.
 constexpr int64_t kBlock = 64;
 
-// One (batch row, kv group): the R = Hq / Hkv query heads of the group against its Tk keys.
-// s [R, kBlock], acc [R, D], m and l [R] are the caller's scratch.
+// Where token t0's key and value of one kv group are, and how many tokens follow it contiguously
+// (kv_row apart): the whole rest of a contiguous cache, or the rest of t0's page.
 template <typename T>
-void group_attention(T* out, const T* q, const T* k, const T* v, int64_t R, int64_t D, int64_t kv_row, T scale,
-                     int64_t Tk, T* s, T* acc, T* m, T* l) {
+struct KeyRun {
+  const T* k;
+  const T* v;
+  int64_t run;
+};
+
+// One (batch row, kv group): the R = Hq / Hkv query heads of the group against its Tk keys, found
+// by at(t0) -> KeyRun. A block never crosses a run, so pages of a multiple of kBlock tokens give
+// the contiguous cache's blocks, and its sums, exactly. s [R, kBlock], acc [R, D], m and l [R] are
+// the caller's scratch.
+template <typename T, typename At>
+void group_attention(T* out, const T* q, At at, int64_t R, int64_t D, int64_t kv_row, T scale, int64_t Tk, T* s,
+                     T* acc, T* m, T* l) {
   std::fill(acc, acc + R * D, T(0));
   std::fill(m, m + R, -std::numeric_limits<T>::infinity());
   std::fill(l, l + R, T(0));
-  for (int64_t t0 = 0; t0 < Tk; t0 += kBlock) {
-    const int64_t n = std::min(kBlock, Tk - t0);
+  for (int64_t t0 = 0, n = 0; t0 < Tk; t0 += n) {
+    const KeyRun<T> r = at(t0);
+    n = std::min({kBlock, Tk - t0, r.run});
     for (int64_t j = 0; j < n; ++j) {
-      const T* kj = k + (t0 + j) * kv_row;
+      const T* kj = r.k + j * kv_row;
       for (int64_t i = 0; i < R; ++i) {
         const T* qi = q + i * D;
         T dot = 0;
@@ -36,7 +48,7 @@ void group_attention(T* out, const T* q, const T* k, const T* v, int64_t R, int6
     }
     online_softmax_step(s, kBlock, n, m, l, acc, R, D);
     for (int64_t j = 0; j < n; ++j) {
-      const T* vj = v + (t0 + j) * kv_row;
+      const T* vj = r.v + j * kv_row;
       for (int64_t i = 0; i < R; ++i) {
         const T p = s[i * kBlock + j];
         T* ai = acc + i * D;
@@ -65,8 +77,33 @@ void decode_attention(T* out, const T* q, const T* k, const T* v, int64_t B, int
     for (int64_t b = 0; b < B; ++b)
       for (int64_t g = 0; g < Hkv; ++g) {
         const int64_t kv = b * kv_batch_stride + g * kv_at.group;
-        group_attention(out + (b * Hq + g * R) * D, q + b * q_at.row + g * q_at.group, k + kv, v + kv, R, D,
-                        kv_at.row, static_cast<T>(scale), Tk, s.data(), acc.data(), m.data(), l.data());
+        const auto at = [&, kv](int64_t t0) {
+          return KeyRun<T>{k + kv + t0 * kv_at.row, v + kv + t0 * kv_at.row, Tk - t0};
+        };
+        group_attention(out + (b * Hq + g * R) * D, q + b * q_at.row + g * q_at.group, at, R, D, kv_at.row,
+                        static_cast<T>(scale), Tk, s.data(), acc.data(), m.data(), l.data());
+      }
+  }
+}
+
+template <typename T>
+void paged_decode_attention(T* out, const T* q, const T* k_pages, const T* v_pages, int64_t B, int64_t Hq,
+                            int64_t Hkv, int64_t D, HeadStrides q_at, HeadStrides kv_at, double scale,
+                            const int32_t* pages, int64_t max_pages, const int64_t* lens, int64_t page_size) {
+  const int64_t R = Hq / Hkv;
+#pragma omp parallel
+  {
+    std::vector<T> s(static_cast<size_t>(R * kBlock)), acc(static_cast<size_t>(R * D)), m(R), l(R);
+#pragma omp for collapse(2) schedule(static)
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t g = 0; g < Hkv; ++g) {
+        const int32_t* table = pages + b * max_pages;
+        const auto at = [&, table, g](int64_t t0) {
+          const int64_t at_token = (table[t0 / page_size] * page_size + t0 % page_size) * kv_at.row + g * kv_at.group;
+          return KeyRun<T>{k_pages + at_token, v_pages + at_token, page_size - t0 % page_size};
+        };
+        group_attention(out + (b * Hq + g * R) * D, q + b * q_at.row + g * q_at.group, at, R, D, kv_at.row,
+                        static_cast<T>(scale), lens[b], s.data(), acc.data(), m.data(), l.data());
       }
   }
 }
@@ -75,5 +112,11 @@ template void decode_attention<float>(float*, const float*, const float*, const 
                                       int64_t, HeadStrides, HeadStrides, double, int64_t, int64_t);
 template void decode_attention<double>(double*, const double*, const double*, const double*, int64_t, int64_t, int64_t,
                                        int64_t, HeadStrides, HeadStrides, double, int64_t, int64_t);
+template void paged_decode_attention<float>(float*, const float*, const float*, const float*, int64_t, int64_t, int64_t,
+                                            int64_t, HeadStrides, HeadStrides, double, const int32_t*, int64_t,
+                                            const int64_t*, int64_t);
+template void paged_decode_attention<double>(double*, const double*, const double*, const double*, int64_t, int64_t,
+                                             int64_t, int64_t, HeadStrides, HeadStrides, double, const int32_t*, int64_t,
+                                             const int64_t*, int64_t);
 
 }  // namespace megaton::kernels::cpu

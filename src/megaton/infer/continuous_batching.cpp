@@ -1,0 +1,146 @@
+#include "megaton/infer/continuous_batching.h"
+
+#include <algorithm>
+
+namespace megaton::infer {
+
+struct ContinuousBatcher::Request {
+  std::vector<int32_t> prompt;
+  SamplingOptions sampling;
+  std::function<bool(int32_t)> on_token;
+  TokenHistory history;
+  int64_t total;  // prompt + new tokens, capped by the model's positions
+  nn::PagedSequence seq;
+  int64_t prefilled = 0;  // prompt tokens in the cache
+  std::vector<int32_t> out;
+  bool finished = false;
+};
+
+namespace {
+int64_t checked_option(const char* what, int64_t v, int64_t lo, int64_t hi) {
+  if (v < lo || v > hi) fail("continuous batching: ", what, " ", v, " outside ", lo, " .. ", hi);
+  return v;
+}
+}  // namespace
+
+ContinuousBatcher::ContinuousBatcher(models::TransformerModel& model, const BatchingOptions& o)
+    : model_(model),
+      options_(o),
+      cache_(model.new_paged_kv_cache(
+          o.num_pages > 0 ? o.num_pages
+                          : checked_option("max_running", o.max_running, 1, 1 << 16) *
+                                ((model.config().max_position_embeddings + checked_option("page_size", o.page_size, 1, 1 << 20) - 1) /
+                                 o.page_size),
+          o.page_size)),
+      vocab_(model.config().vocab_size) {
+  checked_option("max_running", o.max_running, 1, 1 << 16);
+  checked_option("prefill_chunk", o.prefill_chunk, 1, 1 << 24);
+  model_.refresh_compute_weights();
+}
+
+ContinuousBatcher::~ContinuousBatcher() = default;
+
+int64_t ContinuousBatcher::submit(std::vector<int32_t> prompt, const SamplingOptions& sampling,
+                                  std::function<bool(int32_t)> on_token) {
+  if (prompt.empty()) fail("continuous batching: a prompt of no tokens");
+  const int64_t max_len = model_.config().max_position_embeddings;
+  if (static_cast<int64_t>(prompt.size()) >= max_len)
+    fail("continuous batching: prompt of ", prompt.size(), " tokens leaves no room in the model's ", max_len, " positions");
+  if (!(sampling.repetition_penalty > 0) || !(sampling.min_p >= 0 && sampling.min_p <= 1))
+    fail("continuous batching: repetition_penalty must be > 0 and min_p in [0, 1]");
+  for (const int32_t id : prompt)
+    if (id < 0 || id >= vocab_) fail("continuous batching: prompt id ", id, " outside the vocabulary of ", vocab_);
+  const int64_t total = std::min<int64_t>(static_cast<int64_t>(prompt.size()) + sampling.max_new_tokens, max_len);
+  if (cache_.pages_for(total) > cache_.num_pages())
+    fail("continuous batching: a sequence of ", total, " tokens needs ", cache_.pages_for(total), " KV pages, the pool has ",
+         cache_.num_pages());
+  TokenHistory history(sampling, vocab_, prompt);
+  auto r = std::make_unique<Request>(
+      Request{std::move(prompt), sampling, std::move(on_token), std::move(history), total, {}, 0, {}, false});
+  waiting_.push_back(r.get());
+  requests_.push_back(std::move(r));
+  return static_cast<int64_t>(requests_.size()) - 1;
+}
+
+void ContinuousBatcher::admit() {
+  while (!waiting_.empty() && running() < options_.max_running &&
+         cache_.reserve(waiting_.front()->seq, waiting_.front()->total)) {
+    running_.push_back(waiting_.front());
+    waiting_.pop_front();
+  }
+}
+
+void ContinuousBatcher::emit(Request& r, float* logits) {
+  const int64_t V = r.sampling.vocab_size > 0 ? std::min(r.sampling.vocab_size, vocab_) : vocab_;
+  r.history.penalize(logits);
+  // The draw is indexed by the position, as generate() indexes it.
+  const int32_t next = sample_token(logits, V, r.sampling, static_cast<uint64_t>(r.seq.len));
+  r.history.add_generated(next);
+  r.out.push_back(next);
+  const bool more = !r.on_token || r.on_token(next);
+  if (!more || next == r.sampling.stop_token || r.seq.len + 1 >= r.total) finish(r);
+}
+
+void ContinuousBatcher::finish(Request& r) {
+  r.finished = true;
+  cache_.release(r.seq);
+}
+
+bool ContinuousBatcher::step() {
+  admit();
+  if (running_.empty()) return false;
+  // One prefill chunk: the first admitted sequence still reading its prompt.
+  const auto reading = std::find_if(running_.begin(), running_.end(),
+                                    [](const Request* r) { return r->prefilled < static_cast<int64_t>(r->prompt.size()); });
+  if (reading != running_.end()) {
+    Request& r = **reading;
+    const int64_t n = std::min(options_.prefill_chunk, static_cast<int64_t>(r.prompt.size()) - r.prefilled);
+    Tensor ids = Tensor::empty({1, n}, DType::I32, MemCategory::Activations, "prefill_chunk");
+    std::copy_n(r.prompt.begin() + r.prefilled, n, ids.data<int32_t>());
+    Tensor logits = model_.forward_paged(cache_, {&r.seq}, ids);
+    r.prefilled += n;
+    if (r.prefilled == static_cast<int64_t>(r.prompt.size())) emit(r, logits.data<float>());
+  }
+  // One decode step of every sequence past its prompt (one that read its last chunk just now
+  // included): each feeds its newest token.
+  std::vector<Request*> decoding;
+  for (Request* r : running_)
+    if (!r->finished && !r->out.empty()) decoding.push_back(r);
+  if (!decoding.empty()) {
+    const auto S = static_cast<int64_t>(decoding.size());
+    Tensor ids = Tensor::empty({S, 1}, DType::I32, MemCategory::Activations, "decode_tokens");
+    std::vector<nn::PagedSequence*> seqs;
+    for (int64_t s = 0; s < S; ++s) {
+      ids.data<int32_t>()[s] = decoding[static_cast<size_t>(s)]->out.back();
+      seqs.push_back(&decoding[static_cast<size_t>(s)]->seq);
+    }
+    Tensor logits = model_.forward_paged(cache_, seqs, ids);
+    ++decode_steps_;
+    for (int64_t s = 0; s < S; ++s) emit(*decoding[static_cast<size_t>(s)], logits.data<float>() + s * vocab_);
+  }
+  std::erase_if(running_, [](const Request* r) { return r->finished; });
+  return true;
+}
+
+bool ContinuousBatcher::done(int64_t id) const { return requests_.at(static_cast<size_t>(id))->finished; }
+
+const std::vector<int32_t>& ContinuousBatcher::output(int64_t id) const {
+  return requests_.at(static_cast<size_t>(id))->out;
+}
+
+std::vector<std::vector<int32_t>> generate_batched(models::TransformerModel& model,
+                                                   const std::vector<std::vector<int32_t>>& prompts,
+                                                   const std::vector<SamplingOptions>& sampling,
+                                                   const BatchingOptions& options) {
+  if (sampling.size() != prompts.size())
+    fail("generate_batched: ", prompts.size(), " prompts and ", sampling.size(), " sampling options");
+  ContinuousBatcher batcher(model, options);
+  std::vector<int64_t> ids;
+  for (size_t i = 0; i < prompts.size(); ++i) ids.push_back(batcher.submit(prompts[i], sampling[i]));
+  batcher.run_until_idle();
+  std::vector<std::vector<int32_t>> out;
+  for (const int64_t id : ids) out.push_back(batcher.output(id));
+  return out;
+}
+
+}  // namespace megaton::infer

@@ -1,0 +1,62 @@
+#include "megaton/nn/paged_kv_cache.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "megaton/core/error.h"
+
+namespace megaton::nn {
+
+PagedKVCache::PagedKVCache(const std::vector<int64_t>& kv_cols, int64_t num_pages, int64_t page_size)
+    : num_pages_(num_pages), page_size_(page_size) {
+  if (page_size < 1 || page_size > (1 << 20)) fail("KV cache page size ", page_size, " outside 1 .. 2^20 tokens");
+  if (num_pages < 1 || num_pages > INT32_MAX) fail("KV cache of ", num_pages, " pages outside 1 .. 2^31 - 1");
+  for (const int64_t cols : kv_cols) {
+    if (cols < 1) fail("KV cache layer of ", cols, " columns");
+    const Shape shape{num_pages, page_size, cols};
+    layers_.push_back({Tensor::zeros(shape, DType::F32, MemCategory::Activations, "paged_kv.k"),
+                       Tensor::zeros(shape, DType::F32, MemCategory::Activations, "paged_kv.v")});
+  }
+  free_.resize(static_cast<size_t>(num_pages));
+  // Popped from the back: page 0 first.
+  std::iota(free_.rbegin(), free_.rend(), 0);
+}
+
+bool PagedKVCache::reserve(PagedSequence& seq, int64_t tokens) {
+  const int64_t need = pages_for(tokens) - static_cast<int64_t>(seq.pages.size());
+  if (need <= 0) return true;
+  if (need > free_pages()) return false;
+  for (int64_t i = 0; i < need; ++i) {
+    seq.pages.push_back(free_.back());
+    free_.pop_back();
+  }
+  return true;
+}
+
+void PagedKVCache::release(PagedSequence& seq) {
+  free_.insert(free_.end(), seq.pages.rbegin(), seq.pages.rend());
+  seq.pages.clear();
+  seq.len = 0;
+}
+
+PagedBatch::PagedBatch(std::vector<PagedSequence*> s, int64_t t, int64_t page_size) : seqs(std::move(s)), tokens(t) {
+  if (seqs.empty() || tokens < 1) fail("a paged step needs at least one sequence and one token, got ", seqs.size(),
+                                       " and ", tokens);
+  const auto S = static_cast<int64_t>(seqs.size());
+  int64_t max_pages = 1;
+  for (const PagedSequence* q : seqs) {
+    if (static_cast<int64_t>(q->pages.size()) * page_size < q->len + tokens)
+      fail("paged step: a sequence of ", q->len, " tokens has ", q->pages.size(), " pages of ", page_size,
+           ", too few for ", tokens, " more (reserve them first)");
+    max_pages = std::max<int64_t>(max_pages, static_cast<int64_t>(q->pages.size()));
+  }
+  page_table = Tensor::zeros({S, max_pages}, DType::I32, MemCategory::Activations, "page_table");
+  lens = Tensor::empty({S}, DType::I64, MemCategory::Activations, "lens");
+  for (int64_t i = 0; i < S; ++i) {
+    const PagedSequence& q = *seqs[static_cast<size_t>(i)];
+    std::copy(q.pages.begin(), q.pages.end(), page_table.data<int32_t>() + i * max_pages);
+    lens.data<int64_t>()[i] = q.len + tokens;
+  }
+}
+
+}  // namespace megaton::nn

@@ -1,0 +1,60 @@
+// A paged KV cache, vLLM's PagedAttention layout: each layer's keys and values live in one pool of
+// fixed-size pages, [num_pages, page_size, kv columns], and a sequence holds the ids of its pages
+// in token order (its page table), taken from a shared free list as it is admitted and given back
+// when it ends. Sequences of any length then share one allocation without fragmentation, and a
+// batch of them decodes in one step whatever their lengths (kernels::paged_decode_attention).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "megaton/core/tensor.h"
+
+namespace megaton::nn {
+
+// One sequence's share of the cache: its pages, and how many tokens they hold so far.
+struct PagedSequence {
+  std::vector<int32_t> pages;
+  int64_t len = 0;
+};
+
+class PagedKVCache {
+ public:
+  struct Layer {
+    Tensor k, v;  // [num_pages, page_size, kv_cols], f32
+  };
+  // kv_cols per layer (a model's layers may differ); every count range-checked.
+  PagedKVCache(const std::vector<int64_t>& kv_cols, int64_t num_pages, int64_t page_size);
+
+  Layer& layer(size_t i) { return layers_.at(i); }
+  size_t num_layers() const { return layers_.size(); }
+  int64_t page_size() const { return page_size_; }
+  int64_t num_pages() const { return num_pages_; }
+  int64_t free_pages() const { return static_cast<int64_t>(free_.size()); }
+  int64_t used_pages() const { return num_pages_ - free_pages(); }
+  // Pages for `tokens` tokens in all.
+  int64_t pages_for(int64_t tokens) const { return (tokens + page_size_ - 1) / page_size_; }
+
+  // Gives `seq` pages until they hold `tokens` tokens in all; false, taking none, when the free list
+  // is short.
+  bool reserve(PagedSequence& seq, int64_t tokens);
+  // Its pages back to the free list; the sequence is empty again.
+  void release(PagedSequence& seq);
+
+ private:
+  std::vector<Layer> layers_;
+  int64_t num_pages_, page_size_;
+  std::vector<int32_t> free_;  // a stack: the most recently freed page is reused first
+};
+
+// The sequences of one model step, each with `tokens` new tokens (1: a decode step; more: a
+// prefill chunk), and their page tables as the attention kernels read them.
+struct PagedBatch {
+  std::vector<PagedSequence*> seqs;
+  int64_t tokens = 1;
+  Tensor page_table;  // I32 [S, max pages]
+  Tensor lens;        // I64 [S]: each sequence's length once this step's tokens are in
+  // Built from `seqs` whose pages already hold len + tokens tokens.
+  PagedBatch(std::vector<PagedSequence*> seqs, int64_t tokens, int64_t page_size);
+};
+
+}  // namespace megaton::nn

@@ -1,0 +1,212 @@
+// Paged KV cache and continuous batching (nn/paged_kv_cache.h, infer/continuous_batching.h):
+// the page pool's accounting; the paged decode kernel against the contiguous one (bitwise with
+// 64-token pages, to rounding with pages that split its blocks); a sequence decoded through the
+// paged cache gives the contiguous cache's logits bitwise; and a batch of requests of different
+// lengths, joining as pages free up, prefilled in chunks and decoded together, gives every
+// request generate()'s tokens (greedy and seeded sampling).
+#include "megaton/infer/continuous_batching.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+#include "../kernels/finite_diff.h"
+#include "../support/tiny_model.h"
+#include "megaton/kernels/attention.h"
+
+using namespace megaton;
+
+namespace {
+
+models::TransformerConfig tiny(const std::string& preset) {
+  auto c = megaton::testing::tiny_config(preset);
+  c.init_method_std = 0.2;  // sharp distributions, so positions and the cache matter
+  c.max_position_embeddings = 256;  // room for several pages
+  return c;
+}
+
+Tensor ids(const std::vector<int32_t>& v, int64_t rows = 1) {
+  Tensor t = Tensor::empty({rows, static_cast<int64_t>(v.size()) / rows}, DType::I32);
+  std::copy(v.begin(), v.end(), t.data<int32_t>());
+  return t;
+}
+
+std::vector<int32_t> prompt_of(int64_t n, int64_t salt) {
+  std::vector<int32_t> p;
+  for (int64_t i = 0; i < n; ++i) p.push_back(static_cast<int32_t>((i * 37 + salt * 11 + 5) % 250));
+  return p;
+}
+
+}  // namespace
+
+TEST(PagedKVCache, PagesAreTakenAndGivenBackWholeOrNotAtAll) {
+  nn::PagedKVCache cache({8, 8}, 5, 4);
+  nn::PagedSequence a, b;
+  EXPECT_TRUE(cache.reserve(a, 9));  // 3 pages
+  EXPECT_EQ(a.pages.size(), 3u);
+  EXPECT_EQ(cache.free_pages(), 2);
+  EXPECT_FALSE(cache.reserve(b, 12));  // 3 more: short, nothing taken
+  EXPECT_TRUE(b.pages.empty());
+  EXPECT_EQ(cache.free_pages(), 2);
+  EXPECT_TRUE(cache.reserve(a, 12));  // still 3
+  EXPECT_EQ(cache.used_pages(), 3);
+  cache.release(a);
+  EXPECT_EQ(cache.free_pages(), 5);
+  EXPECT_TRUE(cache.reserve(b, 20));
+  std::vector<int32_t> all = b.pages;
+  std::sort(all.begin(), all.end());
+  EXPECT_EQ(all, (std::vector<int32_t>{0, 1, 2, 3, 4}));
+  EXPECT_THROW(nn::PagedKVCache({8}, 0, 4), Error);
+  EXPECT_THROW(nn::PagedKVCache({8}, 4, 0), Error);
+  EXPECT_THROW(nn::PagedBatch({&a}, 1, 4), Error);  // a holds no pages
+}
+
+// Three sequences of different lengths with their tokens scattered over shuffled pages: the paged
+// kernel against decode_attention over each sequence's contiguous copy.
+TEST(PagedDecodeAttention, MatchesTheContiguousKernel) {
+  const int64_t Hq = 4, Hkv = 2, D = 8, cols = Hkv * D, num_pages = 40;
+  const std::vector<int64_t> lens = {1, 150, 300};
+  for (const int64_t page : {64, 16}) {
+    SCOPED_TRACE("page size " + std::to_string(page));
+    Tensor k = Tensor::empty({num_pages, page, cols}, DType::F32), v = Tensor::empty({num_pages, page, cols}, DType::F32);
+    const auto kv = fd::random_vector<float>(static_cast<size_t>(2 * k.numel()), 3);
+    std::copy(kv.begin(), kv.begin() + k.numel(), k.data<float>());
+    std::copy(kv.begin() + k.numel(), kv.end(), v.data<float>());
+    std::vector<int32_t> order(num_pages);
+    std::iota(order.begin(), order.end(), 0);
+    std::reverse(order.begin(), order.end());
+    std::rotate(order.begin(), order.begin() + 7, order.end());
+    const int64_t max_pages = (300 + page - 1) / page;
+    Tensor table = Tensor::zeros({3, max_pages}, DType::I32), len = Tensor::empty({3}, DType::I64);
+    Tensor q = Tensor::empty({3, Hq * D}, DType::F32);
+    const auto qv = fd::random_vector<float>(static_cast<size_t>(q.numel()), 4);
+    std::copy(qv.begin(), qv.end(), q.data<float>());
+    size_t next = 0;
+    for (int64_t b = 0; b < 3; ++b) {
+      len.data<int64_t>()[b] = lens[static_cast<size_t>(b)];
+      for (int64_t i = 0; i < (lens[static_cast<size_t>(b)] + page - 1) / page; ++i) table.data<int32_t>()[b * max_pages + i] = order[next++];
+    }
+    const auto cpu = kernels::ExecContext::on(q);
+    Tensor out = Tensor::empty({3, Hq * D}, DType::F32);
+    kernels::paged_decode_attention(cpu, out, q, k, v, table, len, 3, Hq, Hkv, D, {Hq * D, (Hq / Hkv) * D}, {cols, D}, 0.3);
+    for (int64_t b = 0; b < 3; ++b) {
+      const int64_t Tk = lens[static_cast<size_t>(b)];
+      Tensor kc = Tensor::empty({Tk, cols}, DType::F32), vc = Tensor::empty({Tk, cols}, DType::F32);
+      for (int64_t t = 0; t < Tk; ++t) {
+        const int64_t at = (table.data<int32_t>()[b * max_pages + t / page] * page + t % page) * cols;
+        std::memcpy(kc.data<float>() + t * cols, k.data<float>() + at, cols * sizeof(float));
+        std::memcpy(vc.data<float>() + t * cols, v.data<float>() + at, cols * sizeof(float));
+      }
+      Tensor ref = Tensor::empty({1, Hq * D}, DType::F32);
+      kernels::decode_attention(cpu, ref, {q, b * Hq * D}, kc, vc, 1, Hq, Hkv, D, {Hq * D, (Hq / Hkv) * D}, {cols, D}, 0.3,
+                                Tk, Tk * cols);
+      const std::vector<double> got(out.data<float>() + b * Hq * D, out.data<float>() + (b + 1) * Hq * D),
+          want(ref.data<float>(), ref.data<float>() + Hq * D);
+      if (page % 64 == 0)
+        EXPECT_EQ(got, want) << "row " << b;
+      else
+        EXPECT_TRUE(fd::close(got, want, 1e-6)) << "row " << b;
+    }
+    len.data<int64_t>()[1] = max_pages * page + 1;  // more tokens than its pages hold
+    EXPECT_THROW(kernels::paged_decode_attention(cpu, out, q, k, v, table, len, 3, Hq, Hkv, D, {Hq * D, (Hq / Hkv) * D},
+                                                 {cols, D}, 0.3),
+                 Error);
+  }
+}
+
+class PagedModel : public ::testing::TestWithParam<std::string> {};
+
+// One sequence through the paged cache (its pages out of order) against the contiguous cache: the
+// prompt read in one chunk gives the contiguous cache's logits bitwise at every step; read in two
+// chunks (64 + 6) its keys and values come from GEMMs of other row counts, so they agree to rounding.
+TEST_P(PagedModel, DecodingThroughPagesGivesTheContiguousCachesLogits) {
+  models::TransformerModel m(tiny(GetParam()));
+  m.init_weights(5);
+  m.refresh_compute_weights();
+  const std::vector<int32_t> prompt = prompt_of(70, 1);
+  for (const int64_t chunk : {70, 64}) {
+    SCOPED_TRACE("prefill chunk " + std::to_string(chunk));
+    auto caches = m.new_kv_caches(1, 100);
+    nn::PagedKVCache paged = m.new_paged_kv_cache(8, 64);
+    nn::PagedSequence seq;
+    ASSERT_TRUE(paged.reserve(seq, 100));
+    std::reverse(seq.pages.begin(), seq.pages.end());
+    Tensor want = m.forward_cached(caches, ids(prompt));
+    Tensor got;
+    for (int64_t at = 0; at < 70; at += chunk)
+      got = m.forward_paged(paged, {&seq}, ids({prompt.begin() + at, prompt.begin() + std::min<int64_t>(70, at + chunk)}));
+    const int64_t V = want.numel();
+    for (int step = 0; step < 20; ++step) {
+      SCOPED_TRACE("step " + std::to_string(step));
+      const std::vector<double> g(got.data<float>(), got.data<float>() + V), w(want.data<float>(), want.data<float>() + V);
+      if (chunk == 70) {
+        ASSERT_EQ(g, w);
+      } else {
+        ASSERT_TRUE(fd::close(g, w, 1e-5));
+      }
+      const auto next = static_cast<int32_t>(std::max_element(w.begin(), w.end()) - w.begin());
+      want = m.forward_cached(caches, ids({next}));
+      got = m.forward_paged(paged, {&seq}, ids({next}));
+    }
+    EXPECT_EQ(seq.len, 70 + 20);
+  }
+}
+
+// Requests of 3 to 150 tokens, greedy and sampled, more of them than run at once and more than the
+// pages hold, prefilled 32 tokens a step: each gets generate()'s tokens.
+TEST_P(PagedModel, BatchedRequestsGetGeneratesTokens) {
+  models::TransformerModel m(tiny(GetParam()));
+  m.init_weights(7);
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<infer::SamplingOptions> sampling;
+  for (int64_t i = 0; i < 7; ++i) {
+    prompts.push_back(prompt_of(std::vector<int64_t>{3, 150, 17, 64, 1, 90, 33}[static_cast<size_t>(i)], i));
+    infer::SamplingOptions o;
+    o.max_new_tokens = 12 + 3 * i;
+    o.temperature = i % 2 == 0 ? 0.0 : 0.8;
+    o.top_k = i == 3 ? 20 : 0;
+    o.seed = static_cast<uint64_t>(100 + i);
+    sampling.push_back(o);
+  }
+  const infer::BatchingOptions options{.page_size = 64, .num_pages = 8, .max_running = 3, .prefill_chunk = 32};
+  const auto batched = infer::generate_batched(m, prompts, sampling, options);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    SCOPED_TRACE("request " + std::to_string(i));
+    const std::vector<int32_t> alone = infer::generate(m, prompts[i], sampling[i]);
+    EXPECT_EQ(batched[i], alone);
+    EXPECT_EQ(static_cast<int64_t>(alone.size()), sampling[i].max_new_tokens);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, PagedModel, ::testing::Values("gpt-tiny", "llama-tiny"));
+
+TEST(ContinuousBatcher, JoinsLeavesAndFreesItsPages) {
+  models::TransformerModel m(tiny("llama-tiny"));
+  m.init_weights(2);
+  infer::ContinuousBatcher b(m, {.page_size = 16, .num_pages = 6, .max_running = 4, .prefill_chunk = 8});
+  infer::SamplingOptions o;
+  o.temperature = 0;
+  o.max_new_tokens = 10;
+  const int64_t first = b.submit(prompt_of(20, 1), o);  // 30 tokens: 2 pages
+  o.max_new_tokens = 40;
+  const int64_t second = b.submit(prompt_of(30, 2), o);  // 70 tokens: 5 pages, waits for the first
+  int stopped_at = -1;
+  o.max_new_tokens = 50;
+  const int64_t third = b.submit(prompt_of(5, 3), o, [&](int32_t) { return ++stopped_at < 4; });  // stops itself
+  EXPECT_TRUE(b.step());
+  EXPECT_EQ(b.running(), 1);
+  EXPECT_EQ(b.waiting(), 2);
+  EXPECT_EQ(b.used_pages(), 2);
+  b.run_until_idle();
+  EXPECT_TRUE(b.done(first) && b.done(second) && b.done(third));
+  EXPECT_EQ(b.output(first).size(), 10u);
+  EXPECT_EQ(b.output(second).size(), 40u);
+  EXPECT_EQ(b.output(third).size(), 5u);
+  EXPECT_EQ(b.used_pages(), 0);
+  EXPECT_THROW(b.submit({}, o), Error);
+  EXPECT_THROW(b.submit({300000}, o), Error);
+  o.max_new_tokens = 200;  // 205 tokens: 13 pages of 16, the pool has 6
+  EXPECT_THROW(b.submit(prompt_of(5, 4), o), Error);
+}
