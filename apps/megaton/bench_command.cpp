@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "commands.h"
+#include "batch_decode_bench.h"
 #include "fusion_kernels.h"
 #include "gemm_shapes.h"
 #include "option_range.h"
@@ -142,6 +143,7 @@ void add_bench_command(CLI::App& app) {
                                           "the ratio to this machine's measured sgemm ceiling");
   static std::string preset = "gpt2-124m";
   static int64_t layers = 0;  // 0: the preset's
+  static int64_t batch_requests = 0;
   static int64_t batch = 4, seq_len = 256;
   static int steps = 5, threads = 0;
   static bool json = false, gemm_shapes = false, fusion_kernels = false, cpu_only = false;
@@ -190,6 +192,10 @@ void add_bench_command(CLI::App& app) {
                   "residual-norm, norm-linear, mlp-cast)")
       ->capture_default_str()
       ->check(CLI::IsMember({"on", "off", "bias-act", "residual-norm", "norm-linear", "mlp-cast"}));
+  cmd->add_option("--continuous-batching", batch_requests,
+                  "Serve this many requests (--seq-len prompt tokens, --steps new tokens each, greedy) by continuous "
+                  "batching and one after another, side by side: aggregate tokens/s of each (--dtype f32 or bf16)")
+      ->check(in_range<int64_t>(1, 4096));
   cmd->add_flag("--cpu-info", cpu_only, "Only print the CPU line (model, features, threads) every benchmark starts with");
   cmd->callback([] {
     set_num_threads(threads);
@@ -205,6 +211,14 @@ void add_bench_command(CLI::App& app) {
       if (device.is_cpu() && dtype != DType::F32 && dtype != DType::BF16)
         fail("--dtype ", dtype_text, " on the cpu: the CPU GEMMs run f32 or bf16");
       print_gemm_shapes(models::preset(preset), batch * seq_len, steps, json, device, dtype);
+      return;
+    }
+    if (batch_requests > 0) {
+      models::TransformerConfig config = models::preset(preset);
+      if (layers > 0) config.num_layers = layers;
+      const DType dtype = dtype_from_name(dtype_text);
+      if (dtype != DType::F32 && dtype != DType::BF16) fail("--continuous-batching --dtype ", dtype_text, ": f32 or bf16");
+      print_batch_decode(config, batch_requests, seq_len, steps, dtype, json);
       return;
     }
     if (fusion_kernels) {

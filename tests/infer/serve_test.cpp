@@ -281,4 +281,7 @@ TEST_F(Serve, ConcurrentStreamsAllCompleteAndADisconnectHarmsNoOne) {
   }
   EXPECT_NE(body.find(served), std::string::npos) << body;
   EXPECT_NE(body.find("megaton_sequences_running 0"), std::string::npos) << body;
+  // Llama decodes by continuous batching: its paged KV cache has pages, all given back by now.
+  EXPECT_NE(body.find("megaton_kv_cache_pages_used 0\n"), std::string::npos) << body;
+  EXPECT_EQ(body.find("megaton_kv_cache_pages 0\n"), std::string::npos) << body;
 }

@@ -1,8 +1,9 @@
 #include "megaton/infer/sequence_queue.h"
 
+#include <algorithm>
 #include <exception>
+#include <list>
 
-#include "megaton/infer/text_stream.h"
 
 namespace megaton::infer {
 
@@ -53,60 +54,134 @@ int SequenceQueue::queued() const {
   return static_cast<int>(waiting_.size());
 }
 
+std::vector<std::shared_ptr<Sequence>> SequenceQueue::take_waiting(std::unique_lock<std::mutex>&) {
+  std::vector<std::shared_ptr<Sequence>> taken(std::make_move_iterator(waiting_.begin()),
+                                               std::make_move_iterator(waiting_.end()));
+  waiting_.clear();
+  running_ += static_cast<int>(taken.size());  // under the lock: submit() never sees them in neither place
+  return taken;
+}
+
+void SequenceQueue::end(Sequence& seq, const std::string& error) {
+  --running_;
+  std::lock_guard lock(seq.mutex);
+  seq.error = error;
+  seq.done = true;
+  seq.changed.notify_all();
+}
+
+void SequenceQueue::publish(Sequence& seq, std::string piece) {
+  std::lock_guard lock(seq.mutex);
+  if (!seq.first_token_s)
+    seq.first_token_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - seq.queued_at).count();
+  if (piece.empty()) return;
+  seq.text += piece;
+  seq.pieces.push_back(std::move(piece));
+  seq.changed.notify_all();
+}
+
+bool SequenceQueue::on_token(Sequence& seq, Output& out, int32_t id) {
+  ++generated_tokens_;
+  {
+    std::lock_guard lock(seq.mutex);
+    ++seq.completion_tokens;
+  }
+  if (id == seq.sampling.stop_token) {  // the end of the document: no text of its own
+    out.ended_by_model = true;
+    publish(seq, {});
+    return false;
+  }
+  publish(seq, out.stream.push(id));
+  return !out.stream.stopped() && !seq.cancelled && !stopping_;
+}
+
+void SequenceQueue::finish_text(Sequence& seq, Output& out) {
+  publish(seq, out.stream.finish());
+  std::lock_guard lock(seq.mutex);
+  seq.finish_reason = out.ended_by_model || out.stream.stopped() ? "stop" : "length";
+}
+
 void SequenceQueue::run() {
+  if (model_.supports_paged_kv()) return run_batched();
   for (;;) {
-    std::shared_ptr<Sequence> seq;
+    std::vector<std::shared_ptr<Sequence>> taken;
     {
       std::unique_lock lock(mutex_);
       wake_.wait(lock, [&] { return quit_ || !waiting_.empty(); });
       if (quit_) return;
-      seq = std::move(waiting_.front());
-      waiting_.pop_front();
-      ++running_;  // under the lock: submit() never sees the sequence in neither place
+      taken = take_waiting(lock);
     }
-    std::string error;
-    try {
-      if (!seq->cancelled) generate_one(*seq);
-    } catch (const std::exception& e) {
-      error = e.what();
+    for (const auto& seq : taken) {
+      std::string error;
+      try {
+        if (!seq->cancelled) generate_one(*seq);
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+      end(*seq, error);
     }
-    --running_;
-    std::lock_guard lock(seq->mutex);
-    seq->error = error;
-    seq->done = true;
-    seq->changed.notify_all();
   }
 }
 
 void SequenceQueue::generate_one(Sequence& seq) {
-  TextStream stream(tokenizer_, seq.stop);
-  const auto publish = [&](std::string piece) {
-    std::lock_guard lock(seq.mutex);
-    if (!seq.first_token_s)
-      seq.first_token_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - seq.queued_at).count();
-    if (piece.empty()) return;
-    seq.text += piece;
-    seq.pieces.push_back(std::move(piece));
-    seq.changed.notify_all();
+  Output out(tokenizer_, seq);
+  generate(model_, seq.prompt, seq.sampling, [&](int32_t id) { return on_token(seq, out, id); });
+  finish_text(seq, out);
+}
+
+void SequenceQueue::run_batched() {
+  // Up to 16 sequences decode together; the pages hold that many of the model's full length.
+  const BatchingOptions options{.max_running = std::min(capacity_, 16)};
+  std::optional<ContinuousBatcher> batcher(std::in_place, model_, options);
+  kv_pages_ = batcher->num_pages();
+  struct Active {
+    std::shared_ptr<Sequence> seq;
+    Output out;
+    int64_t id = -1;
   };
-  bool ended_by_model = false;
-  generate(model_, seq.prompt, seq.sampling, [&](int32_t id) {
-    ++generated_tokens_;
+  std::list<Active> active;  // stable addresses: the batcher's callbacks hold them
+  const auto fail_all = [&](const std::string& error) {
+    for (Active& a : active) end(*a.seq, error);
+    active.clear();
+  };
+  for (;;) {
+    std::vector<std::shared_ptr<Sequence>> arrived;
     {
-      std::lock_guard lock(seq.mutex);
-      ++seq.completion_tokens;
+      std::unique_lock lock(mutex_);
+      wake_.wait(lock, [&] { return quit_ || !waiting_.empty() || !active.empty(); });
+      if (quit_) return fail_all("the server is shutting down");
+      arrived = take_waiting(lock);
     }
-    if (id == seq.sampling.stop_token) {  // the end of the document: no text of its own
-      ended_by_model = true;
-      publish({});
-      return false;
+    for (const auto& seq : arrived) {
+      if (seq->cancelled) {
+        end(*seq, "");
+        continue;
+      }
+      Active& a = active.emplace_back(Active{seq, Output(tokenizer_, *seq), -1});
+      try {
+        a.id = batcher->submit(seq->prompt, seq->sampling, [this, &a](int32_t id) { return on_token(*a.seq, a.out, id); });
+      } catch (const std::exception& e) {
+        end(*seq, e.what());
+        active.pop_back();
+      }
     }
-    publish(stream.push(id));
-    return !stream.stopped() && !seq.cancelled && !stopping_;
-  });
-  publish(stream.finish());
-  std::lock_guard lock(seq.mutex);
-  seq.finish_reason = ended_by_model || stream.stopped() ? "stop" : "length";
+    try {
+      batcher->step();
+    } catch (const std::exception& e) {  // the batch's state is unknown: every sequence in it fails
+      fail_all(e.what());
+      batcher.emplace(model_, options);
+    }
+    kv_pages_used_ = batcher->used_pages();
+    for (auto it = active.begin(); it != active.end();) {
+      if (!batcher->done(it->id)) {
+        ++it;
+        continue;
+      }
+      finish_text(*it->seq, it->out);
+      end(*it->seq, "");
+      it = active.erase(it);
+    }
+  }
 }
 
 }  // namespace megaton::infer

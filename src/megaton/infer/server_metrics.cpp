@@ -26,7 +26,8 @@ void ServerMetrics::observe_sequence(int64_t prompt_tokens, int64_t completion_t
   }
 }
 
-std::string ServerMetrics::prometheus(int queued, int running, int capacity) const {
+std::string ServerMetrics::prometheus(int queued, int running, int capacity, int64_t kv_pages_used,
+                                      int64_t kv_pages) const {
   std::lock_guard lock(mutex_);
   std::ostringstream o;
   const auto metric = [&](const char* name, const char* type, const char* help) {
@@ -45,6 +46,10 @@ std::string ServerMetrics::prometheus(int queued, int running, int capacity) con
   o << "megaton_sequences_running " << running << '\n';
   metric("megaton_sequences_capacity", "gauge", "Sequences that may wait or run at once (--max-sequences).");
   o << "megaton_sequences_capacity " << capacity << '\n';
+  metric("megaton_kv_cache_pages_used", "gauge", "Pages of the paged KV cache held by running sequences.");
+  o << "megaton_kv_cache_pages_used " << kv_pages_used << '\n';
+  metric("megaton_kv_cache_pages", "gauge", "Pages of the paged KV cache (0: sequences run one at a time).");
+  o << "megaton_kv_cache_pages " << kv_pages << '\n';
   metric("megaton_sequence_seconds", "summary", "Time from a sequence's arrival to its last token.");
   o << "megaton_sequence_seconds_sum " << seconds_ << "\nmegaton_sequence_seconds_count " << sequences_ << '\n';
   metric("megaton_time_to_first_token_seconds", "summary", "Time from a sequence's arrival to its first token.");

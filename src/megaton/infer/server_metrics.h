@@ -15,7 +15,8 @@ class ServerMetrics {
   void count_request(const std::string& path, int status);
   void observe_sequence(int64_t prompt_tokens, int64_t completion_tokens, double seconds,
                         std::optional<double> first_token_s);
-  std::string prometheus(int queued, int running, int capacity) const;
+  // kv_pages_used / kv_pages: the paged KV cache's pages (0 / 0 when sequences run one at a time).
+  std::string prometheus(int queued, int running, int capacity, int64_t kv_pages_used, int64_t kv_pages) const;
 
  private:
   mutable std::mutex mutex_;

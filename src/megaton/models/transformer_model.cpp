@@ -350,6 +350,10 @@ Tensor TransformerModel::mtp_forward_cached(nn::KVCache& cache, const Tensor& ne
   return mtp_.front()->forward_cached(cache, embedding_->forward(next, 0, compute_dtype_), hidden, B, T);
 }
 
+bool TransformerModel::supports_paged_kv() const {
+  return !tp_.active() && std::all_of(layers_.begin(), layers_.end(), [](const auto& l) { return l->attention->paged(); });
+}
+
 nn::PagedKVCache TransformerModel::new_paged_kv_cache(int64_t num_pages, int64_t page_size) const {
   check_whole("paged decoding");
   std::vector<int64_t> cols;

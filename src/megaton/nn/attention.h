@@ -64,6 +64,7 @@ class SelfAttention final : public AttentionLayer {
   Tensor backward_input(SublayerCtx& ctx, const Tensor& dy, int64_t B, int64_t T) override;
   void backward_weight(SublayerCtx& ctx) override;
   Tensor forward_cached(KVCache& cache, const Tensor& x, int64_t B, int64_t T) override;
+  bool paged() const override { return true; }
   int64_t kv_cols() const override { return shape_.kv_size(); }
   Tensor forward_paged(PagedKVCache::Layer& layer, const PagedBatch& batch, const Tensor& x) override;
   KVCache new_cache(int64_t B, int64_t max_len) const override;

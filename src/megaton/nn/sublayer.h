@@ -73,6 +73,7 @@ class AttentionLayer : public Sublayer {
   // batch.seqs (its rows in sequence order), sequence s's at positions seqs[s]->len ...; writes
   // their keys and values into the sequences' pages of `layer`. kv_cols: what one token takes in
   // a page. Kinds without a paged form (MLA, whose latent cache is contiguous for now) refuse.
+  virtual bool paged() const { return false; }
   virtual int64_t kv_cols() const { fail("this attention kind has no paged KV cache (MLA decodes with a contiguous one)"); }
   virtual Tensor forward_paged(PagedKVCache::Layer& layer, const PagedBatch& batch, const Tensor& x) {
     (void)layer, (void)batch, (void)x;
