@@ -29,6 +29,10 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--model-name", o.model_name, "The model id responses carry (default: the folder's name)");
   cmd->add_option("--max-sequences", o.max_sequences, "Sequences that may wait or run at once; more get HTTP 429")
       ->capture_default_str()->check(in_range(1, 4096));
+  cmd->add_option("--kv-cache-tokens", o.kv_cache_tokens,
+                  "Tokens the paged KV cache holds for all running sequences; a request longer than it is refused "
+                  "(0: 16 x min(context, 2048))")
+      ->capture_default_str()->check(in_range<int64_t>(0, int64_t{1} << 30));
   cmd->add_option("--max-tokens", o.limits.max_completion_tokens,
                   "The most tokens one request may generate (and a chat request's default)")
       ->capture_default_str()->check(in_range<int64_t>(1, int64_t{1} << 24));

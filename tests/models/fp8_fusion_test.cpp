@@ -31,11 +31,7 @@ Outcome run(const std::string& preset, fp8::Recipe recipe, const nn::FusionConfi
   c.add_bias_linear = true;  // fc1's bias goes through the activation producer too
   models::TransformerModel m(c);
   m.init_weights(11);
-  // Norm weights at one and biases at zero would hide a dropped or misplaced term.
-  int64_t k = 0;
-  for (nn::Parameter* p : m.parameters())
-    if (p->name.find("bias") != std::string::npos || p->name.find("norm") != std::string::npos)
-      for (int64_t i = 0; i < p->value.numel(); ++i) p->value.data<float>()[i] += 0.3f * std::sin(static_cast<float>(++k));
+  megaton::testing::give_biases_and_norms_values(m.parameters());
   m.set_compute_dtype(dtype);
   m.set_fusion(fusion);
   fp8::Fp8Config config;
@@ -62,12 +58,7 @@ Outcome run(const std::string& preset, fp8::Recipe recipe, const nn::FusionConfi
 }
 
 bool bitwise_equal(const Outcome& a, const Outcome& b) {
-  if (std::memcmp(&a.loss, &b.loss, sizeof(double)) != 0 || a.grads.size() != b.grads.size()) return false;
-  for (size_t i = 0; i < a.grads.size(); ++i)
-    if (a.grads[i].size() != b.grads[i].size() ||
-        std::memcmp(a.grads[i].data(), b.grads[i].data(), a.grads[i].size() * sizeof(double)) != 0)
-      return false;
-  return true;
+  return megaton::testing::bitwise_equal(a.loss, a.grads, b.loss, b.grads);
 }
 
 constexpr nn::FusionConfig kUnfused{.layernorm_linear = false, .layernorm_mlp = false};

@@ -35,12 +35,7 @@ struct Outcome {
 Outcome run(const std::string& preset, std::optional<nn::FusionConfig> fusion, DType dtype, bool split_backward) {
   models::TransformerModel m(config_of(preset));
   m.init_weights(9);
-  // Biases start at zero and norm weights at one, which would make a dropped or doubled bias
-  // invisible: give each its own values.
-  int64_t k = 0;
-  for (nn::Parameter* p : m.parameters())
-    if (p->name.find("bias") != std::string::npos || p->name.find("norm") != std::string::npos)
-      for (int64_t i = 0; i < p->value.numel(); ++i) p->value.data<float>()[i] += 0.3f * std::sin(static_cast<float>(++k));
+  megaton::testing::give_biases_and_norms_values(m.parameters());
   m.set_compute_dtype(dtype);
   if (fusion) m.set_fusion(*fusion);
   m.refresh_compute_weights();
@@ -61,12 +56,7 @@ Outcome run(const std::string& preset, std::optional<nn::FusionConfig> fusion, D
 }
 
 bool bitwise_equal(const Outcome& a, const Outcome& b) {
-  if (std::memcmp(&a.loss, &b.loss, sizeof(double)) != 0 || a.grads.size() != b.grads.size()) return false;
-  for (size_t i = 0; i < a.grads.size(); ++i)
-    if (a.grads[i].size() != b.grads[i].size() ||
-        std::memcmp(a.grads[i].data(), b.grads[i].data(), a.grads[i].size() * sizeof(double)) != 0)
-      return false;
-  return true;
+  return megaton::testing::bitwise_equal(a.loss, a.grads, b.loss, b.grads);
 }
 
 // The largest per-parameter relative error of a's gradients against b's (NaN propagates).

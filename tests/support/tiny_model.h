@@ -2,6 +2,7 @@
 // (GQA with 2 kv heads for Llama), byte vocabulary, 64 positions.
 #pragma once
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
@@ -33,6 +34,25 @@ inline std::vector<std::vector<double>> gradients_of(const nn::ParameterList& pa
     grads.emplace_back(g, g + p->grad.numel());
   }
   return grads;
+}
+
+// A loss and every parameter's gradient, bit for bit.
+inline bool bitwise_equal(double loss_a, const std::vector<std::vector<double>>& a, double loss_b,
+                          const std::vector<std::vector<double>>& b) {
+  if (std::memcmp(&loss_a, &loss_b, sizeof(double)) != 0 || a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i].size() != b[i].size() || std::memcmp(a[i].data(), b[i].data(), a[i].size() * sizeof(double)) != 0)
+      return false;
+  return true;
+}
+
+// Biases start at zero and norm weights at one, which would make a dropped or doubled bias (or norm
+// term) invisible: gives each its own values.
+inline void give_biases_and_norms_values(const nn::ParameterList& params) {
+  int64_t k = 0;
+  for (nn::Parameter* p : params)
+    if (p->name.find("bias") != std::string::npos || p->name.find("norm") != std::string::npos)
+      for (int64_t i = 0; i < p->value.numel(); ++i) p->value.data<float>()[i] += 0.3f * std::sin(static_cast<float>(++k));
 }
 
 // ||a - b|| / ||b||, NaN-safe (a NaN makes it NaN, which fails any < comparison). Two zero vectors (a

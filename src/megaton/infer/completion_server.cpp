@@ -16,7 +16,7 @@ namespace megaton::infer {
 
 struct CompletionServer::Impl {
   Impl(models::TransformerModel& model, const data::Tokenizer& tokenizer, ServerOptions options)
-      : model(model), tokenizer(tokenizer), options(std::move(options)), queue(model, tokenizer, this->options.max_sequences) {}
+      : model(model), tokenizer(tokenizer), options(std::move(options)), queue(model, tokenizer, this->options.max_sequences, this->options.kv_cache_tokens) {}
 
   models::TransformerModel& model;
   const data::Tokenizer& tokenizer;

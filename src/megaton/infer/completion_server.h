@@ -25,6 +25,10 @@ struct ServerOptions {
   int64_t max_request_bytes = int64_t{1} << 20;
   int64_t max_prompt_tokens = 0;   // 0: the model's context less one position
   int max_sequences = 16;          // queued + running; more get 429
+  // Tokens the paged KV cache holds for all running sequences together (continuous batching; a
+  // request is admitted when its whole length fits beside the others; a longer one is refused).
+  // 0: 16 sequences of up to 2048 tokens.
+  int64_t kv_cache_tokens = 0;
 };
 
 class CompletionServer {

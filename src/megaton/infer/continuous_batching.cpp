@@ -23,15 +23,20 @@ int64_t checked_option(const char* what, int64_t v, int64_t lo, int64_t hi) {
 }
 }  // namespace
 
+namespace {
+// BatchingOptions::num_pages when it is 0: 16 sequences of up to 2048 tokens (a model of a 128k
+// context would otherwise take gigabytes per sequence; a longer request is refused by name).
+int64_t pool_pages(const BatchingOptions& o, int64_t context) {
+  checked_option("page_size", o.page_size, 1, 1 << 20);
+  if (o.num_pages > 0) return o.num_pages;
+  return 16 * ((std::min<int64_t>(context, 2048) + o.page_size - 1) / o.page_size);
+}
+}  // namespace
+
 ContinuousBatcher::ContinuousBatcher(models::TransformerModel& model, const BatchingOptions& o)
     : model_(model),
       options_(o),
-      cache_(model.new_paged_kv_cache(
-          o.num_pages > 0 ? o.num_pages
-                          : checked_option("max_running", o.max_running, 1, 1 << 16) *
-                                ((model.config().max_position_embeddings + checked_option("page_size", o.page_size, 1, 1 << 20) - 1) /
-                                 o.page_size),
-          o.page_size)),
+      cache_(model.new_paged_kv_cache(pool_pages(o, model.config().max_position_embeddings), o.page_size)),
       vocab_(model.config().vocab_size) {
   checked_option("max_running", o.max_running, 1, 1 << 16);
   checked_option("prefill_chunk", o.prefill_chunk, 1, 1 << 24);
@@ -53,7 +58,7 @@ int64_t ContinuousBatcher::submit(std::vector<int32_t> prompt, const SamplingOpt
   const int64_t total = std::min<int64_t>(static_cast<int64_t>(prompt.size()) + sampling.max_new_tokens, max_len);
   if (cache_.pages_for(total) > cache_.num_pages())
     fail("continuous batching: a sequence of ", total, " tokens needs ", cache_.pages_for(total), " KV pages, the pool has ",
-         cache_.num_pages());
+         cache_.num_pages(), " (megaton serve --kv-cache-tokens sizes it)");
   TokenHistory history(sampling, vocab_, prompt);
   auto r = std::make_unique<Request>(
       Request{std::move(prompt), sampling, std::move(on_token), std::move(history), total, {}, 0, {}, false});

@@ -20,7 +20,8 @@ namespace megaton::infer {
 
 struct BatchingOptions {
   int64_t page_size = 64;      // tokens per KV page (a multiple of 64 keeps decode sums unbatched-exact)
-  int64_t num_pages = 0;       // 0: enough for max_running sequences of the model's full length
+  // 0: 16 sequences of min(context, 2048) tokens.
+  int64_t num_pages = 0;
   int64_t max_running = 16;    // sequences admitted at once
   int64_t prefill_chunk = 256; // prompt tokens per step
 };

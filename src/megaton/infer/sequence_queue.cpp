@@ -20,8 +20,13 @@ void Sequence::wait_done() {
   changed.wait(lock, [&] { return done; });
 }
 
-SequenceQueue::SequenceQueue(models::TransformerModel& model, const data::Tokenizer& tokenizer, int capacity)
-    : model_(model), tokenizer_(tokenizer), capacity_(capacity), thread_([this] { run(); }) {}
+SequenceQueue::SequenceQueue(models::TransformerModel& model, const data::Tokenizer& tokenizer, int capacity,
+                             int64_t kv_cache_tokens)
+    : model_(model),
+      tokenizer_(tokenizer),
+      capacity_(capacity),
+      kv_cache_tokens_(kv_cache_tokens),
+      thread_([this] { run(); }) {}
 
 SequenceQueue::~SequenceQueue() {
   stopping_ = true;
@@ -130,8 +135,9 @@ void SequenceQueue::generate_one(Sequence& seq) {
 }
 
 void SequenceQueue::run_batched() {
-  // Up to 16 sequences decode together; the pages hold that many of the model's full length.
-  const BatchingOptions options{.max_running = std::min(capacity_, 16)};
+  // Up to 16 sequences decode together.
+  BatchingOptions options{.max_running = std::min(capacity_, 16)};
+  if (kv_cache_tokens_ > 0) options.num_pages = (kv_cache_tokens_ + options.page_size - 1) / options.page_size;
   std::optional<ContinuousBatcher> batcher(std::in_place, model_, options);
   kv_pages_ = batcher->num_pages();
   struct Active {

@@ -53,7 +53,9 @@ struct Sequence {
 
 class SequenceQueue {
  public:
-  SequenceQueue(models::TransformerModel& model, const data::Tokenizer& tokenizer, int capacity);
+  // kv_cache_tokens: the paged cache's size in tokens (0: BatchingOptions' default).
+  SequenceQueue(models::TransformerModel& model, const data::Tokenizer& tokenizer, int capacity,
+                int64_t kv_cache_tokens = 0);
   ~SequenceQueue();  // ends the thread; sequences still queued end with an error
 
   // False when `capacity` sequences already wait or run (the caller answers 429).
@@ -88,6 +90,7 @@ class SequenceQueue {
   models::TransformerModel& model_;
   const data::Tokenizer& tokenizer_;
   const int capacity_;
+  const int64_t kv_cache_tokens_;
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<std::shared_ptr<Sequence>> waiting_;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "megaton/kernels/cpu/online_softmax.h"
@@ -64,11 +65,11 @@ void group_attention(T* out, const T* q, At at, int64_t R, int64_t D, int64_t kv
   }
 }
 
-}  // namespace
-
-template <typename T>
-void decode_attention(T* out, const T* q, const T* k, const T* v, int64_t B, int64_t Hq, int64_t Hkv, int64_t D,
-                      HeadStrides q_at, HeadStrides kv_at, double scale, int64_t Tk, int64_t kv_batch_stride) {
+// Every (batch row, kv group) spread over threads, each with its own scratch: keys(b, g) gives the
+// group's KeyRun accessor and how many tokens it attends over.
+template <typename T, typename Keys>
+void attend_groups(T* out, const T* q, int64_t B, int64_t Hq, int64_t Hkv, int64_t D, HeadStrides q_at, int64_t kv_row,
+                   double scale, Keys keys) {
   const int64_t R = Hq / Hkv;
 #pragma omp parallel
   {
@@ -76,36 +77,37 @@ void decode_attention(T* out, const T* q, const T* k, const T* v, int64_t B, int
 #pragma omp for collapse(2) schedule(static)
     for (int64_t b = 0; b < B; ++b)
       for (int64_t g = 0; g < Hkv; ++g) {
-        const int64_t kv = b * kv_batch_stride + g * kv_at.group;
-        const auto at = [&, kv](int64_t t0) {
-          return KeyRun<T>{k + kv + t0 * kv_at.row, v + kv + t0 * kv_at.row, Tk - t0};
-        };
-        group_attention(out + (b * Hq + g * R) * D, q + b * q_at.row + g * q_at.group, at, R, D, kv_at.row,
-                        static_cast<T>(scale), Tk, s.data(), acc.data(), m.data(), l.data());
+        const auto group = keys(b, g);  // no structured binding: clang 14 refuses them in OpenMP regions
+        group_attention(out + (b * Hq + g * R) * D, q + b * q_at.row + g * q_at.group, group.first, R, D, kv_row,
+                        static_cast<T>(scale), group.second, s.data(), acc.data(), m.data(), l.data());
       }
   }
+}
+
+}  // namespace
+
+template <typename T>
+void decode_attention(T* out, const T* q, const T* k, const T* v, int64_t B, int64_t Hq, int64_t Hkv, int64_t D,
+                      HeadStrides q_at, HeadStrides kv_at, double scale, int64_t Tk, int64_t kv_batch_stride) {
+  attend_groups(out, q, B, Hq, Hkv, D, q_at, kv_at.row, scale, [=](int64_t b, int64_t g) {
+    const int64_t kv = b * kv_batch_stride + g * kv_at.group;
+    const auto at = [=](int64_t t0) { return KeyRun<T>{k + kv + t0 * kv_at.row, v + kv + t0 * kv_at.row, Tk - t0}; };
+    return std::pair{at, Tk};
+  });
 }
 
 template <typename T>
 void paged_decode_attention(T* out, const T* q, const T* k_pages, const T* v_pages, int64_t B, int64_t Hq,
                             int64_t Hkv, int64_t D, HeadStrides q_at, HeadStrides kv_at, double scale,
                             const int32_t* pages, int64_t max_pages, const int64_t* lens, int64_t page_size) {
-  const int64_t R = Hq / Hkv;
-#pragma omp parallel
-  {
-    std::vector<T> s(static_cast<size_t>(R * kBlock)), acc(static_cast<size_t>(R * D)), m(R), l(R);
-#pragma omp for collapse(2) schedule(static)
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t g = 0; g < Hkv; ++g) {
-        const int32_t* table = pages + b * max_pages;
-        const auto at = [&, table, g](int64_t t0) {
-          const int64_t at_token = (table[t0 / page_size] * page_size + t0 % page_size) * kv_at.row + g * kv_at.group;
-          return KeyRun<T>{k_pages + at_token, v_pages + at_token, page_size - t0 % page_size};
-        };
-        group_attention(out + (b * Hq + g * R) * D, q + b * q_at.row + g * q_at.group, at, R, D, kv_at.row,
-                        static_cast<T>(scale), lens[b], s.data(), acc.data(), m.data(), l.data());
-      }
-  }
+  attend_groups(out, q, B, Hq, Hkv, D, q_at, kv_at.row, scale, [=](int64_t b, int64_t g) {
+    const int32_t* table = pages + b * max_pages;
+    const auto at = [=](int64_t t0) {
+      const int64_t token = (table[t0 / page_size] * page_size + t0 % page_size) * kv_at.row + g * kv_at.group;
+      return KeyRun<T>{k_pages + token, v_pages + token, page_size - t0 % page_size};
+    };
+    return std::pair{at, lens[b]};
+  });
 }
 
 template void decode_attention<float>(float*, const float*, const float*, const float*, int64_t, int64_t, int64_t,
