@@ -205,6 +205,11 @@ TEST(ContinuousBatcher, JoinsLeavesAndFreesItsPages) {
   EXPECT_EQ(b.output(second).size(), 40u);
   EXPECT_EQ(b.output(third).size(), 5u);
   EXPECT_EQ(b.used_pages(), 0);
+  o.max_new_tokens = 0;  // as generate(): nothing
+  const int64_t none = b.submit(prompt_of(5, 5), o);
+  EXPECT_TRUE(b.done(none));
+  EXPECT_TRUE(b.output(none).empty());
+  EXPECT_FALSE(b.step());
   EXPECT_THROW(b.submit({}, o), Error);
   EXPECT_THROW(b.submit({300000}, o), Error);
   o.max_new_tokens = 200;  // 205 tokens: 13 pages of 16, the pool has 6

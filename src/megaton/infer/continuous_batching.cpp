@@ -60,9 +60,11 @@ int64_t ContinuousBatcher::submit(std::vector<int32_t> prompt, const SamplingOpt
     fail("continuous batching: a sequence of ", total, " tokens needs ", cache_.pages_for(total), " KV pages, the pool has ",
          cache_.num_pages(), " (megaton serve --kv-cache-tokens sizes it)");
   TokenHistory history(sampling, vocab_, prompt);
+  // No new tokens asked for: done at once, as generate() returns nothing.
+  const bool nothing = total <= static_cast<int64_t>(prompt.size());
   auto r = std::make_unique<Request>(
-      Request{std::move(prompt), sampling, std::move(on_token), std::move(history), total, {}, 0, {}, false});
-  waiting_.push_back(r.get());
+      Request{std::move(prompt), sampling, std::move(on_token), std::move(history), total, {}, 0, {}, nothing});
+  if (!nothing) waiting_.push_back(r.get());
   requests_.push_back(std::move(r));
   return static_cast<int64_t>(requests_.size()) - 1;
 }
