@@ -211,6 +211,16 @@ TEST(Fp8Quantize, ManyBlocksBothLayoutsInOnePassMatchATileLoop) {
   EXPECT_EQ(given.rowwise.scale_inv.data<float>()[0], 4.0f);
 }
 
+TEST(Fp8Quantize, AnEmptyMatrixGivesEmptyLayouts) {
+  const Tensor x = Tensor::empty({0, 5}, DType::F32, MemCategory::Other, "empty");
+  for (Fp8Granularity g : {Fp8Granularity::Tensor, Fp8Granularity::Tile1x128, Fp8Granularity::Block128x128, Fp8Granularity::Mx1x32}) {
+    const Fp8Layouts both = fp8_quantize_both(fp8_source(x), {.granularity = g}, "x", "xt");
+    EXPECT_EQ(both.rowwise.data.numel(), 0);
+    EXPECT_EQ(both.columnwise.data.numel(), 0);
+    EXPECT_EQ(both.rowwise.amax, 0.0f);
+  }
+}
+
 TEST(Fp8Quantize, DataIsOneBytePerElement) {
   const Tensor x = fixture_matrix(130, 300);
   Fp8QuantizeOptions o;

@@ -154,7 +154,8 @@ void quantize_layouts(const Fp8Source& src, const Fp8QuantizeOptions& o, Fp8Matr
   float tensor_scale = 0.0f;
   if (o.granularity == Fp8Granularity::Tensor) {
     const float amax = o.scale ? 0.0f : for_each_block(src, [](auto...) {});
-    for (const Layout& l : layouts) tensor_scale = tile_scale(l, 0, amax, o, fp8_max);
+    for (const Layout& l : layouts)  // an empty matrix has an empty scale grid
+      tensor_scale = l.out->scale_inv.numel() > 0 ? tile_scale(l, 0, amax, o, fp8_max) : 1.0f;
   }
   const float amax = for_each_block(src, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1, const float* buf, int64_t ld) {
     for (const Layout& l : layouts)
@@ -215,13 +216,15 @@ Fp8Source fp8_source(const Tensor& x) {
                 "FP8 quantisation of '", x.name(), "' takes f32 or bf16 on the host, got ", dtype_name(x.dtype()),
                 " on ", x.device().str());
   const int64_t cols = x.size(1);
-  const float* f32 = x.dtype() == DType::F32 ? x.data<float>() : nullptr;
-  const BFloat16* bf16 = f32 ? nullptr : x.data<BFloat16>();
+  const bool is_f32 = x.dtype() == DType::F32;
+  const float* f32 = is_f32 ? x.data<float>() : nullptr;
+  const BFloat16* bf16 = is_f32 ? nullptr : x.data<BFloat16>();
   // The lambda holds x, so its storage lives as long as the source.
-  return {x.size(0), cols, x.name(), [x, f32, bf16, cols](int64_t r0, int64_t r1, int64_t c0, int64_t c1, float* out, int64_t ld) {
+  return {x.size(0), cols, x.name(),
+          [x, is_f32, f32, bf16, cols](int64_t r0, int64_t r1, int64_t c0, int64_t c1, float* out, int64_t ld) {
             for (int64_t r = r0; r < r1; ++r)
               for (int64_t c = c0; c < c1; ++c)
-                out[(r - r0) * ld + (c - c0)] = f32 ? f32[r * cols + c] : bf16_to_float(bf16[r * cols + c].bits);
+                out[(r - r0) * ld + (c - c0)] = is_f32 ? f32[r * cols + c] : bf16_to_float(bf16[r * cols + c].bits);
           }};
 }
 
