@@ -98,11 +98,11 @@ void print_fusion_kernels(const models::TransformerConfig& c, int64_t N, int rep
   // layouts of the GEMM's 8-bit input (2 bytes per element), made from the norm's / activation's
   // written output (unfused) or straight from its producer (fused). Tensorwise current scaling
   // reads its input twice (amax, then codes), the tiled recipes once.
+  const Tensor none;  // outlives the cases, which capture it
   for (const auto& [recipe, g, passes] : {std::tuple{"tensorwise", kernels::Fp8Granularity::Tensor, 2.0},
                                          std::tuple{"blockwise", kernels::Fp8Granularity::Tile1x128, 1.0}}) {
     const kernels::Fp8QuantizeOptions o{.granularity = g};
     auto quantize = [o](const kernels::Fp8Source& src) { (void)kernels::fp8_quantize_both(src, o, "q", "q_t"); };
-    const Tensor none;
     cases.push_back({std::string("layernorm_linear ") + recipe, "forward", e * NH * (2 + passes) + 2 * NH,
                      e * NH * (1 + passes) + 2 * NH,
                      [&, quantize] {

@@ -200,7 +200,9 @@ TEST(BadInput, BenchFusionKernelsNamesABadDtypeAndTimesEveryFusion) {
     r = run_command(bench + "--json --model " + model);
     EXPECT_EQ(r.exit_code, 0) << r.output;
     for (const char* line : {R"("fusion":"bias_activation","pass":"forward")", R"("fusion":"bias_activation","pass":"backward")",
-                             R"("fusion":"residual_norm","pass":"forward")", R"("fusion":"residual_norm","pass":"backward")"})
+                             R"("fusion":"residual_norm","pass":"forward")", R"("fusion":"residual_norm","pass":"backward")",
+                             R"("fusion":"layernorm_linear tensorwise","pass":"forward")",
+                             R"("fusion":"layernorm_mlp blockwise","pass":"forward")"})
       EXPECT_NE(r.output.find(line), std::string::npos) << line << " in " << r.output;
   }
   r = run_command(std::string(MEGATON_BINARY) + " bench --model gpt-tiny --steps 1 --fusion sometimes");
