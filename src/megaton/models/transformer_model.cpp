@@ -382,15 +382,15 @@ Tensor TransformerModel::forward_paged(nn::PagedKVCache& cache, const std::vecto
   }
   for (size_t i = 0; i < layers_.size(); ++i) h = layers_[i]->forward_paged(cache.layer(i), batch, h);
   for (nn::PagedSequence* s : seqs) s->len += T;
-  Tensor last = nn::new_activation({S, C}, "last_hidden", h.dtype());
-  kernels::copy_rows(on, {last.view({S, 1, C}), 0, 0}, {h.view({S, T, C}), T - 1, 0}, 1, C);
-  nn::NormCtx scratch;
-  return head_->logits(final_norm_->forward(scratch, last));
+  return last_position_logits(h, S, T);
 }
 
 Tensor TransformerModel::forward_cached(std::vector<nn::KVCache>& caches, const Tensor& tokens) {
-  const int64_t B = tokens.size(0), T = tokens.size(1), C = config_.hidden_size;
-  const Tensor h = decoder_cached(caches, tokens);
+  return last_position_logits(decoder_cached(caches, tokens), tokens.size(0), tokens.size(1));
+}
+
+Tensor TransformerModel::last_position_logits(const Tensor& h, int64_t B, int64_t T) {
+  const int64_t C = config_.hidden_size;
   // Only the last position of each sequence needs the final norm and logits; the gather and the head
   // run in the compute dtype (a bf16 model reads the head's bf16 copy: half the bytes of its largest
   // weight per token).

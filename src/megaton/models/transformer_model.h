@@ -193,6 +193,8 @@ class TransformerModel {
   // Incremental decoding through the embedding and every layer: the new positions' hidden states
   // before the final norm.
   Tensor decoder_cached(std::vector<nn::KVCache>& caches, const Tensor& tokens);
+  // The logits [B, V] of the last of each sequence's T rows of decoder output h [B*T, C].
+  Tensor last_position_logits(const Tensor& h, int64_t B, int64_t T);
   // The MTP depths' losses and gradients after the main loss of a training micro-batch: their
   // weight gradients (the shared head's and embedding's included) now, and the gradient at the
   // main model's final-norm output added to the last chunk's.

@@ -74,14 +74,16 @@ class AttentionLayer : public Sublayer {
   // their keys and values into the sequences' pages of `layer`. kv_cols: what one token takes in
   // a page. Kinds without a paged form (MLA, whose latent cache is contiguous for now) refuse.
   virtual bool paged() const { return false; }
-  virtual int64_t kv_cols() const { fail("this attention kind has no paged KV cache (MLA decodes with a contiguous one)"); }
-  virtual Tensor forward_paged(PagedKVCache::Layer& layer, const PagedBatch& batch, const Tensor& x) {
-    (void)layer, (void)batch, (void)x;
-    return Tensor::empty({kv_cols()}, DType::F32);  // kv_cols() refuses first
-  }
+  virtual int64_t kv_cols() const { no_paged_cache(); }
+  virtual Tensor forward_paged(PagedKVCache::Layer&, const PagedBatch&, const Tensor&) { no_paged_cache(); }
   // Selective recompute's "core_attn": the core's output and softmax statistics are dropped after
   // F and computed again from q, k, v before B.
   virtual void set_recompute_core(bool on) = 0;
+
+ private:
+  [[noreturn]] static void no_paged_cache() {
+    fail("this attention kind has no paged KV cache (MLA decodes with a contiguous one)");
+  }
 };
 
 using MlpLayer = Sublayer;
