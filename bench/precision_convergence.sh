@@ -4,7 +4,8 @@
 # recipe (on bf16 compute); prints one line per run with the final validation loss and its
 # difference from the fp32 run's. fp16 starts from Megatron's initial loss scale 2^32 and skips the
 # steps that overflow on the way down; fp16-scale16 starts at 2^16 (--initial-loss-scale 65536, the
-# usual override). PRECISIONS (environment) picks the runs; fp32, the reference, is always first.
+# usual override). PRECISIONS and MODELS (environment) pick the runs; fp32, the reference, is always
+# first.
 # Usage: [PRECISIONS=...] bench/precision_convergence.sh [MEGATON] [STEPS]
 # Loss values, not speed: a loaded machine gives the same numbers.
 set -euo pipefail
@@ -13,7 +14,7 @@ steps=${2:-300}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 "$megaton" bench --cpu-info
-for model in gpt-tiny llama-tiny; do
+for model in ${MODELS:-gpt-tiny llama-tiny}; do
   ref=""
   for precision in fp32 ${PRECISIONS:-bf16 fp16 fp16-scale16 fp8-delayed fp8-tensorwise fp8-blockwise mxfp8}; do
     case $precision in

@@ -11,9 +11,15 @@ InferenceModel load_inference_model(const std::string& model_dir, const std::str
                                     const std::string& precision, const std::string& weights_dtype) {
   const auto start = std::chrono::steady_clock::now();
   InferenceModel m;
-  m.model = models::load_hf_model(model_dir);
+  models::HfFolder folder = models::load_hf_folder(model_dir);
+  m.model = std::move(folder.model);
+  // A quantised folder's own codes serve as stored (auto); another --weights-dtype re-quantises the
+  // values they stand for.
+  if (weights_dtype != "auto")
+    m.model->quantize_weights(kernels::weight_quant_from_name(weights_dtype));
+  else if (folder.quantization)
+    m.model->install_quantized_weights(*folder.quantization, folder.quantized);
   m.model->set_compute_dtype(precision == "bf16" ? DType::BF16 : DType::F32);
-  if (weights_dtype != "auto") m.model->quantize_weights(kernels::weight_quant_from_name(weights_dtype));
   m.tokenizer = data::make_tokenizer(tokenizer_spec);
   m.load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (m.tokenizer->vocab_size() > m.model->config().vocab_size)
@@ -28,7 +34,8 @@ void add_inference_dtype_options(CLI::App* cmd, std::string& precision, std::str
       ->capture_default_str()
       ->check(CLI::IsMember({"fp32", "bf16"}));
   cmd->add_option("--weights-dtype", weights_dtype,
-                  "The layers' and the head's weights as --precision says (auto), or as 8-bit codes dequantised "
+                  "The layers' and the head's weights as --precision says, or as a quantised folder stores them "
+                  "(auto), or as 8-bit codes dequantised "
                   "inside the kernels: int8 (one scale per row) or fp8-block (E4M3, one scale per 128 x 128 "
                   "block, as DeepSeek-V3 ships): a quarter of fp32's bytes per token")
       ->capture_default_str()

@@ -16,7 +16,7 @@ import numpy as np
 ROWS, COLS = 130, 300
 FORMATS = {"e4m3": dict(exp_bits=4, man_bits=3, bias=7, max=448.0),
            "e5m2": dict(exp_bits=5, man_bits=2, bias=15, max=57344.0)}
-TILES = {"tensor": (ROWS, COLS), "1x128": (1, 128), "128x128": (128, 128), "mx1x32": (1, 32)}
+TILES = {"1x128": (1, 128), "128x128": (128, 128), "mx1x32": (1, 32)}
 CASES = [("e4m3", "tensor", False, None), ("e5m2", "tensor", False, None), ("e4m3", "tensor", False, 3.0),
          ("e4m3", "1x128", False, None), ("e4m3", "1x128", True, None), ("e4m3", "128x128", False, None),
          ("e5m2", "128x128", True, None), ("e4m3", "mx1x32", False, None), ("e5m2", "mx1x32", False, None)]
@@ -89,9 +89,10 @@ def e8m0(v):
 def quantize(x, fmt, gran, pow2, given):
     table = value_table(fmt)
     fp8_max = FORMATS[fmt]["max"]
-    tr, tc = TILES[gran]
-    n_tr, n_tc = -(-ROWS // tr), -(-COLS // tc)
-    scales, codes = [], np.zeros((ROWS, COLS), dtype=np.uint8)
+    rows, cols = x.shape
+    tr, tc = (rows, cols) if gran == "tensor" else TILES[gran]
+    n_tr, n_tc = -(-rows // tr), -(-cols // tc)
+    scales, codes = [], np.zeros((rows, cols), dtype=np.uint8)
     for a in range(n_tr):
         for b in range(n_tc):
             tile = x[a * tr:(a + 1) * tr, b * tc:(b + 1) * tc]

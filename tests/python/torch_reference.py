@@ -33,17 +33,20 @@ import torch.nn.functional as F
 # safetensors
 # ----------------------------------------------------------------------------------------------
 
-# safetensors dtype name -> numpy dtype (BF16 is handled separately: numpy has no bfloat16).
+# safetensors dtype name -> numpy dtype (BF16 is handled separately: numpy has no bfloat16; F8_E4M3
+# codes are read as their raw bytes, uint8, and never written).
 _ST_TO_NUMPY = {
     "F64": np.float64, "F32": np.float32, "F16": np.float16,
     "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8,
     "U8": np.uint8, "U16": np.uint16, "BOOL": np.bool_,
 }
 _NUMPY_TO_ST = {np.dtype(v): k for k, v in _ST_TO_NUMPY.items()}
+_ST_TO_NUMPY["F8_E4M3"] = np.uint8
 
 
-def read_safetensors(path) -> dict[str, np.ndarray]:
-    """Reads every tensor of a .safetensors file. BF16 is widened to float32."""
+def read_safetensors(path, dtypes: dict | None = None) -> dict[str, np.ndarray]:
+    """Reads every tensor of a .safetensors file. BF16 is widened to float32; F8_E4M3 comes as its
+    uint8 codes. `dtypes`, when given, receives each tensor's stored dtype name."""
     data = Path(path).read_bytes()
     if len(data) < 8:
         raise ValueError(f"{path}: too short for a safetensors file")
@@ -57,6 +60,8 @@ def read_safetensors(path) -> dict[str, np.ndarray]:
         start, end = info["data_offsets"]
         raw = data[base + start:base + end]
         shape = tuple(info["shape"])
+        if dtypes is not None:
+            dtypes[name] = info["dtype"]
         if info["dtype"] == "BF16":
             bits = np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16
             array = bits.view(np.float32)

@@ -56,7 +56,7 @@ HeaderEntry parse_entry(const std::string& path, const std::string& name, const 
   auto dtype = dtype_from_safetensors(dt->get<std::string>());
   if (!dtype)
     fail_tensor(path, name, "unsupported dtype '", dt->get<std::string>(),
-                "' (supported: F32, F64, BF16, F16, I32, I64, U8, I8, U16, I16, U32, U64)");
+                "' (supported: F32, F64, BF16, F16, I32, I64, U8, I8, U16, I16, U32, U64, F8_E4M3, F8_E5M2)");
 
   auto sh = v.find("shape");
   if (sh == v.end() || !sh->is_array()) fail_tensor(path, name, "missing \"shape\" array");

@@ -10,6 +10,7 @@
 #include "megaton/ckpt/safetensors.h"
 #include "megaton/core/atomic_file.h"
 #include "megaton/core/regular_file.h"
+#include "megaton/models/hf_quantized.h"
 
 namespace megaton::models {
 
@@ -519,28 +520,70 @@ int64_t source_row(const Binding& b, int64_t r) {
   return b.qkv ? b.qkv->fused_row(row) : row;
 }
 
+// Binding b's HF tensor (f32) out of `full`, the parameter's value or gradient.
+Tensor hf_tensor(const Binding& b, const Tensor& full) {
+  const int64_t cols = cols_of(full);
+  Tensor t = Tensor::empty(hf_shape(b, full), DType::F32, MemCategory::Workspace, b.hf_name);
+  const float* src = full.data<float>();
+  float* dst = t.data<float>();
+  const int64_t rows = t.dim() == 1 ? t.size(0) : (b.transpose ? t.size(1) : t.size(0));
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* s = src + source_row(b, r) * cols;
+    for (int64_t k = 0; k < cols; ++k) (b.transpose ? dst[k * rows + r] : dst[r * cols + k]) = s[k];
+  }
+  return t;
+}
+
+// A parameter's codes and scales in Megaton's layout, gathered from the stored tensors bound to its
+// rows. Each row keeps the scales of the stored block it came from (block_rows 1), so fused weights
+// (q / k / v, gate / up) whose parts have their own blocks, and RoPE's row permutation, need no
+// re-quantisation.
+struct RowAssembly {
+  kernels::QuantizedWeight w;
+  int64_t rows_filled = 0;
+};
+
+void assemble_rows(RowAssembly& a, const Binding& b, const StoredQuantized& s, kernels::WeightQuant q,
+                   const std::string& source) {
+  const Tensor& full = b.param->value;
+  const int64_t out = full.size(0), in = full.size(1);
+  const int64_t block = b.transpose ? s.block_rows : s.block_cols;  // along Megaton's input dimension
+  const int64_t scale_cols = (in + block - 1) / block;
+  if (!a.w.codes.defined()) {
+    a.w = {q, Tensor::empty({out, in}, s.codes.dtype(), MemCategory::Params, b.param->name + ".codes"),
+           Tensor::empty({out, scale_cols}, DType::F32, MemCategory::Params, b.param->name + ".scale_inv"), 1, block};
+  } else if (a.w.block_cols != block) {
+    fail(source, ": tensor '", b.hf_name, "' has blocks of ", block, " along its input, the other parts of ",
+         b.param->name, " ", a.w.block_cols);
+  }
+  const int64_t rows = b.transpose ? s.codes.size(1) : s.codes.size(0);
+  const auto* src = static_cast<const uint8_t*>(s.codes.raw());
+  auto* codes = static_cast<uint8_t*>(a.w.codes.raw());
+  float* scales = a.w.scale_inv.data<float>();
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t pr = source_row(b, r);
+    for (int64_t k = 0; k < in; ++k) codes[pr * in + k] = b.transpose ? src[k * rows + r] : src[r * in + k];
+    for (int64_t kb = 0; kb < scale_cols; ++kb)
+      scales[pr * scale_cols + kb] = b.transpose ? s.scale(kb * block, r) : s.scale(r, kb * block);
+  }
+  a.rows_filled += rows;
+}
+
 }  // namespace
 
 std::vector<std::pair<std::string, Tensor>> to_hf_tensors(TransformerModel& model, bool gradients) {
   std::vector<std::pair<std::string, Tensor>> out;
   for (const Binding& b : bindings(model)) {
     if (b.copy && gradients) continue;
-    const Tensor& full = gradients ? b.param->grad : b.param->value;
-    const int64_t cols = cols_of(full);
-    Tensor t = Tensor::empty(hf_shape(b, full), DType::F32, MemCategory::Workspace, b.hf_name);
-    const float* src = full.data<float>();
-    float* dst = t.data<float>();
-    const int64_t rows = t.dim() == 1 ? t.size(0) : (b.transpose ? t.size(1) : t.size(0));
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* s = src + source_row(b, r) * cols;
-      for (int64_t k = 0; k < cols; ++k) (b.transpose ? dst[k * rows + r] : dst[r * cols + k]) = s[k];
-    }
-    out.emplace_back(b.hf_name, std::move(t));
+    out.emplace_back(b.hf_name, hf_tensor(b, gradients ? b.param->grad : b.param->value));
   }
   return out;
 }
 
-void load_hf_tensors(TransformerModel& model, const std::map<std::string, Tensor>& tensors, const std::string& source) {
+TransformerModel::StoredQuantizedWeights load_hf_tensors(TransformerModel& model,
+                                                         const std::map<std::string, Tensor>& tensors,
+                                                         const std::string& source,
+                                                         std::optional<kernels::WeightQuant> quantization) {
   // Buffers some GPT-2 / Llama exports carry that are not parameters.
   auto ignorable = [](const std::string& n) {
     auto ends = [&](const char* s) { return n.size() >= std::strlen(s) && n.ends_with(s); };
@@ -551,6 +594,7 @@ void load_hf_tensors(TransformerModel& model, const std::map<std::string, Tensor
   // Copies last: they are compared with the tensors they copy, which must be loaded by then.
   std::vector<Binding> all = bindings(model);
   std::stable_partition(all.begin(), all.end(), [](const Binding& b) { return !b.copy; });
+  std::map<const nn::Parameter*, RowAssembly> assembled;
   for (const Binding& b : all) {
     // GPT2Model checkpoints use bare names ("h.0.ln_1.weight", "wte.weight").
     std::string key = b.hf_name;
@@ -563,7 +607,21 @@ void load_hf_tensors(TransformerModel& model, const std::map<std::string, Tensor
     const Shape want = hf_shape(b, full);
     if (it->second.shape() != want)
       fail(source, ": tensor '", key, "' has shape ", shape_str(it->second.shape()), ", expected ", shape_str(want));
-    Tensor t = it->second.to(DType::F32, MemCategory::Workspace);
+    Tensor t;
+    if (const DType stored = it->second.dtype(); stored == DType::I8 || stored == DType::F8E4M3) {
+      if (!quantization)
+        fail(source, ": tensor '", key, "' is stored as ", dtype_name(stored),
+             " but config.json has no quantization_config saying how to scale it");
+      const std::string scale_key = scale_inv_name(key);
+      const auto scale = tensors.find(scale_key);
+      if (scale == tensors.end()) fail(source, ": tensor '", key, "' is quantised but '", scale_key, "' is missing");
+      used.insert(scale_key);
+      const StoredQuantized q = check_stored(it->second, scale->second, *quantization, b.transpose, key, source);
+      t = dequantize_stored(q);
+      if (!b.copy) assemble_rows(assembled[b.param], b, q, *quantization, source);
+    } else {
+      t = it->second.to(DType::F32, MemCategory::Workspace);
+    }
     const int64_t cols = cols_of(full);
     const int64_t rows = want.size() == 1 ? want[0] : (b.transpose ? want[1] : want[0]);
     const float* src = t.data<float>();
@@ -586,49 +644,83 @@ void load_hf_tensors(TransformerModel& model, const std::map<std::string, Tensor
     fail(source, ": unexpected tensor '", name, "' for a ", model.config().num_layers, "-layer ",
          model.config().position_embedding == PositionEmbedding::Rope ? "llama" : "gpt2", " model");
   }
+  TransformerModel::StoredQuantizedWeights stored;
+  for (auto& [param, a] : assembled) {
+    if (a.rows_filled != param->value.size(0))
+      fail(source, ": ", param->name, " is stored partly quantised (", a.rows_filled, " of its ", param->value.size(0),
+           " rows): all of a weight's tensors must be quantised, or none");
+    stored.emplace(param, std::make_shared<const kernels::QuantizedWeight>(std::move(a.w)));
+  }
+  return stored;
 }
 
-TransformerConfig load_hf_config(const std::string& dir) {
-  const std::string path = (fs::path(dir) / "config.json").string();
+namespace {
+// DIR/config.json parsed, and its path for messages.
+std::pair<json, std::string> read_hf_config(const std::string& dir) {
+  std::string path = (fs::path(dir) / "config.json").string();
   if (fs::exists(dir) && !fs::is_directory(dir))
     fail("model '", dir, "' is a file; expected an HF model folder (config.json + model.safetensors)");
   if (fs::is_directory(path)) fail("model config '", path, "' is a directory; expected the JSON file");
   if (!fs::exists(path)) fail("cannot open model config '", path, "' (is '", dir, "' an HF model folder?)");
-  json j;
   try {
-    j = json::parse(read_regular_file(path, "model config"));
+    return {json::parse(read_regular_file(path, "model config")), path};
   } catch (const json::exception& e) {
     fail(path, ": invalid JSON: ", e.what());
   }
+}
+}  // namespace
+
+TransformerConfig load_hf_config(const std::string& dir) {
+  const auto [j, path] = read_hf_config(dir);
   return config_from_hf(j, path);
 }
 
-std::unique_ptr<TransformerModel> load_hf_model(const std::string& dir) {
+HfFolder load_hf_folder(const std::string& dir) {
   const std::string path = (fs::path(dir) / "model.safetensors").string();
   // A training checkpoint has config.json too, but its weights are in shard files.
   if (!fs::exists(path) && fs::exists(fs::path(dir) / "metadata.json"))
     fail("'", dir, "' is a sharded training checkpoint, not an HF model folder; write one from it with `megaton "
          "convert --input ", dir, " --output DIR`");
-  auto model = std::make_unique<TransformerModel>(load_hf_config(dir));
-  load_hf_tensors(*model, ckpt::load_safetensors(path), path);
-  return model;
+  const auto [j, config_path] = read_hf_config(dir);
+  HfFolder f;
+  f.model = std::make_unique<TransformerModel>(config_from_hf(j, config_path));
+  f.quantization = stored_quantization(j, config_path);
+  f.quantized = load_hf_tensors(*f.model, ckpt::load_safetensors(path), path, f.quantization);
+  return f;
 }
 
-void save_hf_model(TransformerModel& model, const std::string& dir, DType dtype) {
+std::unique_ptr<TransformerModel> load_hf_model(const std::string& dir) { return load_hf_folder(dir).model; }
+
+void save_hf_model(TransformerModel& model, const std::string& dir, DType dtype,
+                   std::optional<kernels::WeightQuant> quantization) {
   MEGATON_CHECK(dtype == DType::F32 || dtype == DType::BF16, "HF model folders are written in f32 or bf16, not ",
                 dtype_name(dtype));
+  std::set<const nn::Parameter*> quantized;
+  if (quantization)
+    for (nn::Parameter* p : model.quantizable_weights())  // a tied head is the embedding: stored as it is
+      if (!(model.config().tie_embeddings && p == &model.output_weight())) quantized.insert(p);
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (const Binding& b : bindings(model)) {
+    Tensor t = hf_tensor(b, b.param->value);
+    if (quantized.count(b.param)) {
+      StoredQuantized q = quantize_stored(t, *quantization, b.transpose);
+      tensors.emplace_back(b.hf_name, std::move(q.codes));
+      tensors.emplace_back(scale_inv_name(b.hf_name), std::move(q.scale_inv));
+      continue;
+    }
+    tensors.emplace_back(b.hf_name, dtype == DType::F32 ? std::move(t) : t.to(dtype, MemCategory::Workspace));
+  }
   fs::create_directories(dir);
-  std::vector<std::pair<std::string, Tensor>> tensors = to_hf_tensors(model);
-  if (dtype != DType::F32)
-    for (auto& [name, t] : tensors) t = t.to(dtype, MemCategory::Workspace);
   ckpt::save_safetensors((fs::path(dir) / "model.safetensors").string(), tensors,
                          {{"format", "pt"}, {"producer", "megaton"}});
-  save_hf_config(model.config(), dir, dtype);
+  save_hf_config(model.config(), dir, dtype, quantization);
 }
 
-void save_hf_config(const TransformerConfig& c, const std::string& dir, DType dtype) {
+void save_hf_config(const TransformerConfig& c, const std::string& dir, DType dtype,
+                    std::optional<kernels::WeightQuant> quantization) {
   nlohmann::json config = config_to_hf(c);
   if (dtype == DType::BF16) config["torch_dtype"] = "bfloat16";
+  if (quantization) config["quantization_config"] = quantization_config(*quantization);
   write_file_atomically((fs::path(dir) / "config.json").string(), config.dump(2) + "\n");
 }
 

@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -25,14 +26,32 @@ bool is_mixtral_shaped(const TransformerConfig& c);
 // Parameter values (or their gradients) under HF names, in HF layouts.
 std::vector<std::pair<std::string, Tensor>> to_hf_tensors(TransformerModel& model, bool gradients = false);
 // Copies HF tensors into the model; a missing tensor, a wrong shape or an unknown name is an
-// error naming it and `source`.
-void load_hf_tensors(TransformerModel& model, const std::map<std::string, Tensor>& tensors, const std::string& source);
+// error naming it and `source`. Tensors stored quantised (models/hf_quantized.h; `quantization` is
+// the folder's format) load as the values their codes stand for; the codes and scales come back
+// too, in Megaton's layout (a fused weight's rows each keep their stored block's scales), keyed by
+// parameter.
+TransformerModel::StoredQuantizedWeights load_hf_tensors(TransformerModel& model,
+                                                         const std::map<std::string, Tensor>& tensors,
+                                                         const std::string& source,
+                                                         std::optional<kernels::WeightQuant> quantization = {});
 
 // DIR/config.json + DIR/model.safetensors (each written atomically), the tensors in `dtype` (f32, or
-// bf16: half the bytes, rounded to nearest even; loading widens them back to f32 exactly).
-void save_hf_model(TransformerModel& model, const std::string& dir, DType dtype = DType::F32);
+// bf16: half the bytes, rounded to nearest even; loading widens them back to f32 exactly). With
+// `quantization`, the weights TransformerModel::quantize_weights replaces (an untied head's
+// included) are stored as 8-bit codes and scales instead (models/hf_quantized.h).
+void save_hf_model(TransformerModel& model, const std::string& dir, DType dtype = DType::F32,
+                   std::optional<kernels::WeightQuant> quantization = {});
 // DIR/config.json alone (what save_hf_model writes beside the weights; a training checkpoint's too).
-void save_hf_config(const TransformerConfig& c, const std::string& dir, DType dtype = DType::F32);
+void save_hf_config(const TransformerConfig& c, const std::string& dir, DType dtype = DType::F32,
+                    std::optional<kernels::WeightQuant> quantization = {});
+// A folder's model (quantised weights loaded as their values), its quantisation format and the
+// stored codes, which TransformerModel::install_quantized_weights takes for inference.
+struct HfFolder {
+  std::unique_ptr<TransformerModel> model;
+  std::optional<kernels::WeightQuant> quantization;
+  TransformerModel::StoredQuantizedWeights quantized;
+};
+HfFolder load_hf_folder(const std::string& dir);
 std::unique_ptr<TransformerModel> load_hf_model(const std::string& dir);
 TransformerConfig load_hf_config(const std::string& dir);
 

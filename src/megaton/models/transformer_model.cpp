@@ -214,7 +214,7 @@ void TransformerModel::set_compute_dtype(DType dtype) {
   for (auto& l : layers_) l->gemm_weights(gemm_weights);
   for (auto& d : mtp_) d->gemm_weights(gemm_weights);
   for (nn::Parameter* p : gemm_weights) {
-    if (dtype == DType::F32)
+    if (dtype == DType::F32 || !keeps_compute_copy(*p))
       p->compute = {};
     else
       nn::add_compute_copy(*p, dtype);
@@ -230,15 +230,27 @@ void TransformerModel::set_recompute(const nn::RecomputeConfig& config) {
   for (auto& l : layers_) l->set_recompute(config);
 }
 
-void TransformerModel::quantize_weights(kernels::WeightQuant q) {
+void TransformerModel::install_quantized_weights(kernels::WeightQuant q, const StoredQuantizedWeights& stored) {
   check_whole("TransformerModel::quantize_weights");
   if (tp_.active()) fail("quantised inference weights need the whole model in one process (tensor parallelism is on)");
-  const auto quantize = [q](nn::Parameter& p, bool keep_compute) {
-    p.quantized = std::make_shared<const kernels::QuantizedWeight>(kernels::quantize_weight(p.value, q));
-    if (!keep_compute) p.compute = {};
-  };
-  for (nn::Linear* l : layer_linears()) quantize(l->weight, false);
-  quantize(head().weight(), /*keep_compute=*/config_.tie_embeddings);  // a tied one is the embedding's too
+  for (nn::Parameter* p : quantizable_weights()) {
+    const auto it = stored.find(p);
+    p->quantized = it != stored.end() ? it->second
+                                      : std::make_shared<const kernels::QuantizedWeight>(kernels::quantize_weight(p->value, q));
+    if (!keeps_compute_copy(*p)) p->compute = {};
+  }
+}
+
+std::vector<nn::Parameter*> TransformerModel::quantizable_weights() {
+  std::vector<nn::Parameter*> weights;
+  for (nn::Linear* l : layer_linears()) weights.push_back(&l->weight);
+  weights.push_back(&head().weight());
+  return weights;
+}
+
+bool TransformerModel::keeps_compute_copy(const nn::Parameter& p) {
+  // A tied head's weight is the embedding's too, whose lookup reads the compute copy.
+  return !p.quantized || (config_.tie_embeddings && &p == &head().weight());
 }
 
 std::vector<nn::Linear*> TransformerModel::layer_linears() {

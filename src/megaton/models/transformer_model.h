@@ -11,6 +11,7 @@
 // embedding as the head's weight, under the embedding's name; the training step sums the two
 // copies' gradients (Megatron's embedding group) so they stay identical.
 #pragma once
+#include <map>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -93,7 +94,14 @@ class TransformerModel {
   // are dropped (a tied head's is the embedding's, which stays). The embedding lookup, norms, the MoE
   // router and routed experts keep the compute dtype; the fp32 main weights stay. Forward only;
   // refused under tensor or pipeline parallelism.
-  void quantize_weights(kernels::WeightQuant q);
+  void quantize_weights(kernels::WeightQuant q) { install_quantized_weights(q, {}); }
+  // The same with the weights a quantised HF folder stored (models/hf_quantized.h), keyed by
+  // parameter; a weight not among them (a tied head) is quantised to q from its main weight.
+  using StoredQuantizedWeights = std::map<const nn::Parameter*, std::shared_ptr<const kernels::QuantizedWeight>>;
+  void install_quantized_weights(kernels::WeightQuant q, const StoredQuantizedWeights& stored);
+  // The weights quantize_weights replaces: every transformer layer's linears' and the head's
+  // (a tied head's is the embedding).
+  std::vector<nn::Parameter*> quantizable_weights();
   DType compute_dtype() const { return compute_dtype_; }
   // Re-rounds the compute copies from the main weights. Call after the weights change (init, a
   // load, an optimizer step) and before the next forward; nothing to do in f32.
@@ -190,6 +198,8 @@ class TransformerModel {
   // Every transformer layer's Linear modules, in layer order.
   std::vector<nn::Linear*> layer_linears();
   void check_whole(const char* what) const;  // throws when some chunk lives on another stage
+  // False for a weight read only as 8-bit codes (install_quantized_weights): no compute copy.
+  bool keeps_compute_copy(const nn::Parameter& p);
   // Incremental decoding through the embedding and every layer: the new positions' hidden states
   // before the final norm.
   Tensor decoder_cached(std::vector<nn::KVCache>& caches, const Tensor& tokens);
