@@ -17,7 +17,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }  // namespace
 
 void print_batch_decode(const models::TransformerConfig& cfg, int64_t requests, int64_t prompt_tokens,
-                        int64_t new_tokens, DType dtype, bool json) {
+                        int64_t new_tokens, DType dtype, DType kv_dtype, bool json) {
   models::TransformerModel model(cfg);
   model.init_weights(1);
   model.set_compute_dtype(dtype);
@@ -38,7 +38,7 @@ void print_batch_decode(const models::TransformerConfig& cfg, int64_t requests, 
   for (const auto& p : prompts) sequential_tokens += static_cast<int64_t>(infer::generate(model, p, o).size());
   const double sequential_s = seconds_since(t0);
 
-  const infer::BatchingOptions options{.max_running = requests};
+  const infer::BatchingOptions options{.max_running = requests, .kv_dtype = kv_dtype};
   infer::ContinuousBatcher batcher(model, options);
   t0 = std::chrono::steady_clock::now();
   std::vector<int64_t> ids;
@@ -55,6 +55,7 @@ void print_batch_decode(const models::TransformerConfig& cfg, int64_t requests, 
     std::printf("%s\n", nlohmann::json{{"model", cfg.name},
                                        {"layers", cfg.num_layers},
                                        {"dtype", dtype_name(dtype)},
+                                       {"kv_cache_dtype", dtype_name(kv_dtype)},
                                        {"requests", requests},
                                        {"prompt_tokens", prompt_tokens},
                                        {"new_tokens", new_tokens},
@@ -73,9 +74,9 @@ void print_batch_decode(const models::TransformerConfig& cfg, int64_t requests, 
               static_cast<long>(prompt_tokens), static_cast<long>(new_tokens));
   std::printf("  one after another (generate):   %8.1f generated tokens/s (%.2f s)\n", seq_rate, sequential_s);
   std::printf("  continuous batching:            %8.1f generated tokens/s (%.2f s, %ld decode steps, "
-              "<= %ld of %ld KV pages)\n",
+              "<= %ld of %ld %s KV pages)\n",
               batch_rate, batched_s, static_cast<long>(batcher.decode_steps()), static_cast<long>(max_pages),
-              static_cast<long>(batcher.num_pages()));
+              static_cast<long>(batcher.num_pages()), std::string(dtype_name(kv_dtype)).c_str());
   std::printf("  speed-up: %.2fx\n", batch_rate / seq_rate);
 }
 

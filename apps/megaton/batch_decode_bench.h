@@ -10,7 +10,8 @@
 
 namespace megaton::app {
 
+// kv_dtype: the batcher's KV pages (f32 or bf16); generate()'s contiguous cache is f32.
 void print_batch_decode(const models::TransformerConfig& cfg, int64_t requests, int64_t prompt_tokens,
-                        int64_t new_tokens, DType dtype, bool json);
+                        int64_t new_tokens, DType dtype, DType kv_dtype, bool json);
 
 }  // namespace megaton::app

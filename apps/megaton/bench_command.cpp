@@ -147,7 +147,8 @@ void add_bench_command(CLI::App& app) {
   static int64_t batch = 4, seq_len = 256;
   static int steps = 5, threads = 0;
   static bool json = false, gemm_shapes = false, fusion_kernels = false, cpu_only = false;
-  static std::string device_name = "cpu", dtype_text = "f32", cpu_gemm = "auto", precision = "fp32";
+  static std::string device_name = "cpu", dtype_text = "f32", cpu_gemm = "auto", precision = "fp32",
+                     kv_dtype_text = "f32";
   static std::string recompute = "none", recompute_modules = "core_attn", fusion = "on";
   cmd->add_option("--model", preset, "Model preset")->capture_default_str();
   cmd->add_option("--layers", layers,
@@ -196,6 +197,8 @@ void add_bench_command(CLI::App& app) {
                   "Serve this many requests (--seq-len prompt tokens, --steps new tokens each, greedy) by continuous "
                   "batching and one after another, side by side: aggregate tokens/s of each (--dtype f32 or bf16)")
       ->check(in_range<int64_t>(1, 4096));
+  cmd->add_option("--kv-cache-dtype", kv_dtype_text, "With --continuous-batching: the batcher's KV pages, f32 or bf16")
+      ->capture_default_str();
   cmd->add_flag("--cpu-info", cpu_only, "Only print the CPU line (model, features, threads) every benchmark starts with");
   cmd->callback([] {
     set_num_threads(threads);
@@ -218,7 +221,9 @@ void add_bench_command(CLI::App& app) {
       if (layers > 0) config.num_layers = layers;
       const DType dtype = dtype_from_name(dtype_text);
       if (dtype != DType::F32 && dtype != DType::BF16) fail("--continuous-batching --dtype ", dtype_text, ": f32 or bf16");
-      print_batch_decode(config, batch_requests, seq_len, steps, dtype, json);
+      const DType kv = dtype_from_name(kv_dtype_text);
+      if (kv != DType::F32 && kv != DType::BF16) fail("--kv-cache-dtype ", kv_dtype_text, ": f32 or bf16");
+      print_batch_decode(config, batch_requests, seq_len, steps, dtype, kv, json);
       return;
     }
     if (fusion_kernels) {

@@ -14,7 +14,7 @@ namespace megaton::app {
 void add_serve_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("serve", "Serve an HF-format model over an OpenAI-compatible HTTP API "
                                           "(/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics)");
-  static std::string model_dir, tokenizer = "byte", precision = "fp32", weights_dtype = "auto";
+  static std::string model_dir, tokenizer = "byte", precision = "fp32", weights_dtype = "auto", kv_dtype = "auto";
   static int threads = 0;
   static infer::ServerOptions o;
   cmd->add_option("--model", model_dir, "HF model folder (config.json + model.safetensors)")->required();
@@ -33,6 +33,10 @@ void add_serve_command(CLI::App& app) {
                   "Tokens the paged KV cache holds for all running sequences; a request longer than it is refused "
                   "(0: 16 x min(context, 2048))")
       ->capture_default_str()->check(in_range<int64_t>(0, int64_t{1} << 30));
+  cmd->add_option("--kv-cache-dtype", kv_dtype,
+                  "The KV pages' dtype: f32, or bf16 (half the bytes per cached token, the attention's math still "
+                  "f32); auto: bf16 under --precision bf16, else f32")
+      ->capture_default_str()->check(CLI::IsMember({"auto", "f32", "bf16"}));
   cmd->add_option("--max-tokens", o.limits.max_completion_tokens,
                   "The most tokens one request may generate (and a chat request's default)")
       ->capture_default_str()->check(in_range<int64_t>(1, int64_t{1} << 24));
@@ -55,6 +59,7 @@ void add_serve_command(CLI::App& app) {
       if (const char* key = std::getenv("MEGATON_API_KEY")) o.api_key = key;
     if (o.model_name.empty()) o.model_name = std::filesystem::path(model_dir).lexically_normal().filename().string();
     if (o.model_name.empty()) o.model_name = std::filesystem::absolute(model_dir).parent_path().filename().string();
+    o.kv_cache_dtype = kv_dtype == "bf16" || (kv_dtype == "auto" && precision == "bf16") ? DType::BF16 : DType::F32;
     InferenceModel m = load_inference_model(model_dir, tokenizer, precision, weights_dtype);
     infer::CompletionServer server(*m.model, *m.tokenizer, o);
     const int port = server.bind();

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <numeric>
 
@@ -109,6 +110,21 @@ TEST(PagedDecodeAttention, MatchesTheContiguousKernel) {
       else
         EXPECT_TRUE(fd::close(got, want, 1e-6)) << "row " << b;
     }
+    // bf16 pages: f32 math on the widened elements, so the f32 kernel over the same rounded values
+    // gives the same result (to the order the vectorised dot products sum in); k and v must share
+    // a dtype.
+    Tensor kb = k.to(DType::BF16), vb = v.to(DType::BF16), out_bf16 = Tensor::empty({3, Hq * D}, DType::F32);
+    Tensor out_rounded = Tensor::empty({3, Hq * D}, DType::F32);
+    kernels::paged_decode_attention(cpu, out_bf16, q, kb, vb, table, len, 3, Hq, Hkv, D, {Hq * D, (Hq / Hkv) * D},
+                                    {cols, D}, 0.3);
+    kernels::paged_decode_attention(cpu, out_rounded, q, kb.to(DType::F32), vb.to(DType::F32), table, len, 3, Hq, Hkv,
+                                    D, {Hq * D, (Hq / Hkv) * D}, {cols, D}, 0.3);
+    EXPECT_TRUE(fd::close(std::vector<double>(out_bf16.data<float>(), out_bf16.data<float>() + out.numel()),
+                          std::vector<double>(out_rounded.data<float>(), out_rounded.data<float>() + out.numel()), 1e-6));
+    EXPECT_NE(std::memcmp(out_bf16.raw(), out.raw(), out.nbytes()), 0) << "the pages were not rounded";
+    EXPECT_THROW(kernels::paged_decode_attention(cpu, out, q, kb, v, table, len, 3, Hq, Hkv, D, {Hq * D, (Hq / Hkv) * D},
+                                                 {cols, D}, 0.3),
+                 Error);
     len.data<int64_t>()[1] = max_pages * page + 1;  // more tokens than its pages hold
     EXPECT_THROW(kernels::paged_decode_attention(cpu, out, q, k, v, table, len, 3, Hq, Hkv, D, {Hq * D, (Hq / Hkv) * D},
                                                  {cols, D}, 0.3),
@@ -152,6 +168,56 @@ TEST_P(PagedModel, DecodingThroughPagesGivesTheContiguousCachesLogits) {
     }
     EXPECT_EQ(seq.len, 70 + 20);
   }
+}
+
+// A bf16 cache holds half the bytes; a sequence decoded through it (prompt in two chunks, so the
+// prefill reads rounded keys back from its pages too) stays within bf16's rounding of the f32
+// cache's logits, fed the same tokens.
+TEST_P(PagedModel, Bf16PagesHalveTheBytesAndStayCloseToF32) {
+  models::TransformerModel m(tiny(GetParam()));
+  m.init_weights(5);
+  m.refresh_compute_weights();
+  nn::PagedKVCache f32 = m.new_paged_kv_cache(8, 64), bf16 = m.new_paged_kv_cache(8, 64, DType::BF16);
+  EXPECT_EQ(bf16.layer(0).k.dtype(), DType::BF16);
+  EXPECT_EQ(2 * bf16.layer(0).k.nbytes(), f32.layer(0).k.nbytes());
+  nn::PagedSequence a, b;
+  ASSERT_TRUE(f32.reserve(a, 100) && bf16.reserve(b, 100));
+  const std::vector<int32_t> prompt = prompt_of(70, 2);
+  Tensor want, got;
+  for (int64_t at = 0; at < 70; at += 40) {
+    const std::vector<int32_t> chunk(prompt.begin() + at, prompt.begin() + std::min<int64_t>(70, at + 40));
+    want = m.forward_paged(f32, {&a}, ids(chunk));
+    got = m.forward_paged(bf16, {&b}, ids(chunk));
+  }
+  double worst = 0;
+  bool differs = false;
+  for (int step = 0; step < 10; ++step) {
+    const int64_t V = want.numel();
+    double diff = 0, scale = 0;
+    for (int64_t i = 0; i < V; ++i) {
+      const double g = got.data<float>()[i], w = want.data<float>()[i];
+      ASSERT_TRUE(std::isfinite(g)) << "step " << step;
+      diff = std::max(diff, std::abs(g - w));
+      scale = std::max(scale, std::abs(w));
+      differs = differs || g != w;
+    }
+    worst = std::max(worst, diff / scale);
+    const float* w = want.data<float>();
+    const auto next = static_cast<int32_t>(std::max_element(w, w + V) - w);
+    want = m.forward_paged(f32, {&a}, ids({next}));
+    got = m.forward_paged(bf16, {&b}, ids({next}));
+  }
+  EXPECT_TRUE(differs) << "the bf16 pages were not rounded";
+  EXPECT_LT(worst, 2e-2);
+  // The batcher runs on bf16 pages and gives every page back.
+  infer::BatchingOptions o{.num_pages = 6, .max_running = 3, .prefill_chunk = 32, .kv_dtype = DType::BF16};
+  infer::SamplingOptions greedy;
+  greedy.temperature = 0;
+  greedy.max_new_tokens = 12;
+  greedy.stop_token = -1;
+  const auto out = infer::generate_batched(m, {prompt_of(5, 1), prompt_of(90, 2), prompt_of(40, 3)},
+                                           {greedy, greedy, greedy}, o);
+  for (const auto& tokens : out) EXPECT_EQ(tokens.size(), 12u);
 }
 
 // Requests of 3 to 150 tokens, greedy and sampled, more of them than run at once and more than the

@@ -111,7 +111,9 @@ TEST_P(HfQuantized, StoresCodesAndScalesAndLoadsTheirValues) {
       ASSERT_LE(std::abs(deq.data<float>()[i] - w.data<float>()[i]), 0.5 * quantum * sq.scale(r, k) * (1 + 1e-6))
           << n << " element " << i;
     }
-    if (transposed && q == WeightQuant::Int8Row) EXPECT_EQ(sq.scale_inv.size(0), 1) << n << ": one scale per output";
+    if (transposed && q == WeightQuant::Int8Row) {
+      EXPECT_EQ(sq.scale_inv.size(0), 1) << n << ": one scale per output";
+    }
   }
   // GPT-2: c_attn, attn.c_proj, c_fc, mlp.c_proj (tied head); Llama: q, k, v, o, gate, up, down and lm_head.
   const bool gpt = c.position_embedding == models::PositionEmbedding::LearnedAbsolute;
@@ -143,8 +145,9 @@ TEST_P(HfQuantized, StoresCodesAndScalesAndLoadsTheirValues) {
   loaded.model->install_quantized_weights(q, loaded.quantized);
   for (nn::Parameter* p : loaded.model->quantizable_weights()) {
     ASSERT_TRUE(p->quantized) << p->name;
-    if (!c.tie_embeddings || p != &loaded.model->output_weight())
+    if (!c.tie_embeddings || p != &loaded.model->output_weight()) {
       EXPECT_EQ(p->quantized, loaded.quantized.at(p)) << p->name;
+    }
   }
   const Tensor on_codes = hidden_of(*loaded.model);
   EXPECT_LT(relative_to_largest(on_codes, on_values), 1e-5);

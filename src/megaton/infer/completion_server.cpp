@@ -16,7 +16,8 @@ namespace megaton::infer {
 
 struct CompletionServer::Impl {
   Impl(models::TransformerModel& model, const data::Tokenizer& tokenizer, ServerOptions options)
-      : model(model), tokenizer(tokenizer), options(std::move(options)), queue(model, tokenizer, this->options.max_sequences, this->options.kv_cache_tokens) {}
+      : model(model), tokenizer(tokenizer), options(std::move(options)), queue(model, tokenizer, this->options.max_sequences, this->options.kv_cache_tokens,
+            this->options.kv_cache_dtype) {}
 
   models::TransformerModel& model;
   const data::Tokenizer& tokenizer;

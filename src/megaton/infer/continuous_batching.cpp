@@ -36,7 +36,8 @@ int64_t pool_pages(const BatchingOptions& o, int64_t context) {
 ContinuousBatcher::ContinuousBatcher(models::TransformerModel& model, const BatchingOptions& o)
     : model_(model),
       options_(o),
-      cache_(model.new_paged_kv_cache(pool_pages(o, model.config().max_position_embeddings), o.page_size)),
+      cache_(model.new_paged_kv_cache(pool_pages(o, model.config().max_position_embeddings), o.page_size,
+                                      o.kv_dtype)),
       vocab_(model.config().vocab_size) {
   checked_option("max_running", o.max_running, 1, 1 << 16);
   checked_option("prefill_chunk", o.prefill_chunk, 1, 1 << 24);

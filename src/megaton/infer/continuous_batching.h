@@ -24,6 +24,7 @@ struct BatchingOptions {
   int64_t num_pages = 0;
   int64_t max_running = 16;    // sequences admitted at once
   int64_t prefill_chunk = 256; // prompt tokens per step
+  DType kv_dtype = DType::F32;  // the pages' dtype: f32, or bf16 (half the bytes per cached token)
 };
 
 class ContinuousBatcher {

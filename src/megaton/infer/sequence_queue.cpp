@@ -21,11 +21,12 @@ void Sequence::wait_done() {
 }
 
 SequenceQueue::SequenceQueue(models::TransformerModel& model, const data::Tokenizer& tokenizer, int capacity,
-                             int64_t kv_cache_tokens)
+                             int64_t kv_cache_tokens, DType kv_dtype)
     : model_(model),
       tokenizer_(tokenizer),
       capacity_(capacity),
       kv_cache_tokens_(kv_cache_tokens),
+      kv_dtype_(kv_dtype),
       thread_([this] { run(); }) {}
 
 SequenceQueue::~SequenceQueue() {
@@ -136,7 +137,7 @@ void SequenceQueue::generate_one(Sequence& seq) {
 
 void SequenceQueue::run_batched() {
   // Up to 16 sequences decode together.
-  BatchingOptions options{.max_running = std::min(capacity_, 16)};
+  BatchingOptions options{.max_running = std::min(capacity_, 16), .kv_dtype = kv_dtype_};
   if (kv_cache_tokens_ > 0) options.num_pages = (kv_cache_tokens_ + options.page_size - 1) / options.page_size;
   std::optional<ContinuousBatcher> batcher(std::in_place, model_, options);
   kv_pages_ = batcher->num_pages();

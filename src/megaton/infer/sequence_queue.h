@@ -53,9 +53,10 @@ struct Sequence {
 
 class SequenceQueue {
  public:
-  // kv_cache_tokens: the paged cache's size in tokens (0: BatchingOptions' default).
+  // kv_cache_tokens: the paged cache's size in tokens (0: BatchingOptions' default); kv_dtype
+  // its pages' dtype.
   SequenceQueue(models::TransformerModel& model, const data::Tokenizer& tokenizer, int capacity,
-                int64_t kv_cache_tokens = 0);
+                int64_t kv_cache_tokens = 0, DType kv_dtype = DType::F32);
   ~SequenceQueue();  // ends the thread; sequences still queued end with an error
 
   // False when `capacity` sequences already wait or run (the caller answers 429).
@@ -91,6 +92,7 @@ class SequenceQueue {
   const data::Tokenizer& tokenizer_;
   const int capacity_;
   const int64_t kv_cache_tokens_;
+  const DType kv_dtype_;
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<std::shared_ptr<Sequence>> waiting_;

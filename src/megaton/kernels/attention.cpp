@@ -122,12 +122,16 @@ void paged_decode_attention(const ExecContext& ctx, const Tensor& out, TensorAt 
   expect_matrix(op, out, B, checked_mul(op, Hq, D));
   expect_q_heads(op, q, d, q_at);
   if (!ctx.device.is_cpu()) fail_no_backend(ctx, op);
-  expect_dtype(q.t.dtype(), op, {&out, &k_pages, &v_pages});
-  dispatch_cpu_float(q.t.dtype(), op, [&]<typename T>(T) {
-    cpu::paged_decode_attention(out.data<T>(), q.t.data<T>() + q.offset, k_pages.data<T>(), v_pages.data<T>(), B, Hq,
-                                Hkv, D, q_at, kv_at, scale, pages.data<int32_t>(), max_pages, lens.data<int64_t>(),
-                                page_size);
-  });
+  expect_dtype(q.t.dtype(), op, {&out});
+  expect_dtype(k_pages.dtype(), op, {&v_pages});
+  const auto run = [&]<typename T, typename KV>(T, KV) {
+    cpu::paged_decode_attention(out.data<T>(), q.t.data<T>() + q.offset, k_pages.data<KV>(), v_pages.data<KV>(), B,
+                                Hq, Hkv, D, q_at, kv_at, scale, pages.data<int32_t>(), max_pages,
+                                lens.data<int64_t>(), page_size);
+  };
+  if (k_pages.dtype() == DType::BF16 && q.t.dtype() == DType::F32) return run(float{}, BFloat16{});
+  expect_dtype(q.t.dtype(), op, {&k_pages});
+  dispatch_cpu_float(q.t.dtype(), op, [&]<typename T>(T) { run(T{}, T{}); });
 }
 
 void attention_backward(const ExecContext& ctx, TensorAt dq, TensorAt dk, TensorAt dv, const Tensor& dout,

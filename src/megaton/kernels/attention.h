@@ -47,7 +47,8 @@ void decode_attention(const ExecContext& ctx, const Tensor& out, TensorAt q, Ten
 // k_pages / v_pages [num_pages, page_size, kv cols] with token rows kv_at.row = kv cols apart;
 // pages I32 [B, max_pages], row b's page ids in token order; lens I64 [B], the tokens row b attends
 // over (its new one, already written, included), covered by its first ceil(lens[b] / page_size)
-// pages. Pages of a multiple of 64 tokens give decode_attention's result bitwise.
+// pages. Pages of a multiple of 64 tokens give decode_attention's result bitwise. The pages are q's
+// dtype, or bf16 with f32 q and out (a bf16 KV cache: f32 math on the widened elements).
 void paged_decode_attention(const ExecContext& ctx, const Tensor& out, TensorAt q, const Tensor& k_pages,
                             const Tensor& v_pages, const Tensor& pages, const Tensor& lens, int64_t B, int64_t Hq,
                             int64_t Hkv, int64_t D, HeadStrides q_at, HeadStrides kv_at, double scale);

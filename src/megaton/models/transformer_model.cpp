@@ -366,11 +366,11 @@ bool TransformerModel::supports_paged_kv() const {
   return !tp_.active() && std::all_of(layers_.begin(), layers_.end(), [](const auto& l) { return l->attention->paged(); });
 }
 
-nn::PagedKVCache TransformerModel::new_paged_kv_cache(int64_t num_pages, int64_t page_size) const {
+nn::PagedKVCache TransformerModel::new_paged_kv_cache(int64_t num_pages, int64_t page_size, DType dtype) const {
   check_whole("paged decoding");
   std::vector<int64_t> cols;
   for (const auto& l : layers_) cols.push_back(l->attention->kv_cols());
-  return nn::PagedKVCache(cols, num_pages, page_size);
+  return nn::PagedKVCache(cols, num_pages, page_size, dtype);
 }
 
 Tensor TransformerModel::forward_paged(nn::PagedKVCache& cache, const std::vector<nn::PagedSequence*>& seqs,

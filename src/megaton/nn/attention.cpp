@@ -172,15 +172,17 @@ Tensor SelfAttention::forward_paged(PagedKVCache::Layer& layer, const PagedBatch
   LinearCtx scratch;
   Tensor qkv_buf = as_dtype(qkv.forward(scratch, x), DType::F32);  // [S*T, qkv]
   const auto on = kernels::ExecContext::on(qkv_buf);
-  // Each sequence's rows at its own positions; their k and v heads into its pages, one block copy
-  // per run of tokens inside one page (the fused rows and the pages viewed one group per row, as
+  for (int64_t s = 0; s < S; ++s) {  // each sequence's rows at its own positions
+    Tensor rows = qkv_buf.slice_rows(s * T, (s + 1) * T);
+    rotate(rows, 1, T, batch.seqs[static_cast<size_t>(s)]->len, false);
+  }
+  // Their k and v heads into the pages (rounded to bf16 for a bf16 cache), one block copy per run
+  // of tokens inside one page (the fused rows and the pages viewed one group per row, as
   // forward_cached appends).
-  const Tensor groups = qkv_buf.view({1, S * T * G, shape_.group_size()});
+  const Tensor groups = as_dtype(qkv_buf, layer.k.dtype()).view({1, S * T * G, shape_.group_size()});
   const Tensor k_heads = layer.k.view({1, pool_rows * G, D}), v_heads = layer.v.view({1, pool_rows * G, D});
   for (int64_t s = 0; s < S; ++s) {
     const PagedSequence& seq = *batch.seqs[static_cast<size_t>(s)];
-    Tensor rows = qkv_buf.slice_rows(s * T, (s + 1) * T);
-    rotate(rows, 1, T, seq.len, false);
     for (int64_t t = 0; t < T;) {
       const int64_t pos = seq.len + t, slot = pos % P, run = std::min(T - t, P - slot);
       const int64_t dst = (seq.pages.at(static_cast<size_t>(pos / P)) * P + slot) * G, src = (s * T + t) * G;
@@ -197,15 +199,17 @@ Tensor SelfAttention::forward_paged(PagedKVCache::Layer& layer, const PagedBatch
     for (int64_t s = 0; s < S; ++s) {
       const PagedSequence& seq = *batch.seqs[static_cast<size_t>(s)];
       const int64_t Tk = seq.len + T;
-      Tensor k = new_activation({Tk, ks}, "paged_k"), v = new_activation({Tk, ks}, "paged_v");
+      const DType kv_dtype = layer.k.dtype();
+      Tensor k = new_activation({Tk, ks}, "paged_k", kv_dtype), v = new_activation({Tk, ks}, "paged_v", kv_dtype);
       for (int64_t t = 0; t < Tk; t += P) {
         const int64_t n = std::min(P, Tk - t), page = seq.pages.at(static_cast<size_t>(t / P));
         kernels::copy_rows(on, {k.view({1, Tk, ks}), t, 0}, {layer.k.view({1, pool_rows, ks}), page * P, 0}, n, ks);
         kernels::copy_rows(on, {v.view({1, Tk, ks}), t, 0}, {layer.v.view({1, pool_rows, ks}), page * P, 0}, n, ks);
       }
       Tensor lse = new_activation({shape_.heads, T}, qkv.weight.name + ".lse");
-      kernels::attention_forward(on, out.slice_rows(s * T, (s + 1) * T), lse, {qkv_buf, s * T * shape_.qkv_size()}, k,
-                                 v, 1, T, shape_.heads, G, D, fused_strides(), {ks, D}, scale_, seq.len, Tk * ks);
+      kernels::attention_forward(on, out.slice_rows(s * T, (s + 1) * T), lse, {qkv_buf, s * T * shape_.qkv_size()},
+                                 as_dtype(k, DType::F32), as_dtype(v, DType::F32), 1, T, shape_.heads, G, D,
+                                 fused_strides(), {ks, D}, scale_, seq.len, Tk * ks);
     }
   }
   LinearCtx proj_scratch;

@@ -7,15 +7,17 @@
 
 namespace megaton::nn {
 
-PagedKVCache::PagedKVCache(const std::vector<int64_t>& kv_cols, int64_t num_pages, int64_t page_size)
-    : num_pages_(num_pages), page_size_(page_size) {
+PagedKVCache::PagedKVCache(const std::vector<int64_t>& kv_cols, int64_t num_pages, int64_t page_size, DType dtype)
+    : num_pages_(num_pages), page_size_(page_size), dtype_(dtype) {
   if (page_size < 1 || page_size > (1 << 20)) fail("KV cache page size ", page_size, " outside 1 .. 2^20 tokens");
   if (num_pages < 1 || num_pages > INT32_MAX) fail("KV cache of ", num_pages, " pages outside 1 .. 2^31 - 1");
+  if (dtype != DType::F32 && dtype != DType::BF16)
+    fail("KV cache dtype ", dtype_name(dtype), " is not supported (f32 or bf16)");
   for (const int64_t cols : kv_cols) {
     if (cols < 1) fail("KV cache layer of ", cols, " columns");
     const Shape shape{num_pages, page_size, cols};
-    layers_.push_back({Tensor::zeros(shape, DType::F32, MemCategory::Activations, "paged_kv.k"),
-                       Tensor::zeros(shape, DType::F32, MemCategory::Activations, "paged_kv.v")});
+    layers_.push_back({Tensor::zeros(shape, dtype, MemCategory::Activations, "paged_kv.k"),
+                       Tensor::zeros(shape, dtype, MemCategory::Activations, "paged_kv.v")});
   }
   free_.resize(static_cast<size_t>(num_pages));
   // Popped from the back: page 0 first.

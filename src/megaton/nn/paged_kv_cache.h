@@ -20,14 +20,17 @@ struct PagedSequence {
 class PagedKVCache {
  public:
   struct Layer {
-    Tensor k, v;  // [num_pages, page_size, kv_cols], f32
+    Tensor k, v;  // [num_pages, page_size, kv_cols], f32 or bf16
   };
-  // kv_cols per layer (a model's layers may differ); every count range-checked.
-  PagedKVCache(const std::vector<int64_t>& kv_cols, int64_t num_pages, int64_t page_size);
+  // kv_cols per layer (a model's layers may differ); every count range-checked. dtype: f32, or
+  // bf16 (half the bytes per token: the keys and values rounded to nearest even as they are
+  // written, the attention's math still f32).
+  PagedKVCache(const std::vector<int64_t>& kv_cols, int64_t num_pages, int64_t page_size, DType dtype = DType::F32);
 
   Layer& layer(size_t i) { return layers_.at(i); }
   size_t num_layers() const { return layers_.size(); }
   int64_t page_size() const { return page_size_; }
+  DType dtype() const { return dtype_; }
   int64_t num_pages() const { return num_pages_; }
   int64_t free_pages() const { return static_cast<int64_t>(free_.size()); }
   int64_t used_pages() const { return num_pages_ - free_pages(); }
@@ -43,6 +46,7 @@ class PagedKVCache {
  private:
   std::vector<Layer> layers_;
   int64_t num_pages_, page_size_;
+  DType dtype_;
   std::vector<int32_t> free_;  // a stack: the most recently freed page is reused first
 };
 

@@ -5,22 +5,23 @@
 #include <utility>
 #include <vector>
 
+#include "megaton/kernels/cpu/element.h"
 #include "megaton/kernels/cpu/online_softmax.h"
 
 namespace megaton::kernels::cpu {
 namespace {
-
 
 // Keys per block: one block of scores per query head of a group (R x 64) stays in L1 while its
 // values are accumulated.
 constexpr int64_t kBlock = 64;
 
 // Where token t0's key and value of one kv group are, and how many tokens follow it contiguously
-// (kv_row apart): the whole rest of a contiguous cache, or the rest of t0's page.
-template <typename T>
+// (kv_row apart): the whole rest of a contiguous cache, or the rest of t0's page. KV: the cache's
+// element type (T, or bf16 under f32 math: each element widened as it is read).
+template <typename KV>
 struct KeyRun {
-  const T* k;
-  const T* v;
+  const KV* k;
+  const KV* v;
   int64_t run;
 };
 
@@ -28,33 +29,33 @@ struct KeyRun {
 // by at(t0) -> KeyRun. A block never crosses a run, so pages of a multiple of kBlock tokens give
 // the contiguous cache's blocks, and its sums, exactly. s [R, kBlock], acc [R, D], m and l [R] are
 // the caller's scratch.
-template <typename T, typename At>
+template <typename T, typename KV, typename At>
 void group_attention(T* out, const T* q, At at, int64_t R, int64_t D, int64_t kv_row, T scale, int64_t Tk, T* s,
                      T* acc, T* m, T* l) {
   std::fill(acc, acc + R * D, T(0));
   std::fill(m, m + R, -std::numeric_limits<T>::infinity());
   std::fill(l, l + R, T(0));
   for (int64_t t0 = 0, n = 0; t0 < Tk; t0 += n) {
-    const KeyRun<T> r = at(t0);
+    const KeyRun<KV> r = at(t0);
     n = std::min({kBlock, Tk - t0, r.run});
     for (int64_t j = 0; j < n; ++j) {
-      const T* kj = r.k + j * kv_row;
+      const KV* kj = r.k + j * kv_row;
       for (int64_t i = 0; i < R; ++i) {
         const T* qi = q + i * D;
         T dot = 0;
 #pragma omp simd reduction(+ : dot)
-        for (int64_t d = 0; d < D; ++d) dot += qi[d] * kj[d];
+        for (int64_t d = 0; d < D; ++d) dot += qi[d] * load(kj[d]);
         s[i * kBlock + j] = dot * scale;
       }
     }
     online_softmax_step(s, kBlock, n, m, l, acc, R, D);
     for (int64_t j = 0; j < n; ++j) {
-      const T* vj = r.v + j * kv_row;
+      const KV* vj = r.v + j * kv_row;
       for (int64_t i = 0; i < R; ++i) {
         const T p = s[i * kBlock + j];
         T* ai = acc + i * D;
 #pragma omp simd
-        for (int64_t d = 0; d < D; ++d) ai[d] += p * vj[d];
+        for (int64_t d = 0; d < D; ++d) ai[d] += p * load(vj[d]);
       }
     }
   }
@@ -67,7 +68,7 @@ void group_attention(T* out, const T* q, At at, int64_t R, int64_t D, int64_t kv
 
 // Every (batch row, kv group) spread over threads, each with its own scratch: keys(b, g) gives the
 // group's KeyRun accessor and how many tokens it attends over.
-template <typename T, typename Keys>
+template <typename T, typename KV, typename Keys>
 void attend_groups(T* out, const T* q, int64_t B, int64_t Hq, int64_t Hkv, int64_t D, HeadStrides q_at, int64_t kv_row,
                    double scale, Keys keys) {
   const int64_t R = Hq / Hkv;
@@ -78,7 +79,7 @@ void attend_groups(T* out, const T* q, int64_t B, int64_t Hq, int64_t Hkv, int64
     for (int64_t b = 0; b < B; ++b)
       for (int64_t g = 0; g < Hkv; ++g) {
         const auto group = keys(b, g);  // no structured binding: clang 14 refuses them in OpenMP regions
-        group_attention(out + (b * Hq + g * R) * D, q + b * q_at.row + g * q_at.group, group.first, R, D, kv_row,
+        group_attention<T, KV>(out + (b * Hq + g * R) * D, q + b * q_at.row + g * q_at.group, group.first, R, D, kv_row,
                         static_cast<T>(scale), group.second, s.data(), acc.data(), m.data(), l.data());
       }
   }
@@ -89,22 +90,22 @@ void attend_groups(T* out, const T* q, int64_t B, int64_t Hq, int64_t Hkv, int64
 template <typename T>
 void decode_attention(T* out, const T* q, const T* k, const T* v, int64_t B, int64_t Hq, int64_t Hkv, int64_t D,
                       HeadStrides q_at, HeadStrides kv_at, double scale, int64_t Tk, int64_t kv_batch_stride) {
-  attend_groups(out, q, B, Hq, Hkv, D, q_at, kv_at.row, scale, [=](int64_t b, int64_t g) {
+  attend_groups<T, T>(out, q, B, Hq, Hkv, D, q_at, kv_at.row, scale, [=](int64_t b, int64_t g) {
     const int64_t kv = b * kv_batch_stride + g * kv_at.group;
     const auto at = [=](int64_t t0) { return KeyRun<T>{k + kv + t0 * kv_at.row, v + kv + t0 * kv_at.row, Tk - t0}; };
     return std::pair{at, Tk};
   });
 }
 
-template <typename T>
-void paged_decode_attention(T* out, const T* q, const T* k_pages, const T* v_pages, int64_t B, int64_t Hq,
+template <typename T, typename KV>
+void paged_decode_attention(T* out, const T* q, const KV* k_pages, const KV* v_pages, int64_t B, int64_t Hq,
                             int64_t Hkv, int64_t D, HeadStrides q_at, HeadStrides kv_at, double scale,
                             const int32_t* pages, int64_t max_pages, const int64_t* lens, int64_t page_size) {
-  attend_groups(out, q, B, Hq, Hkv, D, q_at, kv_at.row, scale, [=](int64_t b, int64_t g) {
+  attend_groups<T, KV>(out, q, B, Hq, Hkv, D, q_at, kv_at.row, scale, [=](int64_t b, int64_t g) {
     const int32_t* table = pages + b * max_pages;
     const auto at = [=](int64_t t0) {
       const int64_t token = (table[t0 / page_size] * page_size + t0 % page_size) * kv_at.row + g * kv_at.group;
-      return KeyRun<T>{k_pages + token, v_pages + token, page_size - t0 % page_size};
+      return KeyRun<KV>{k_pages + token, v_pages + token, page_size - t0 % page_size};
     };
     return std::pair{at, lens[b]};
   });
@@ -114,11 +115,14 @@ template void decode_attention<float>(float*, const float*, const float*, const 
                                       int64_t, HeadStrides, HeadStrides, double, int64_t, int64_t);
 template void decode_attention<double>(double*, const double*, const double*, const double*, int64_t, int64_t, int64_t,
                                        int64_t, HeadStrides, HeadStrides, double, int64_t, int64_t);
-template void paged_decode_attention<float>(float*, const float*, const float*, const float*, int64_t, int64_t, int64_t,
-                                            int64_t, HeadStrides, HeadStrides, double, const int32_t*, int64_t,
-                                            const int64_t*, int64_t);
-template void paged_decode_attention<double>(double*, const double*, const double*, const double*, int64_t, int64_t,
-                                             int64_t, int64_t, HeadStrides, HeadStrides, double, const int32_t*, int64_t,
-                                             const int64_t*, int64_t);
+template void paged_decode_attention<float, float>(float*, const float*, const float*, const float*, int64_t, int64_t,
+                                                   int64_t, int64_t, HeadStrides, HeadStrides, double, const int32_t*,
+                                                   int64_t, const int64_t*, int64_t);
+template void paged_decode_attention<double, double>(double*, const double*, const double*, const double*, int64_t,
+                                                     int64_t, int64_t, int64_t, HeadStrides, HeadStrides, double,
+                                                     const int32_t*, int64_t, const int64_t*, int64_t);
+template void paged_decode_attention<float, BFloat16>(float*, const float*, const BFloat16*, const BFloat16*, int64_t,
+                                                      int64_t, int64_t, int64_t, HeadStrides, HeadStrides, double,
+                                                      const int32_t*, int64_t, const int64_t*, int64_t);
 
 }  // namespace megaton::kernels::cpu

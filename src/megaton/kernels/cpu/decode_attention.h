@@ -20,8 +20,9 @@ void decode_attention(T* out, const T* q, const T* k, const T* v, int64_t B, int
 // page_size tokens, token t of batch row b in page pages[b * max_pages + t / page_size] at slot
 // t % page_size (token rows kv_at.row apart, pages page_size rows apart), and each row attends over
 // its own lens[b] tokens. Pages of a multiple of 64 tokens give decode_attention's sums exactly.
-template <typename T>
-void paged_decode_attention(T* out, const T* q, const T* k_pages, const T* v_pages, int64_t B, int64_t Hq,
+// KV: T, or bf16 pages under f32 math (half the cache's bytes; each element widened as it is read).
+template <typename T, typename KV>
+void paged_decode_attention(T* out, const T* q, const KV* k_pages, const KV* v_pages, int64_t B, int64_t Hq,
                             int64_t Hkv, int64_t D, HeadStrides q_at, HeadStrides kv_at, double scale,
                             const int32_t* pages, int64_t max_pages, const int64_t* lens, int64_t page_size);
 
