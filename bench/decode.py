@@ -2,7 +2,7 @@
 """Batch-1 greedy decode speed against the memory-bandwidth limit (issue 15), side by side.
 
 For random Llama weights of the stories110M and stories15M shapes (fp32, tied embeddings, as the
-llama2.c checkpoints), this writes an HF folder (config.json + model.safetensors) and the same
+llama2.c checkpoints) and of llama3-1b (GQA, 128256-token vocabulary, tied; megaton only), this writes an HF folder (config.json + model.safetensors) and the same
 weights as a llama2.c checkpoint, then times greedy decoding from a lone BOS (id 1) with:
   - megaton (this build: GEMV + decode attention for one token per step), fp32 and bf16 weights,
     and 8-bit weights (--weights-dtype int8 / fp8-block, fp32 activations),
@@ -16,7 +16,8 @@ x rate / bandwidth. Megaton's own decode_tokens_per_s (generate --json) and load
 
   /usr/bin/python3 bench/decode.py --megaton build-dev/megaton [--before OLD/megaton]
       [--llama2c-run /tmp/llama2.c/run --llama2c-tokenizer /tmp/llama2.c/tokenizer.bin]
-      [--sp-model /tmp/llama2.c/tokenizer.model] [--shapes 110m,15m] [--threads 2] [--repeats 3]
+      [--sp-model /tmp/llama2.c/tokenizer.model] [--shapes 110m,15m,llama3-1b] [--threads 2] [--repeats 3]
+      [--long 256]
 
 Needs numpy (Debian's /usr/bin/python3) and a C compiler with OpenMP. Measure only on a quiet
 machine (`uptime` load well below the core count).
@@ -34,9 +35,10 @@ import time
 
 import numpy as np
 
-SHAPES = {  # dim, layers, heads, vocab, hidden
-    "110m": (768, 12, 12, 32000, 2048),
-    "15m": (288, 6, 6, 32000, 768),
+SHAPES = {  # dim, layers, heads, vocab, hidden, kv heads
+    "110m": (768, 12, 12, 32000, 2048, 12),
+    "15m": (288, 6, 6, 32000, 768, 6),
+    "llama3-1b": (2048, 16, 32, 128256, 8192, 8),  # GQA; no llama2.c row (its tokenizer has 32000 ids)
 }
 SEQ_LEN = 512  # positions: room for the 256-step runs
 SHORT, LONG = 16, 256
@@ -65,15 +67,16 @@ int main(void) {
 """
 
 
-def random_weights(dim, layers, heads, vocab, hidden, seed):
+def random_weights(dim, layers, heads, vocab, hidden, kv_heads, seed):
     """HF Llama tensors (name -> fp32 array), normal(0, 0.02) matrices, unit norms."""
     rng = np.random.default_rng(seed)
-    mat = lambda rows, cols: rng.normal(0.0, 0.02, (rows, cols)).astype(np.float32)
+    mat = lambda rows, cols: rng.standard_normal((rows, cols), dtype=np.float32) * np.float32(0.02)
     t = {"model.embed_tokens.weight": mat(vocab, dim), "model.norm.weight": np.ones(dim, np.float32)}
+    kv = kv_heads * (dim // heads)
     for l in range(layers):
         p = f"model.layers.{l}."
-        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
-            t[p + f"self_attn.{name}.weight"] = mat(dim, dim)
+        for name, rows in (("q_proj", dim), ("k_proj", kv), ("v_proj", kv), ("o_proj", dim)):
+            t[p + f"self_attn.{name}.weight"] = mat(rows, dim)
         t[p + "mlp.gate_proj.weight"] = mat(hidden, dim)
         t[p + "mlp.up_proj.weight"] = mat(hidden, dim)
         t[p + "mlp.down_proj.weight"] = mat(dim, hidden)
@@ -82,10 +85,10 @@ def random_weights(dim, layers, heads, vocab, hidden, seed):
     return t
 
 
-def write_hf(folder, tensors, dim, layers, heads, vocab, hidden):
+def write_hf(folder, tensors, dim, layers, heads, vocab, hidden, kv_heads):
     os.makedirs(folder, exist_ok=True)
     config = {"model_type": "llama", "vocab_size": vocab, "hidden_size": dim, "intermediate_size": hidden,
-              "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": heads,
+              "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
               "max_position_embeddings": SEQ_LEN, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
               "tie_word_embeddings": True}
     with open(os.path.join(folder, "config.json"), "w") as f:
@@ -109,15 +112,15 @@ def interleaved_rope_rows(w, heads):
     return w.reshape(heads, 2, rows // heads // 2, cols).transpose(0, 2, 1, 3).reshape(rows, cols)
 
 
-def write_llama2c(path, t, dim, layers, heads, vocab, hidden):
+def write_llama2c(path, t, dim, layers, heads, vocab, hidden, kv_heads):
     """llama2.c's checkpoint: 7 int32 (dim, hidden, layers, heads, kv heads, vocab > 0 = shared
     classifier, seq_len), then fp32 arrays grouped by kind over all layers."""
     layer = lambda l, name: t[f"model.layers.{l}.{name}"]
     with open(path, "wb") as f:
-        f.write(struct.pack("<7i", dim, hidden, layers, heads, heads, vocab, SEQ_LEN))
+        f.write(struct.pack("<7i", dim, hidden, layers, heads, kv_heads, vocab, SEQ_LEN))
         f.write(t["model.embed_tokens.weight"].tobytes())
         groups = [("input_layernorm.weight", None), ("self_attn.q_proj.weight", heads),
-                  ("self_attn.k_proj.weight", heads), ("self_attn.v_proj.weight", None),
+                  ("self_attn.k_proj.weight", kv_heads), ("self_attn.v_proj.weight", None),
                   ("self_attn.o_proj.weight", None), ("post_attention_layernorm.weight", None),
                   ("mlp.gate_proj.weight", None), ("mlp.down_proj.weight", None), ("mlp.up_proj.weight", None)]
         for name, rope_heads in groups:
@@ -185,6 +188,7 @@ def megaton_command(binary, folder, tokenizer, threads, before=False, precision=
 
 
 def main():
+    global LONG
     # A stopped run (SIGTERM) still removes its ~1 GB of weight files: exit through Python's cleanup.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -196,7 +200,11 @@ def main():
     ap.add_argument("--shapes", default="110m,15m")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--long", type=int, default=256, help="steps of the long run (fewer for a slow shape)")
     args = ap.parse_args()
+    if not SHORT < args.long <= SEQ_LEN - 1:
+        sys.exit(f"--long must be in ({SHORT}, {SEQ_LEN - 1}]")
+    LONG = args.long
     if bool(args.llama2c_run) != bool(args.llama2c_tokenizer):
         sys.exit("--llama2c-run and --llama2c-tokenizer go together")
     if args.threads < 1 or args.repeats < 1:
@@ -248,7 +256,7 @@ def main():
                 rate, _ = measure("megaton before (GEMM path)",
                                   megaton_command(args.before, folder, tokenizer, args.threads, before=True), args.repeats, env)
                 row["before"] = {"rate": rate, "limit": limit}
-            if args.llama2c_run:
+            if args.llama2c_run and dims[3] == 32000:  # run.c's tokenizer.bin has 32000 ids
                 write_llama2c(ckpt, tensors, *dims)
                 rate, out_c = measure("llama2.c run.c", lambda steps: [args.llama2c_run, ckpt, "-t", "0", "-n",
                                                                        str(steps), "-z", args.llama2c_tokenizer],
