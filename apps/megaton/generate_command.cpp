@@ -21,14 +21,18 @@ infer::SamplingOptions opts;
 int threads = 0;
 bool json = false;
 bool speculative = false;
-std::string mla_decode = "absorbed";
+std::string mla_decode = "absorbed", draft_dir;
+int64_t draft_tokens = 4;
+std::unique_ptr<models::TransformerModel> draft_model;
 
-// Greedy generation, with the model's MTP draft when --speculative asks (the same tokens, fewer
-// main-model steps); spec counts the drafts.
+// Greedy generation, with the model's MTP draft when --speculative asks or a draft model's proposals
+// with --draft-model (the same tokens, fewer main-model steps); spec counts the drafts.
 std::vector<int32_t> run(models::TransformerModel& model, const std::vector<int32_t>& input,
                          const std::function<bool(int32_t)>& on_token, infer::GenerateStats* stats,
                          infer::SpeculativeStats* spec) {
   if (speculative) return infer::generate_speculative(model, input, opts, on_token, stats, spec);
+  if (draft_model)
+    return infer::generate_with_draft(model, *draft_model, input, opts, draft_tokens, on_token, stats, spec);
   return infer::generate(model, input, opts, on_token, stats);
 }
 std::string precision = "fp32", weights_dtype = "auto";
@@ -55,8 +59,13 @@ void print_json(models::TransformerModel& model, const data::Tokenizer& tok, con
                               {"weights_dtype", weights_dtype},
                               {"text", tok.decode(ids)},
                               {"ids", ids}};
-  if (speculative)
-    out["speculative"] = {{"drafted", spec.drafted}, {"accepted", spec.accepted}, {"main_steps", spec.main_steps}};
+  if (speculative || draft_model)
+    out["speculative"] = {{"drafted", spec.drafted},
+                          {"accepted", spec.accepted},
+                          {"acceptance_rate", spec.drafted > 0 ? nlohmann::json(static_cast<double>(spec.accepted) /
+                                                                                static_cast<double>(spec.drafted))
+                                                               : nlohmann::json()},
+                          {"main_steps", spec.main_steps}};
   // A byte-level continuation may end inside a UTF-8 character: replace, never throw.
   std::printf("%s\n", out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
 }
@@ -101,6 +110,13 @@ void add_generate_command(CLI::App& app) {
   cmd->add_flag("--speculative", speculative,
                 "Greedy decoding with the model's multi-token prediction layer drafting each next token (DeepSeek-V3 "
                 "folders with num_nextn_predict_layers): the same tokens as plain greedy, fewer main-model steps");
+  auto* draft_opt = cmd->add_option("--draft-model", draft_dir,
+                                    "Greedy speculative decoding with this smaller HF model (same vocabulary) proposing "
+                                    "--draft-tokens tokens per main-model step: the same tokens as plain greedy");
+  draft_opt->excludes(cmd->get_option("--speculative"));
+  cmd->add_option("--draft-tokens", draft_tokens, "Tokens the draft model proposes per main-model step")
+      ->capture_default_str()
+      ->check(in_range<int64_t>(1, 64));
   cmd->add_flag("--json", json,
                 "Print one JSON object instead of streaming text: load_s, prompt and generated token counts, "
                 "prefill_tokens_per_s, decode_tokens_per_s, text, ids");
@@ -119,8 +135,9 @@ void add_generate_command(CLI::App& app) {
     const std::vector<int32_t> input = prompt_ids.empty() ? tok->encode(prompt) : prompt_ids;
     opts.stop_token = tok->eod();
     opts.vocab_size = tok->vocab_size();  // every generated id must decode (a model's vocabulary may be larger)
-    if (speculative && opts.temperature != 0.0)
-      fail("--speculative decodes greedily: give --temperature 0");
+    if ((speculative || !draft_dir.empty()) && opts.temperature != 0.0)
+      fail(speculative ? "--speculative" : "--draft-model", " decodes greedily: give --temperature 0");
+    if (!draft_dir.empty()) draft_model = load_inference_model(draft_dir, tokenizer, precision, weights_dtype).model;
     if (json) return print_json(*model, *tok, input, loaded.load_s);
     std::fputs(prompt_ids.empty() ? prompt.c_str() : tok->decode(input).c_str(), stdout);
     infer::TextStream stream(*tok, {});

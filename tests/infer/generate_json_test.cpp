@@ -163,3 +163,38 @@ TEST(GenerateJson, WeightsDtypeQuantisesTheWeights) {
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.output.find("--weights-dtype"), std::string::npos) << bad.output;
 }
+
+// --draft-model: the main model's greedy ids, with the draft's acceptance reported; the main model
+// as its own draft has every proposal accepted.
+TEST(GenerateJson, DraftModelGivesTheGreedyIdsAndItsAcceptance) {
+  megaton::testing::TempDir dir;
+  models::TransformerModel m(megaton::testing::tiny_config("llama-tiny")), small([] {
+    auto c = megaton::testing::tiny_config("llama-tiny");
+    c.num_layers = 1;
+    return c;
+  }());
+  m.init_weights(9);
+  small.init_weights(3);
+  models::save_hf_model(m, dir.file("main"));
+  models::save_hf_model(small, dir.file("draft"));
+  const std::string base = std::string(MEGATON_BINARY) + " generate --model " + dir.file("main") +
+                           " --prompt Hello --max-new-tokens 30 --temperature 0 --json";
+  const auto plain = megaton::testing::run_command(base);
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  const auto want = nlohmann::json::parse(plain.output)["ids"];
+  for (const char* draft : {"main", "draft"}) {
+    const auto r = megaton::testing::run_command(base + " --draft-model " + dir.file(draft) + " --draft-tokens 3");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const auto j = nlohmann::json::parse(r.output);
+    EXPECT_EQ(j["ids"], want) << draft;
+    EXPECT_GT(j["speculative"]["drafted"], 0) << draft;
+    if (std::string(draft) == "main") {
+      EXPECT_EQ(j["speculative"]["acceptance_rate"], 1.0);
+    }
+  }
+  const auto sampled = megaton::testing::run_command(std::string(MEGATON_BINARY) + " generate --model " +
+                                                     dir.file("main") + " --prompt Hello --temperature 0.5 --draft-model " +
+                                                     dir.file("draft"));
+  EXPECT_NE(sampled.exit_code, 0);
+  EXPECT_NE(sampled.output.find("greedily"), std::string::npos) << sampled.output;
+}

@@ -80,3 +80,64 @@ TEST(SpeculativeDecoding, StopsAtTheStopTokenAndRefusesWhatItCannotDo) {
   models::TransformerModel dense(megaton::testing::tiny_config("llama-tiny"));
   EXPECT_THROW(infer::generate_speculative(dense, prompt, greedy(4)), Error);
 }
+
+// A separate draft model (generate_with_draft): plain greedy's tokens whether it is the main model
+// itself (every proposal accepted, k + 1 tokens a step), a different random model (most rejected) or
+// an MLA model drafting for a Llama; every budget from 1 token up, so rounds end mid-proposal.
+namespace {
+std::unique_ptr<models::TransformerModel> llama(uint64_t seed, int64_t layers, DType dtype) {
+  auto c = megaton::testing::tiny_config("llama-tiny");
+  c.init_method_std = 0.2;
+  c.num_layers = layers;
+  auto m = std::make_unique<models::TransformerModel>(c);
+  m->init_weights(seed);
+  m->set_compute_dtype(dtype);
+  return m;
+}
+}  // namespace
+
+TEST(DraftModelDecoding, ReturnsTheTokensOfGreedyDecodingWithAnyDraft) {
+  const std::vector<int32_t> prompt = {72, 101, 108, 108, 111};
+  for (DType dtype : {DType::F32, DType::BF16}) {
+    auto main = llama(5, 2, dtype), self = llama(5, 2, dtype), other = llama(9, 1, dtype);
+    for (const int64_t k : {1, 3, 4}) {
+      SCOPED_TRACE(std::string(dtype_name(dtype)) + ", " + std::to_string(k) + " draft tokens");
+      const auto want = infer::generate(*main, prompt, greedy(40));
+      infer::SpeculativeStats spec;
+      infer::GenerateStats stats;
+      EXPECT_EQ(infer::generate_with_draft(*main, *self, prompt, greedy(40), k, {}, &stats, &spec), want);
+      EXPECT_EQ(spec.accepted, spec.drafted) << "the main model as its own draft: every proposal holds";
+      EXPECT_LE(spec.main_steps, (39 + k) / (k + 1) + 1);
+      EXPECT_EQ(stats.decode_tokens, 39);
+      EXPECT_EQ(infer::generate_with_draft(*main, *other, prompt, greedy(40), k, {}, nullptr, &spec), want);
+      EXPECT_LT(spec.accepted, spec.drafted) << "a different model's proposals were all accepted";
+      for (int64_t n = 1; n <= 6; ++n)
+        EXPECT_EQ(infer::generate_with_draft(*main, *other, prompt, greedy(n), k), infer::generate(*main, prompt, greedy(n)))
+            << n << " new tokens";
+    }
+  }
+}
+
+TEST(DraftModelDecoding, StopsAndRefusesWhatItCannotDo) {
+  auto main = llama(5, 2, DType::F32), draft = llama(9, 1, DType::F32);
+  const std::vector<int32_t> prompt = {72, 101};
+  auto o = greedy(30);
+  const auto plain = infer::generate(*main, prompt, o);
+  ASSERT_GT(plain.size(), 3u);
+  o.stop_token = plain[2];
+  EXPECT_EQ(infer::generate_with_draft(*main, *main, prompt, o, 4), infer::generate(*main, prompt, o));
+  // Near the end of the context: proposals are cut to the positions left.
+  const std::vector<int32_t> late(static_cast<size_t>(main->config().max_position_embeddings - 3), 65);
+  EXPECT_EQ(infer::generate_with_draft(*main, *draft, late, greedy(10), 4), infer::generate(*main, late, greedy(10)));
+  o.temperature = 0.7;
+  EXPECT_THROW(infer::generate_with_draft(*main, *draft, prompt, o, 4), Error);
+  EXPECT_THROW(infer::generate_with_draft(*main, *draft, prompt, greedy(4), 0), Error);
+  auto c = megaton::testing::tiny_config("llama-tiny");
+  c.vocab_size = 300;
+  models::TransformerModel wide(c);
+  EXPECT_THROW(infer::generate_with_draft(*main, wide, prompt, greedy(4), 4), Error);
+  // An MLA model drafting for a Llama of the same vocabulary.
+  auto mla = model(false, DType::F32);
+  ASSERT_EQ(mla->config().vocab_size, main->config().vocab_size);
+  EXPECT_EQ(infer::generate_with_draft(*main, *mla, prompt, greedy(20), 3), infer::generate(*main, prompt, greedy(20)));
+}

@@ -15,15 +15,23 @@ Tensor ids_tensor(const std::vector<int32_t>& ids, const char* name) {
 // Rows [first, first + n) of a [rows, C] tensor.
 Tensor rows(const Tensor& h, int64_t first, int64_t n) { return h.slice_rows(first, first + n); }
 
+void expect_greedy(const SamplingOptions& opts, const char* draft) {
+  if (opts.temperature != 0.0 || opts.repetition_penalty != 1.0 || opts.presence_penalty != 0.0 ||
+      opts.frequency_penalty != 0.0)
+    fail("speculative decoding with ", draft, " is greedy: temperature 0 and no penalties");
+}
+
+void drop_last(std::vector<nn::KVCache>& caches, int64_t n) {
+  for (nn::KVCache& c : caches) c.len -= n;
+}
+
 }  // namespace
 
 std::vector<int32_t> generate_speculative(models::TransformerModel& model, const std::vector<int32_t>& prompt,
                                           const SamplingOptions& opts, const std::function<bool(int32_t)>& on_token,
                                           GenerateStats* stats, SpeculativeStats* spec) {
   if (prompt.empty()) fail("generate: the prompt encodes to no tokens");
-  if (opts.temperature != 0.0 || opts.repetition_penalty != 1.0 || opts.presence_penalty != 0.0 ||
-      opts.frequency_penalty != 0.0)
-    fail("speculative decoding with the MTP draft is greedy: temperature 0 and no penalties");
+  expect_greedy(opts, "the MTP draft");
   if (model.mtp_layers().empty())
     fail("speculative decoding needs a model with multi-token prediction layers (mtp_num_layers / "
          "num_nextn_predict_layers > 0)");
@@ -77,7 +85,7 @@ std::vector<int32_t> generate_speculative(models::TransformerModel& model, const
       }
     } else {
       // The draft's position holds a token that will not be there: the next step writes over it.
-      for (nn::KVCache& c : caches) c.len -= 1;
+      drop_last(caches, 1);
     }
     if (!stopped) {
       // The draft after the last known token, from the hidden states of the positions just verified.
@@ -86,6 +94,86 @@ std::vector<int32_t> generate_speculative(models::TransformerModel& model, const
       token = known.back();
       draft = greedy(model.logits(rows(drafted, k - 1, 1)), 0);
     }
+    timed.decode_tokens += static_cast<int64_t>(out.size() - before);
+    timed.decode_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  if (stats) *stats = timed;
+  if (spec) *spec = counts;
+  return out;
+}
+
+std::vector<int32_t> generate_with_draft(models::TransformerModel& model, models::TransformerModel& draft,
+                                         const std::vector<int32_t>& prompt, const SamplingOptions& opts,
+                                         int64_t draft_tokens, const std::function<bool(int32_t)>& on_token,
+                                         GenerateStats* stats, SpeculativeStats* spec) {
+  if (prompt.empty()) fail("generate: the prompt encodes to no tokens");
+  expect_greedy(opts, "a draft model");
+  if (draft_tokens < 1 || draft_tokens > 64) fail("draft tokens per step ", draft_tokens, " outside 1 .. 64");
+  if (draft.config().vocab_size != model.config().vocab_size)
+    fail("the draft model's vocabulary (", draft.config().vocab_size, " ids) differs from the model's (",
+         model.config().vocab_size, "): a draft must share the tokenizer");
+  const int64_t max_len = model.config().max_position_embeddings, n = static_cast<int64_t>(prompt.size());
+  const int64_t draft_max = draft.config().max_position_embeddings;
+  if (n >= max_len) fail("generate: prompt of ", n, " tokens leaves no room in the model's ", max_len, " positions");
+  if (n > draft_max) fail("generate: prompt of ", n, " tokens is longer than the draft model's ", draft_max, " positions");
+  const int64_t budget = std::min<int64_t>(n + opts.max_new_tokens, max_len) - n;
+  model.refresh_compute_weights();
+  draft.refresh_compute_weights();
+  // Room for the prompt, every emitted token and one round's proposals past the last.
+  auto caches = model.new_kv_caches(1, std::min(max_len, n + budget + draft_tokens));
+  auto draft_caches = draft.new_kv_caches(1, std::min(draft_max, n + budget + draft_tokens));
+  const int64_t V = opts.vocab_size > 0 ? std::min(opts.vocab_size, model.config().vocab_size) : model.config().vocab_size;
+  auto greedy = [&](const Tensor& logits, int64_t row) {
+    return sample_token(logits.data<float>() + row * logits.size(1), V, opts, 0);
+  };
+  std::vector<int32_t> seq = prompt, out;
+  bool stopped = false;
+  auto emit = [&](int32_t id) {
+    seq.push_back(id);
+    out.push_back(id);
+    stopped = (on_token && !on_token(id)) || id == opts.stop_token || static_cast<int64_t>(out.size()) >= budget;
+  };
+  GenerateStats timed;
+  SpeculativeStats counts;
+  auto start = std::chrono::steady_clock::now();
+  // Prefill: the main model's first token; the draft reads the prompt in its first round.
+  emit(greedy(model.forward_cached(caches, ids_tensor(prompt, "prompt")), 0));
+  timed.prefill_tokens = n;
+  timed.prefill_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  int64_t draft_len = 0;  // tokens of seq in the draft's cache
+  while (!stopped) {
+    start = std::chrono::steady_clock::now();
+    const auto L = static_cast<int64_t>(seq.size());  // the main cache holds L - 1 of them
+    // Proposals: no more than could be emitted, and the positions both models have.
+    const int64_t k = std::max<int64_t>(
+        0, std::min({draft_tokens, budget - static_cast<int64_t>(out.size()) - 1, max_len - L, draft_max - L + 1}));
+    std::vector<int32_t> verify{seq.back()};
+    if (k > 0) {
+      Tensor logits = draft.forward_cached(draft_caches, ids_tensor({seq.begin() + draft_len, seq.end()}, "draft_in"));
+      draft_len = L;
+      verify.push_back(greedy(logits, 0));
+      for (int64_t i = 1; i < k; ++i, ++draft_len) {
+        logits = draft.forward_cached(draft_caches, ids_tensor({verify.back()}, "draft_in"));
+        verify.push_back(greedy(logits, 0));
+      }
+    }
+    // Row i of the main step predicts the token after verify[i].
+    const Tensor logits = model.logits(model.forward_cached_hidden(caches, ids_tensor(verify, "verify")));
+    ++counts.main_steps;
+    counts.drafted += k;
+    const size_t before = out.size();
+    int64_t accepted = 0;
+    emit(greedy(logits, 0));
+    while (!stopped && accepted < k && verify[static_cast<size_t>(accepted + 1)] == out.back()) {
+      ++accepted;
+      emit(greedy(logits, accepted));
+    }
+    counts.accepted += accepted;
+    // Keep the positions of the last token and the accepted proposals; the draft never read its last.
+    drop_last(caches, k - accepted);
+    const int64_t draft_keep = std::min(draft_len, L + accepted);
+    drop_last(draft_caches, draft_len - draft_keep);
+    draft_len = draft_keep;
     timed.decode_tokens += static_cast<int64_t>(out.size() - before);
     timed.decode_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }

@@ -580,10 +580,47 @@ std::vector<std::pair<std::string, Tensor>> to_hf_tensors(TransformerModel& mode
   return out;
 }
 
-TransformerModel::StoredQuantizedWeights load_hf_tensors(TransformerModel& model,
-                                                         const std::map<std::string, Tensor>& tensors,
-                                                         const std::string& source,
-                                                         std::optional<kernels::WeightQuant> quantization) {
+namespace {
+
+// HF tensors by name, each read when asked: from a map in memory, or from a safetensors file one
+// tensor at a time (so loading a folder never holds all of it beside the model).
+class HfTensors {
+ public:
+  virtual ~HfTensors() = default;
+  virtual bool has(const std::string& name) const = 0;
+  virtual Tensor get(const std::string& name) const = 0;
+  virtual std::vector<std::string> names() const = 0;
+};
+
+class MapTensors final : public HfTensors {
+ public:
+  explicit MapTensors(const std::map<std::string, Tensor>& m) : m_(m) {}
+  bool has(const std::string& name) const override { return m_.count(name) > 0; }
+  Tensor get(const std::string& name) const override { return m_.at(name); }
+  std::vector<std::string> names() const override {
+    std::vector<std::string> n;
+    for (const auto& [name, t] : m_) n.push_back(name);
+    return n;
+  }
+
+ private:
+  const std::map<std::string, Tensor>& m_;
+};
+
+class FileTensors final : public HfTensors {
+ public:
+  explicit FileTensors(const std::string& path) : reader_(path) {}
+  bool has(const std::string& name) const override { return reader_.has(name); }
+  Tensor get(const std::string& name) const override { return reader_.read(name, MemCategory::Workspace); }
+  std::vector<std::string> names() const override { return reader_.names(); }
+
+ private:
+  ckpt::SafetensorsReader reader_;
+};
+
+TransformerModel::StoredQuantizedWeights load_tensors(TransformerModel& model, const HfTensors& tensors,
+                                                      const std::string& source,
+                                                      std::optional<kernels::WeightQuant> quantization) {
   // Buffers some GPT-2 / Llama exports carry that are not parameters.
   auto ignorable = [](const std::string& n) {
     auto ends = [&](const char* s) { return n.size() >= std::strlen(s) && n.ends_with(s); };
@@ -598,29 +635,29 @@ TransformerModel::StoredQuantizedWeights load_hf_tensors(TransformerModel& model
   for (const Binding& b : all) {
     // GPT2Model checkpoints use bare names ("h.0.ln_1.weight", "wte.weight").
     std::string key = b.hf_name;
-    if (!tensors.count(key) && key.starts_with("transformer.") && tensors.count(key.substr(12))) key = key.substr(12);
-    auto it = tensors.find(key);
-    if (it == tensors.end() && b.copy) continue;
-    if (it == tensors.end()) fail(source, ": missing tensor '", b.hf_name, "'");
+    if (!tensors.has(key) && key.starts_with("transformer.") && tensors.has(key.substr(12))) key = key.substr(12);
+    if (!tensors.has(key) && b.copy) continue;
+    if (!tensors.has(key)) fail(source, ": missing tensor '", b.hf_name, "'");
     used.insert(key);
+    const Tensor stored_tensor = tensors.get(key);
     Tensor& full = b.param->value;
     const Shape want = hf_shape(b, full);
-    if (it->second.shape() != want)
-      fail(source, ": tensor '", key, "' has shape ", shape_str(it->second.shape()), ", expected ", shape_str(want));
+    if (stored_tensor.shape() != want)
+      fail(source, ": tensor '", key, "' has shape ", shape_str(stored_tensor.shape()), ", expected ", shape_str(want));
     Tensor t;
-    if (const DType stored = it->second.dtype(); stored == DType::I8 || stored == DType::F8E4M3) {
+    if (const DType stored = stored_tensor.dtype(); stored == DType::I8 || stored == DType::F8E4M3) {
       if (!quantization)
         fail(source, ": tensor '", key, "' is stored as ", dtype_name(stored),
              " but config.json has no quantization_config saying how to scale it");
       const std::string scale_key = scale_inv_name(key);
-      const auto scale = tensors.find(scale_key);
-      if (scale == tensors.end()) fail(source, ": tensor '", key, "' is quantised but '", scale_key, "' is missing");
+      if (!tensors.has(scale_key)) fail(source, ": tensor '", key, "' is quantised but '", scale_key, "' is missing");
       used.insert(scale_key);
-      const StoredQuantized q = check_stored(it->second, scale->second, *quantization, b.transpose, key, source);
+      const StoredQuantized q =
+          check_stored(stored_tensor, tensors.get(scale_key), *quantization, b.transpose, key, source);
       t = dequantize_stored(q);
       if (!b.copy) assemble_rows(assembled[b.param], b, q, *quantization, source);
     } else {
-      t = it->second.to(DType::F32, MemCategory::Workspace);
+      t = stored == DType::F32 ? stored_tensor : stored_tensor.to(DType::F32, MemCategory::Workspace);
     }
     const int64_t cols = cols_of(full);
     const int64_t rows = want.size() == 1 ? want[0] : (b.transpose ? want[1] : want[0]);
@@ -637,7 +674,7 @@ TransformerModel::StoredQuantizedWeights load_hf_tensors(TransformerModel& model
       }
     }
   }
-  for (const auto& [name, t] : tensors) {
+  for (const std::string& name : tensors.names()) {
     if (used.count(name) || ignorable(name)) continue;
     // A tied model may still carry a copy of the head; it must equal the embedding.
     if (tied && name == "lm_head.weight") continue;
@@ -652,6 +689,15 @@ TransformerModel::StoredQuantizedWeights load_hf_tensors(TransformerModel& model
     stored.emplace(param, std::make_shared<const kernels::QuantizedWeight>(std::move(a.w)));
   }
   return stored;
+}
+
+}  // namespace
+
+TransformerModel::StoredQuantizedWeights load_hf_tensors(TransformerModel& model,
+                                                         const std::map<std::string, Tensor>& tensors,
+                                                         const std::string& source,
+                                                         std::optional<kernels::WeightQuant> quantization) {
+  return load_tensors(model, MapTensors(tensors), source, quantization);
 }
 
 namespace {
@@ -685,7 +731,7 @@ HfFolder load_hf_folder(const std::string& dir) {
   HfFolder f;
   f.model = std::make_unique<TransformerModel>(config_from_hf(j, config_path));
   f.quantization = stored_quantization(j, config_path);
-  f.quantized = load_hf_tensors(*f.model, ckpt::load_safetensors(path), path, f.quantization);
+  f.quantized = load_tensors(*f.model, FileTensors(path), path, f.quantization);
   return f;
 }
 
