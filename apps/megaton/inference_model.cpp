@@ -11,7 +11,7 @@ InferenceModel load_inference_model(const std::string& model_dir, const std::str
                                     const std::string& precision, const std::string& weights_dtype) {
   const auto start = std::chrono::steady_clock::now();
   InferenceModel m;
-  models::HfFolder folder = models::load_hf_folder(model_dir);
+  models::HfFolder folder = models::load_hf_folder(model_dir, /*gradients=*/false);
   m.model = std::move(folder.model);
   // A quantised folder's own codes serve as stored (auto); another --weights-dtype re-quantises the
   // values they stand for.

@@ -1,6 +1,7 @@
 #include "megaton/core/allocator.h"
 
 #include <malloc.h>
+#include <sys/mman.h>
 
 #include <cstdlib>
 #include <mutex>
@@ -46,6 +47,11 @@ Allocator& Allocator::of(Device device) {
 }
 
 namespace {
+// Blocks of at least this many bytes are aligned to 2 MiB and asked to be backed by transparent huge
+// pages (where the kernel leaves THP to madvise): touching a fresh 5 GB of weights is 2.4 thousand
+// page faults instead of 1.2 million, which under virtualisation dominated a llama3-1b load.
+constexpr size_t kHugePageBlock = size_t{4} << 20, kHugePage = size_t{2} << 20;
+
 void raise_peak(std::atomic<size_t>& peak, size_t value) {
   size_t prev = peak.load(std::memory_order_relaxed);
   while (value > prev && !peak.compare_exchange_weak(prev, value, std::memory_order_relaxed)) {
@@ -56,10 +62,12 @@ void raise_peak(std::atomic<size_t>& peak, size_t value) {
 void* Allocator::allocate(size_t bytes, MemCategory cat, std::string_view what) {
   void* p = nullptr;
   if (device_.is_cpu()) {
-    if (bytes > SIZE_MAX - 63)
+    if (bytes > SIZE_MAX - kHugePage)
       fail("cannot allocate ", bytes, " bytes for '", what, "' (", mem_category_name(cat), "): too large");
-    const size_t rounded = (bytes + 63) / 64 * 64;
-    p = rounded ? std::aligned_alloc(64, rounded) : nullptr;
+    const size_t align = bytes >= kHugePageBlock ? kHugePage : 64;
+    const size_t rounded = (bytes + align - 1) / align * align;
+    p = rounded ? std::aligned_alloc(align, rounded) : nullptr;
+    if (p && align == kHugePage) madvise(p, rounded, MADV_HUGEPAGE);  // a hint: failure changes nothing
     if (rounded && !p)
       fail("out of host memory allocating ", bytes, " bytes for '", what, "' (", mem_category_name(cat), ")");
   } else {

@@ -721,7 +721,7 @@ TransformerConfig load_hf_config(const std::string& dir) {
   return config_from_hf(j, path);
 }
 
-HfFolder load_hf_folder(const std::string& dir) {
+HfFolder load_hf_folder(const std::string& dir, bool gradients) {
   const std::string path = (fs::path(dir) / "model.safetensors").string();
   // A training checkpoint has config.json too, but its weights are in shard files.
   if (!fs::exists(path) && fs::exists(fs::path(dir) / "metadata.json"))
@@ -729,7 +729,11 @@ HfFolder load_hf_folder(const std::string& dir) {
          "convert --input ", dir, " --output DIR`");
   const auto [j, config_path] = read_hf_config(dir);
   HfFolder f;
-  f.model = std::make_unique<TransformerModel>(config_from_hf(j, config_path));
+  {
+    std::optional<nn::NoGradients> no_gradients;
+    if (!gradients) no_gradients.emplace();
+    f.model = std::make_unique<TransformerModel>(config_from_hf(j, config_path));
+  }
   f.quantization = stored_quantization(j, config_path);
   f.quantized = load_tensors(*f.model, FileTensors(path), path, f.quantization);
   return f;

@@ -51,7 +51,8 @@ struct HfFolder {
   std::optional<kernels::WeightQuant> quantization;
   TransformerModel::StoredQuantizedWeights quantized;
 };
-HfFolder load_hf_folder(const std::string& dir);
+// gradients false: the model is built without them (nn::NoGradients), for inference only.
+HfFolder load_hf_folder(const std::string& dir, bool gradients = true);
 std::unique_ptr<TransformerModel> load_hf_model(const std::string& dir);
 TransformerConfig load_hf_config(const std::string& dir);
 

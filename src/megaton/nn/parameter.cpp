@@ -2,10 +2,18 @@
 
 namespace megaton::nn {
 
+namespace {
+thread_local int no_gradient_scopes = 0;
+}  // namespace
+
+NoGradients::NoGradients() { ++no_gradient_scopes; }
+NoGradients::~NoGradients() { --no_gradient_scopes; }
+bool NoGradients::active() { return no_gradient_scopes > 0; }
+
 Parameter::Parameter(std::string n, Shape shape, bool decay, ShardSpec shard_spec)
     : name(std::move(n)),
       value(Tensor::zeros(shape, DType::F32, MemCategory::Params, name)),
-      grad(Tensor::zeros(shape, DType::F32, MemCategory::Grads, name + ".grad")),
+      grad(NoGradients::active() ? Tensor() : Tensor::zeros(shape, DType::F32, MemCategory::Grads, name + ".grad")),
       weight_decay(decay),
       shard(shard_spec) {}
 

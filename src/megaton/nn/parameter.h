@@ -60,6 +60,18 @@ struct ShardSpec {
   }
 };
 
+// While one is open on this thread, new Parameters get no gradient (grad stays undefined): a model
+// built to serve, whose fp32 gradients would double its memory and its start-up. Nothing may run
+// backward on such a model.
+class NoGradients {
+ public:
+  NoGradients();
+  ~NoGradients();
+  NoGradients(const NoGradients&) = delete;
+  NoGradients& operator=(const NoGradients&) = delete;
+  static bool active();
+};
+
 struct Parameter {
   std::string name;           // Megatron-style name, e.g. "decoder.layers.0.self_attention.linear_qkv.weight"
   Tensor value;               // fp32 main weight, MemCategory::Params
@@ -80,6 +92,7 @@ struct Parameter {
   std::function<void(Parameter&)> grad_hook;
 
   Parameter() = default;
+  // value zeroed; grad zeroed too, unless a NoGradients scope is open on this thread.
   Parameter(std::string n, Shape shape, bool decay, ShardSpec shard_spec = {});
   // The weight a kernel computing in `dtype` reads: the compute copy when there is one in that
   // dtype, else the main weight (a kernel then names any dtype mismatch).
