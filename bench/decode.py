@@ -182,7 +182,7 @@ def megaton_command(binary, folder, tokenizer, threads, before=False, precision=
     # before the decode kernels has neither --prompt-ids nor --json: a one-character text prompt and
     # plain output instead (the rate is a difference of wall times, which does not need them).
     prompt = ["--prompt", "O"] if before else ["--prompt-ids", "1", "--json", "--precision", precision,
-                                               "--weights-dtype", weights]
+                                               "--weights-dtype", weights, "--ignore-eos"]
     return lambda steps: [binary, "generate", "--model", folder, "--temperature", "0", "--max-new-tokens",
                           str(steps), "--threads", str(threads), "--tokenizer", tokenizer] + prompt
 

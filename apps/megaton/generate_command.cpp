@@ -20,7 +20,7 @@ std::vector<int32_t> prompt_ids;
 infer::SamplingOptions opts;
 int threads = 0;
 bool json = false;
-bool speculative = false;
+bool speculative = false, ignore_eos = false;
 std::string mla_decode = "absorbed", draft_dir;
 int64_t draft_tokens = 4;
 std::unique_ptr<models::TransformerModel> draft_model;
@@ -117,6 +117,8 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--draft-tokens", draft_tokens, "Tokens the draft model proposes per main-model step")
       ->capture_default_str()
       ->check(in_range<int64_t>(1, 64));
+  cmd->add_flag("--ignore-eos", ignore_eos,
+                "Go on past the tokenizer's end-of-document token to --max-new-tokens (benchmarks: a fixed length)");
   cmd->add_flag("--json", json,
                 "Print one JSON object instead of streaming text: load_s, prompt and generated token counts, "
                 "prefill_tokens_per_s, decode_tokens_per_s, text, ids");
@@ -133,7 +135,7 @@ void add_generate_command(CLI::App& app) {
       if (id >= model->config().vocab_size)
         fail("--prompt-ids: id ", id, " is out of range: the model's vocab_size is ", model->config().vocab_size);
     const std::vector<int32_t> input = prompt_ids.empty() ? tok->encode(prompt) : prompt_ids;
-    opts.stop_token = tok->eod();
+    opts.stop_token = ignore_eos ? -1 : tok->eod();
     opts.vocab_size = tok->vocab_size();  // every generated id must decode (a model's vocabulary may be larger)
     if ((speculative || !draft_dir.empty()) && opts.temperature != 0.0)
       fail(speculative ? "--speculative" : "--draft-model", " decodes greedily: give --temperature 0");

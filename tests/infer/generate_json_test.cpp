@@ -198,3 +198,35 @@ TEST(GenerateJson, DraftModelGivesTheGreedyIdsAndItsAcceptance) {
   EXPECT_NE(sampled.exit_code, 0);
   EXPECT_NE(sampled.output.find("greedily"), std::string::npos) << sampled.output;
 }
+
+// --ignore-eos: a model whose greedy text ends at the end-of-document token within 40 tokens goes on
+// to all 40, the first ones unchanged.
+TEST(GenerateJson, IgnoreEosGoesOnToMaxNewTokens) {
+  megaton::testing::TempDir dir;
+  auto config = megaton::testing::tiny_config("llama-tiny");
+  config.init_method_std = 0.5;
+  const auto tok = data::make_tokenizer("byte");
+  infer::SamplingOptions o;
+  o.temperature = 0;
+  o.max_new_tokens = 40;
+  o.stop_token = tok->eod();
+  const auto prompt = tok->encode("Hello");
+  std::vector<int32_t> stopped;
+  for (uint64_t seed = 1; seed < 200 && (stopped.empty() || stopped.size() == 40u); ++seed) {
+    models::TransformerModel m(config);
+    m.init_weights(seed);
+    // Make the end-of-document token likely, so some seed stops early.
+    float* head = m.output_weight().value.data<float>() + static_cast<int64_t>(tok->eod()) * config.hidden_size;
+    for (int64_t i = 0; i < config.hidden_size; ++i) head[i] *= 4.0f;
+    stopped = infer::generate(m, prompt, o);
+    if (stopped.size() < 40u) models::save_hf_model(m, dir.file("model"));
+  }
+  ASSERT_LT(stopped.size(), 40u) << "no seed stopped early";
+  ASSERT_EQ(stopped.back(), tok->eod());
+  const auto r = megaton::testing::run_command(std::string(MEGATON_BINARY) + " generate --model " + dir.file("model") +
+                                               " --prompt Hello --max-new-tokens 40 --temperature 0 --json --ignore-eos");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto ids = nlohmann::json::parse(r.output)["ids"].get<std::vector<int32_t>>();
+  ASSERT_EQ(ids.size(), 40u);
+  EXPECT_TRUE(std::equal(stopped.begin(), stopped.end(), ids.begin()));
+}
