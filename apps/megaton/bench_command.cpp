@@ -197,7 +197,7 @@ void add_bench_command(CLI::App& app) {
                   "Serve this many requests (--seq-len prompt tokens, --steps new tokens each, greedy) by continuous "
                   "batching and one after another, side by side: aggregate tokens/s of each (--dtype f32 or bf16)")
       ->check(in_range<int64_t>(1, 4096));
-  cmd->add_option("--kv-cache-dtype", kv_dtype_text, "With --continuous-batching: the batcher's KV pages, f32 or bf16")
+  cmd->add_option("--kv-cache-dtype", kv_dtype_text, "With --continuous-batching: the batcher's KV pages, f32, bf16 or fp8")
       ->capture_default_str();
   cmd->add_flag("--cpu-info", cpu_only, "Only print the CPU line (model, features, threads) every benchmark starts with");
   cmd->callback([] {
@@ -221,8 +221,9 @@ void add_bench_command(CLI::App& app) {
       if (layers > 0) config.num_layers = layers;
       const DType dtype = dtype_from_name(dtype_text);
       if (dtype != DType::F32 && dtype != DType::BF16) fail("--continuous-batching --dtype ", dtype_text, ": f32 or bf16");
-      const DType kv = dtype_from_name(kv_dtype_text);
-      if (kv != DType::F32 && kv != DType::BF16) fail("--kv-cache-dtype ", kv_dtype_text, ": f32 or bf16");
+      if (kv_dtype_text != "f32" && kv_dtype_text != "bf16" && kv_dtype_text != "fp8")
+        fail("--kv-cache-dtype ", kv_dtype_text, ": f32, bf16 or fp8");
+      const DType kv = kv_dtype_text == "fp8" ? DType::F8E4M3 : dtype_from_name(kv_dtype_text);
       print_batch_decode(config, batch_requests, seq_len, steps, dtype, kv, json);
       return;
     }

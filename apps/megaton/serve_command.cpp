@@ -34,9 +34,10 @@ void add_serve_command(CLI::App& app) {
                   "(0: 16 x min(context, 2048))")
       ->capture_default_str()->check(in_range<int64_t>(0, int64_t{1} << 30));
   cmd->add_option("--kv-cache-dtype", kv_dtype,
-                  "The KV pages' dtype: f32, or bf16 (half the bytes per cached token, the attention's math still "
-                  "f32); auto: bf16 under --precision bf16, else f32")
-      ->capture_default_str()->check(CLI::IsMember({"auto", "f32", "bf16"}));
+                  "The KV pages' dtype: f32; bf16 (half the bytes per cached token); or fp8 (E4M3 with a scale per "
+                  "token and head: about a quarter). The attention's math stays f32. auto: bf16 under --precision "
+                  "bf16, else f32")
+      ->capture_default_str()->check(CLI::IsMember({"auto", "f32", "bf16", "fp8"}));
   cmd->add_option("--max-tokens", o.limits.max_completion_tokens,
                   "The most tokens one request may generate (and a chat request's default)")
       ->capture_default_str()->check(in_range<int64_t>(1, int64_t{1} << 24));
@@ -59,7 +60,9 @@ void add_serve_command(CLI::App& app) {
       if (const char* key = std::getenv("MEGATON_API_KEY")) o.api_key = key;
     if (o.model_name.empty()) o.model_name = std::filesystem::path(model_dir).lexically_normal().filename().string();
     if (o.model_name.empty()) o.model_name = std::filesystem::absolute(model_dir).parent_path().filename().string();
-    o.kv_cache_dtype = kv_dtype == "bf16" || (kv_dtype == "auto" && precision == "bf16") ? DType::BF16 : DType::F32;
+    o.kv_cache_dtype = kv_dtype == "fp8"                                                 ? DType::F8E4M3
+                       : kv_dtype == "bf16" || (kv_dtype == "auto" && precision == "bf16") ? DType::BF16
+                                                                                          : DType::F32;
     InferenceModel m = load_inference_model(model_dir, tokenizer, precision, weights_dtype);
     infer::CompletionServer server(*m.model, *m.tokenizer, o);
     const int port = server.bind();

@@ -29,7 +29,7 @@ struct ServerOptions {
   // request is admitted when its whole length fits beside the others; a longer one is refused).
   // 0: 16 sequences of up to 2048 tokens.
   int64_t kv_cache_tokens = 0;
-  DType kv_cache_dtype = DType::F32;  // the pages' dtype: f32 or bf16
+  DType kv_cache_dtype = DType::F32;  // the pages' dtype: f32, bf16 or f8e4m3
 };
 
 class CompletionServer {

@@ -24,7 +24,7 @@ struct BatchingOptions {
   int64_t num_pages = 0;
   int64_t max_running = 16;    // sequences admitted at once
   int64_t prefill_chunk = 256; // prompt tokens per step
-  DType kv_dtype = DType::F32;  // the pages' dtype: f32, or bf16 (half the bytes per cached token)
+  DType kv_dtype = DType::F32;  // the pages' dtype: f32, bf16 or f8e4m3 (nn/paged_kv_cache.h)
 };
 
 class ContinuousBatcher {

@@ -90,7 +90,8 @@ void decode_attention(const ExecContext& ctx, const Tensor& out, TensorAt q, Ten
 
 void paged_decode_attention(const ExecContext& ctx, const Tensor& out, TensorAt q, const Tensor& k_pages,
                             const Tensor& v_pages, const Tensor& pages, const Tensor& lens, int64_t B, int64_t Hq,
-                            int64_t Hkv, int64_t D, HeadStrides q_at, HeadStrides kv_at, double scale) {
+                            int64_t Hkv, int64_t D, HeadStrides q_at, HeadStrides kv_at, double scale,
+                            const Tensor& k_scale, const Tensor& v_scale) {
   constexpr std::string_view op = "paged_decode_attention";
   expect_on_device(ctx, op, {&out, &q.t, &k_pages, &v_pages, &pages, &lens});
   const AttentionDims d{B, 1, Hq, Hkv, D};
@@ -130,6 +131,18 @@ void paged_decode_attention(const ExecContext& ctx, const Tensor& out, TensorAt 
                                 lens.data<int64_t>(), page_size);
   };
   if (k_pages.dtype() == DType::BF16 && q.t.dtype() == DType::F32) return run(float{}, BFloat16{});
+  if (k_pages.dtype() == DType::F8E4M3 && q.t.dtype() == DType::F32) {
+    const Shape want{num_pages, page_size, Hkv};
+    for (const Tensor* s : {&k_scale, &v_scale})
+      if (!s->defined() || s->dtype() != DType::F32 || s->shape() != want)
+        fail("kernel ", op, ": F8E4M3 pages need F32 scales ", shape_str(want), ", got ",
+             s->defined() ? std::string(dtype_name(s->dtype())) + " " + shape_str(s->shape()) : "none");
+    cpu::paged_decode_attention(out.data<float>(), q.t.data<float>() + q.offset, k_pages.data<Float8E4M3>(),
+                                v_pages.data<Float8E4M3>(), B, Hq, Hkv, D, q_at, kv_at, scale,
+                                pages.data<int32_t>(), max_pages, lens.data<int64_t>(), page_size,
+                                k_scale.data<float>(), v_scale.data<float>());
+    return;
+  }
   expect_dtype(q.t.dtype(), op, {&k_pages});
   dispatch_cpu_float(q.t.dtype(), op, [&]<typename T>(T) { run(T{}, T{}); });
 }

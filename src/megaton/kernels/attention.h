@@ -48,10 +48,13 @@ void decode_attention(const ExecContext& ctx, const Tensor& out, TensorAt q, Ten
 // pages I32 [B, max_pages], row b's page ids in token order; lens I64 [B], the tokens row b attends
 // over (its new one, already written, included), covered by its first ceil(lens[b] / page_size)
 // pages. Pages of a multiple of 64 tokens give decode_attention's result bitwise. The pages are q's
-// dtype, or bf16 with f32 q and out (a bf16 KV cache: f32 math on the widened elements).
+// dtype, or bf16 or F8E4M3 with f32 q and out (a bf16 / FP8 KV cache: f32 math on the widened
+// elements); F8E4M3 pages need k_scale / v_scale, F32 [pages, page_size, Hkv]: every token's head
+// is its codes times its scale (cpu/kv_fp8.h).
 void paged_decode_attention(const ExecContext& ctx, const Tensor& out, TensorAt q, const Tensor& k_pages,
                             const Tensor& v_pages, const Tensor& pages, const Tensor& lens, int64_t B, int64_t Hq,
-                            int64_t Hkv, int64_t D, HeadStrides q_at, HeadStrides kv_at, double scale);
+                            int64_t Hkv, int64_t D, HeadStrides q_at, HeadStrides kv_at, double scale,
+                            const Tensor& k_scale = {}, const Tensor& v_scale = {});
 
 // dq, dk, dv are written in the layouts of q, k, v (dq by q_at, dk / dv by kv_at), so that they land
 // in a fused dQKV tensor; dk / dv sum over the query heads of each group. dout is laid out as out.

@@ -2,6 +2,7 @@
 
 #include "megaton/kernels/cpu/copy.h"
 #include "megaton/kernels/cpu/element.h"
+#include "megaton/kernels/cpu/kv_fp8.h"
 #ifdef MEGATON_WITH_CUDA
 #include "megaton/kernels/cuda/copy.h"
 #endif
@@ -84,6 +85,38 @@ void fill_columns(const ExecContext& ctx, const Tensor& t, int64_t from, double 
   dispatch_cpu_io(t.dtype(), op, [&]<typename T>(T) {
     cpu::fill_columns(t.data<T>(), t.size(0), t.size(1), from, cpu::store<T>(static_cast<cpu::compute_t<T>>(value)));
   });
+}
+
+namespace {
+// The shared checks of encode_fp8_rows / decode_fp8_rows; the f32 block's batch row 0 is used.
+void check_fp8_rows(std::string_view op, const ExecContext& ctx, const Tensor& codes, const Tensor& scales, int64_t row,
+                    const BlockAt& values, int64_t rows) {
+  expect_on_device(ctx, op, {&codes, &scales, &values.t});
+  if (!ctx.device.is_cpu()) fail_no_backend(ctx, op);
+  if (codes.dim() != 3 || codes.dtype() != DType::F8E4M3 || scales.dtype() != DType::F32 || values.t.dtype() != DType::F32)
+    fail("kernel ", op, ": codes must be F8E4M3 [1, R, D], scales and values F32; got ", dtype_name(codes.dtype()), ", ",
+         dtype_name(scales.dtype()), ", ", dtype_name(values.t.dtype()));
+  const int64_t D = codes.size(2);
+  check_block(op, {codes, row, 0}, rows, D);
+  check_block(op, {scales, row, 0}, rows, 1);
+  check_block(op, values, rows, D);
+}
+}  // namespace
+
+void encode_fp8_rows(const ExecContext& ctx, const Tensor& codes, const Tensor& scales, int64_t row, BlockAt src,
+                     int64_t rows) {
+  check_fp8_rows("encode_fp8_rows", ctx, codes, scales, row, src, rows);
+  const int64_t D = codes.size(2);
+  cpu::quantize_kv_heads(src.t.data<float>() + src.row * src.t.size(2) + src.col, src.t.size(2),
+                         static_cast<uint8_t*>(codes.raw()) + row * D, scales.data<float>() + row, rows, D);
+}
+
+void decode_fp8_rows(const ExecContext& ctx, BlockAt dst, const Tensor& codes, const Tensor& scales, int64_t row,
+                     int64_t rows) {
+  check_fp8_rows("decode_fp8_rows", ctx, codes, scales, row, dst, rows);
+  const int64_t D = codes.size(2);
+  cpu::dequantize_kv_heads(static_cast<const uint8_t*>(codes.raw()) + row * D, scales.data<float>() + row,
+                           dst.t.data<float>() + dst.row * dst.t.size(2) + dst.col, dst.t.size(2), rows, D);
 }
 
 }  // namespace megaton::kernels

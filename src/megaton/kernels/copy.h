@@ -30,4 +30,12 @@ void sum_rows(const ExecContext& ctx, BlockAt dst, BlockAt src, int64_t copies, 
 // the cpu; value rounded to t's dtype): the -inf in a padded vocabulary's columns of the logits.
 void fill_columns(const ExecContext& ctx, const Tensor& t, int64_t from, double value);
 
+// FP8 KV pages (cpu/kv_fp8.h): `rows` rows of D = codes.size(2) f32 values from src's block, each
+// encoded as E4M3 with its own scale: codes F8E4M3 [1, R, D] and scales F32 [1, R, 1] from row
+// `row`. decode_fp8_rows writes the values back into dst's block (f32). CPU only.
+void encode_fp8_rows(const ExecContext& ctx, const Tensor& codes, const Tensor& scales, int64_t row, BlockAt src,
+                     int64_t rows);
+void decode_fp8_rows(const ExecContext& ctx, BlockAt dst, const Tensor& codes, const Tensor& scales, int64_t row,
+                     int64_t rows);
+
 }  // namespace megaton::kernels

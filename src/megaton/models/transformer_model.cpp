@@ -370,7 +370,7 @@ nn::PagedKVCache TransformerModel::new_paged_kv_cache(int64_t num_pages, int64_t
   check_whole("paged decoding");
   std::vector<int64_t> cols;
   for (const auto& l : layers_) cols.push_back(l->attention->kv_cols());
-  return nn::PagedKVCache(cols, num_pages, page_size, dtype);
+  return nn::PagedKVCache(cols, num_pages, page_size, dtype, config_.head_dim());
 }
 
 Tensor TransformerModel::forward_paged(nn::PagedKVCache& cache, const std::vector<nn::PagedSequence*>& seqs,

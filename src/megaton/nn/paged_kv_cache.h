@@ -20,12 +20,16 @@ struct PagedSequence {
 class PagedKVCache {
  public:
   struct Layer {
-    Tensor k, v;  // [num_pages, page_size, kv_cols], f32 or bf16
+    Tensor k, v;  // [num_pages, page_size, kv_cols], f32, bf16 or f8e4m3
+    // FP8 pages only: each token's per-head scale, F32 [num_pages, page_size, kv_cols / head_dim].
+    Tensor k_scale, v_scale;
   };
-  // kv_cols per layer (a model's layers may differ); every count range-checked. dtype: f32, or
-  // bf16 (half the bytes per token: the keys and values rounded to nearest even as they are
-  // written, the attention's math still f32).
-  PagedKVCache(const std::vector<int64_t>& kv_cols, int64_t num_pages, int64_t page_size, DType dtype = DType::F32);
+  // kv_cols per layer (a model's layers may differ); every count range-checked. dtype: f32; bf16
+  // (half the bytes per token: keys and values rounded to nearest even as they are written); or
+  // f8e4m3 (a quarter, plus a 4-byte scale per head_dim values: each token's head encoded with its
+  // own scale, cpu/kv_fp8.h; head_dim must divide every kv_cols). The attention's math stays f32.
+  PagedKVCache(const std::vector<int64_t>& kv_cols, int64_t num_pages, int64_t page_size, DType dtype = DType::F32,
+               int64_t head_dim = 0);
 
   Layer& layer(size_t i) { return layers_.at(i); }
   size_t num_layers() const { return layers_.size(); }

@@ -2,10 +2,11 @@
 
 #include <algorithm>
 #include <limits>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
-#include "megaton/kernels/cpu/element.h"
+#include "megaton/kernels/cpu/gemv_dot.h"
 #include "megaton/kernels/cpu/online_softmax.h"
 
 namespace megaton::kernels::cpu {
@@ -17,13 +18,20 @@ constexpr int64_t kBlock = 64;
 
 // Where token t0's key and value of one kv group are, and how many tokens follow it contiguously
 // (kv_row apart): the whole rest of a contiguous cache, or the rest of t0's page. KV: the cache's
-// element type (T, or bf16 under f32 math: each element widened as it is read).
+// element type (T, or bf16 / E4M3 under f32 math: each element widened as it is read); E4M3 keys
+// and values come with one scale per token of the group, scale_row apart.
 template <typename KV>
 struct KeyRun {
   const KV* k;
   const KV* v;
   int64_t run;
+  const float* k_scale = nullptr;
+  const float* v_scale = nullptr;
+  int64_t scale_row = 0;
 };
+
+template <typename KV>
+constexpr bool kScaled = std::is_same_v<KV, Float8E4M3>;
 
 // One (batch row, kv group): the R = Hq / Hkv query heads of the group against its Tk keys, found
 // by at(t0) -> KeyRun. A block never crosses a run, so pages of a multiple of kBlock tokens give
@@ -40,22 +48,26 @@ void group_attention(T* out, const T* q, At at, int64_t R, int64_t D, int64_t kv
     n = std::min({kBlock, Tk - t0, r.run});
     for (int64_t j = 0; j < n; ++j) {
       const KV* kj = r.k + j * kv_row;
+      T key_scale = scale;
+      if constexpr (kScaled<KV>) key_scale *= r.k_scale[j * r.scale_row];
       for (int64_t i = 0; i < R; ++i) {
         const T* qi = q + i * D;
         T dot = 0;
 #pragma omp simd reduction(+ : dot)
-        for (int64_t d = 0; d < D; ++d) dot += qi[d] * load(kj[d]);
-        s[i * kBlock + j] = dot * scale;
+        for (int64_t d = 0; d < D; ++d) dot += qi[d] * gemv_detail::load(kj[d]);
+        s[i * kBlock + j] = dot * key_scale;
       }
     }
     online_softmax_step(s, kBlock, n, m, l, acc, R, D);
     for (int64_t j = 0; j < n; ++j) {
       const KV* vj = r.v + j * kv_row;
+      T value_scale = 1;
+      if constexpr (kScaled<KV>) value_scale = r.v_scale[j * r.scale_row];
       for (int64_t i = 0; i < R; ++i) {
-        const T p = s[i * kBlock + j];
+        const T p = s[i * kBlock + j] * value_scale;
         T* ai = acc + i * D;
 #pragma omp simd
-        for (int64_t d = 0; d < D; ++d) ai[d] += p * load(vj[d]);
+        for (int64_t d = 0; d < D; ++d) ai[d] += p * gemv_detail::load(vj[d]);
       }
     }
   }
@@ -100,12 +112,19 @@ void decode_attention(T* out, const T* q, const T* k, const T* v, int64_t B, int
 template <typename T, typename KV>
 void paged_decode_attention(T* out, const T* q, const KV* k_pages, const KV* v_pages, int64_t B, int64_t Hq,
                             int64_t Hkv, int64_t D, HeadStrides q_at, HeadStrides kv_at, double scale,
-                            const int32_t* pages, int64_t max_pages, const int64_t* lens, int64_t page_size) {
+                            const int32_t* pages, int64_t max_pages, const int64_t* lens, int64_t page_size,
+                            const float* k_scale, const float* v_scale) {
   attend_groups<T, KV>(out, q, B, Hq, Hkv, D, q_at, kv_at.row, scale, [=](int64_t b, int64_t g) {
     const int32_t* table = pages + b * max_pages;
     const auto at = [=](int64_t t0) {
-      const int64_t token = (table[t0 / page_size] * page_size + t0 % page_size) * kv_at.row + g * kv_at.group;
-      return KeyRun<KV>{k_pages + token, v_pages + token, page_size - t0 % page_size};
+      const int64_t slot = table[t0 / page_size] * page_size + t0 % page_size;
+      const int64_t token = slot * kv_at.row + g * kv_at.group, scale_at = slot * Hkv + g;
+      return KeyRun<KV>{k_pages + token,
+                        v_pages + token,
+                        page_size - t0 % page_size,
+                        k_scale ? k_scale + scale_at : nullptr,
+                        v_scale ? v_scale + scale_at : nullptr,
+                        Hkv};
     };
     return std::pair{at, lens[b]};
   });
@@ -115,14 +134,14 @@ template void decode_attention<float>(float*, const float*, const float*, const 
                                       int64_t, HeadStrides, HeadStrides, double, int64_t, int64_t);
 template void decode_attention<double>(double*, const double*, const double*, const double*, int64_t, int64_t, int64_t,
                                        int64_t, HeadStrides, HeadStrides, double, int64_t, int64_t);
-template void paged_decode_attention<float, float>(float*, const float*, const float*, const float*, int64_t, int64_t,
-                                                   int64_t, int64_t, HeadStrides, HeadStrides, double, const int32_t*,
-                                                   int64_t, const int64_t*, int64_t);
-template void paged_decode_attention<double, double>(double*, const double*, const double*, const double*, int64_t,
-                                                     int64_t, int64_t, int64_t, HeadStrides, HeadStrides, double,
-                                                     const int32_t*, int64_t, const int64_t*, int64_t);
-template void paged_decode_attention<float, BFloat16>(float*, const float*, const BFloat16*, const BFloat16*, int64_t,
-                                                      int64_t, int64_t, int64_t, HeadStrides, HeadStrides, double,
-                                                      const int32_t*, int64_t, const int64_t*, int64_t);
+#define MEGATON_PAGED_DECODE(T, KV)                                                                            \
+  template void paged_decode_attention<T, KV>(T*, const T*, const KV*, const KV*, int64_t, int64_t, int64_t, int64_t, \
+                                              HeadStrides, HeadStrides, double, const int32_t*, int64_t,               \
+                                              const int64_t*, int64_t, const float*, const float*);
+MEGATON_PAGED_DECODE(float, float)
+MEGATON_PAGED_DECODE(double, double)
+MEGATON_PAGED_DECODE(float, BFloat16)
+MEGATON_PAGED_DECODE(float, Float8E4M3)
+#undef MEGATON_PAGED_DECODE
 
 }  // namespace megaton::kernels::cpu

@@ -20,10 +20,13 @@ void decode_attention(T* out, const T* q, const T* k, const T* v, int64_t B, int
 // page_size tokens, token t of batch row b in page pages[b * max_pages + t / page_size] at slot
 // t % page_size (token rows kv_at.row apart, pages page_size rows apart), and each row attends over
 // its own lens[b] tokens. Pages of a multiple of 64 tokens give decode_attention's sums exactly.
-// KV: T, or bf16 pages under f32 math (half the cache's bytes; each element widened as it is read).
+// KV: T, or bf16 or E4M3 pages under f32 math (half or a quarter of the cache's bytes; each element
+// widened as it is read). E4M3 pages come with k_scale / v_scale [pages, page_size, Hkv]: each
+// token's head is code x its scale (cpu/kv_fp8.h); null otherwise.
 template <typename T, typename KV>
 void paged_decode_attention(T* out, const T* q, const KV* k_pages, const KV* v_pages, int64_t B, int64_t Hq,
                             int64_t Hkv, int64_t D, HeadStrides q_at, HeadStrides kv_at, double scale,
-                            const int32_t* pages, int64_t max_pages, const int64_t* lens, int64_t page_size);
+                            const int32_t* pages, int64_t max_pages, const int64_t* lens, int64_t page_size,
+                            const float* k_scale = nullptr, const float* v_scale = nullptr);
 
 }  // namespace megaton::kernels::cpu
