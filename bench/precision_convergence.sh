@@ -5,7 +5,7 @@
 # difference from the fp32 run's. fp16 starts from Megatron's initial loss scale 2^32 and skips the
 # steps that overflow on the way down; fp16-scale16 starts at 2^16 (--initial-loss-scale 65536, the
 # usual override). PRECISIONS and MODELS (environment) pick the runs; fp32, the reference, is always
-# first.
+# first. SEED (environment) sets training.seed (init and data order) for every run of an invocation.
 # Usage: [PRECISIONS=...] bench/precision_convergence.sh [MEGATON] [STEPS]
 # Loss values, not speed: a loaded machine gives the same numbers.
 set -euo pipefail
@@ -29,6 +29,7 @@ for model in ${MODELS:-gpt-tiny llama-tiny}; do
       mxfp8) sets=(--set precision.bf16=true --set precision.fp8=e4m3 --set precision.fp8_recipe=mxfp8) ;;
       *) echo "unknown precision '$precision'" >&2; exit 2 ;;
     esac
+    [[ -n ${SEED:-} ]] && sets+=(--set training.seed="$SEED")
     run="$work/$model-$precision"
     "$megaton" train --set "model.preset=\"$model\"" --set training.train_iters="$steps" \
       --set logging.eval_interval=0 --set sample.tokens=0 --set logging.save_interval=0 \
