@@ -235,19 +235,7 @@ INSTANTIATE_TEST_SUITE_P(Models, GreedyDecode,
 // dequantised model 0.8-2.2e-7.
 class QuantizedDecode : public ::testing::TestWithParam<std::tuple<std::string, kernels::WeightQuant>> {};
 
-namespace {
-// max |a - b| / max |b| over two f32 tensors of the same size; NaN when either holds a non-finite value.
-double relative_to_largest(const Tensor& a, const Tensor& b) {
-  double diff = 0, scale = 0;
-  for (int64_t i = 0; i < b.numel(); ++i) {
-    const double x = a.data<float>()[i], y = b.data<float>()[i];
-    if (!std::isfinite(x) || !std::isfinite(y)) return NAN;
-    diff = std::max(diff, std::abs(x - y));
-    scale = std::max(scale, std::abs(y));
-  }
-  return diff / scale;
-}
-}  // namespace
+using megaton::testing::relative_to_largest;
 
 TEST_P(QuantizedDecode, EqualsItsOwnForwardsArgmaxAndTheDequantisedModel) {
   const auto [preset, q] = GetParam();

@@ -15,6 +15,7 @@
 
 #include "../support/run_command.h"
 #include "../support/temp_dir.h"
+#include "../support/tiny_model.h"
 #include "megaton/ckpt/safetensors.h"
 #include "megaton/data/tokenizer.h"
 #include "megaton/core/regular_file.h"
@@ -23,6 +24,7 @@
 
 using namespace megaton;
 using kernels::WeightQuant;
+using megaton::testing::relative_to_largest;
 using megaton::testing::TempDir;
 
 namespace {
@@ -40,18 +42,6 @@ bool is_layer_weight(const std::string& name) {
   return name.find("layers.") != std::string::npos || name.find("transformer.h.") != std::string::npos
              ? name.ends_with("proj.weight") || name.ends_with("c_attn.weight") || name.ends_with("c_fc.weight")
              : name == "lm_head.weight";
-}
-
-// Largest |a - b| relative to the largest |b|; NaN when either holds a non-finite value.
-double relative_to_largest(const Tensor& a, const Tensor& b) {
-  double diff = 0, scale = 0;
-  for (int64_t i = 0; i < b.numel(); ++i) {
-    const double x = a.data<float>()[i], y = b.data<float>()[i];
-    if (!std::isfinite(x) || !std::isfinite(y)) return NAN;
-    diff = std::max(diff, std::abs(x - y));
-    scale = std::max(scale, std::abs(y));
-  }
-  return diff / scale;
 }
 
 // The final norm's output over 24 positions (the head's input).

@@ -1,6 +1,7 @@
 // The smallest useful GPT / Llama shapes for model-level tests: 2 layers, hidden 48, 6 heads
 // (GQA with 2 kv heads for Llama), byte vocabulary, 64 positions.
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -63,6 +64,19 @@ inline double relative_error(const std::vector<double>& a, const std::vector<dou
   for (size_t i = 0; i < a.size(); ++i) diff += (a[i] - b[i]) * (a[i] - b[i]), ref += b[i] * b[i];
   if (ref == 0) return diff == 0 ? 0.0 : diff > 0 ? INFINITY : diff;
   return std::sqrt(diff / ref);
+}
+
+// max |a - b| / max |b| over two f32 tensors of b's size (logits, hidden states); NaN when either
+// holds a non-finite value, which fails any < comparison.
+inline double relative_to_largest(const Tensor& a, const Tensor& b) {
+  double diff = 0, scale = 0;
+  for (int64_t i = 0; i < b.numel(); ++i) {
+    const double x = a.data<float>()[i], y = b.data<float>()[i];
+    if (!std::isfinite(x) || !std::isfinite(y)) return NAN;
+    diff = std::max(diff, std::abs(x - y));
+    scale = std::max(scale, std::abs(y));
+  }
+  return diff / scale;
 }
 
 inline std::pair<Tensor, Tensor> tiny_batch(int64_t B, int64_t T) {

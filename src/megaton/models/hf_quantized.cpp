@@ -4,6 +4,7 @@
 
 #include "megaton/core/error.h"
 #include "megaton/core/fp8_format.h"
+#include "megaton/kernels/cpu/gemv_quantized.h"
 
 namespace megaton::models {
 
@@ -122,11 +123,10 @@ StoredQuantized check_stored(const Tensor& codes, const Tensor& scale_inv, Weigh
 Tensor dequantize_stored(const StoredQuantized& s) {
   const int64_t rows = s.codes.size(0), cols = s.codes.size(1);
   Tensor t = Tensor::empty({rows, cols}, DType::F32, MemCategory::Workspace, s.codes.name() + ".dequantized");
-  const auto* c = static_cast<const uint8_t*>(s.codes.raw());
-  float* out = t.data<float>();
-  const DType dtype = s.codes.dtype();
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t k = 0; k < cols; ++k) out[r * cols + k] = decode_code(c[r * cols + k], dtype) * s.scale(r, k);
+  // The stored grid is the layout the inference kernels read: their dequantisation serves.
+  kernels::cpu::dequantize_rows(t.data<float>(),
+                                {s.codes.raw(), s.codes.dtype(), s.scale_inv.data<float>(), s.block_rows, s.block_cols},
+                                cols, 0, rows);
   return t;
 }
 
