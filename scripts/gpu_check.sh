@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU checks, as one call for the session's device machine (an H200): every CUDA test (they
-# skip visibly without a device, so here a skip is a failure), then the per-shape GEMM benchmark in
-# bf16 and f32 next to PyTorch on the same device. Logs and JSON go under $OUT when set; the table
+# skip visibly without a device, so here a skip is a failure) plain and under compute-sanitizer, then
+# the per-shape GEMM benchmark in bf16 and f32 next to PyTorch on the same device, and the FP8 GEMMs
+# (per-tensor and blockwise) next to bf16 on llama3-1b's shapes. Logs and JSON go under $OUT when set; the table
 # comes last.
 #
 # The device's image has CUDA, cmake and PyTorch but not the Debian packages Megaton links
@@ -30,13 +31,13 @@ else
   cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 > "$out/configure.log" 2>&1 ||
     { tail -30 "$out/configure.log"; exit 1; }
   grep -q "CUDA backend ON" "$out/configure.log" || { echo "CUDA backend not configured"; exit 1; }
-  cmake --build build-gpu -j"$(nproc)" --target megaton backend_test device_test > "$out/build.log" 2>&1 ||
+  cmake --build build-gpu -j"$(nproc)" --target megaton backend_test device_test fp8_cuda_test > "$out/build.log" 2>&1 ||
     { tail -40 "$out/build.log"; exit 1; }
-  mkdir -p $bin && ln -sf ../megaton ../tests/backend_test ../tests/device_test $bin/
+  mkdir -p $bin && ln -sf ../megaton ../tests/backend_test ../tests/device_test ../tests/fp8_cuda_test $bin/
 fi
 
 status=0
-for t in device_test backend_test; do
+for t in device_test backend_test fp8_cuda_test; do
   $bin/$t 2>&1 | tee "$out/$t.log" | tail -3
   [[ ${PIPESTATUS[0]} == 0 ]] || { echo "$t FAILED"; status=1; }
   if grep -q "skipped:" "$out/$t.log"; then echo "$t: CUDA cases skipped on a GPU machine"; status=1; fi
@@ -45,8 +46,10 @@ done
 # The CUDA kernels under compute-sanitizer: out-of-bounds accesses, reads of unwritten memory, races.
 if command -v compute-sanitizer > /dev/null; then
   for tool in memcheck initcheck racecheck; do
-    compute-sanitizer --tool $tool --error-exitcode 3 $bin/backend_test > "$out/sanitizer_$tool.log" 2>&1 ||
-      { echo "compute-sanitizer $tool found errors:"; grep -m5 "=========" "$out/sanitizer_$tool.log"; status=1; }
+    for t in backend_test fp8_cuda_test; do
+      compute-sanitizer --tool $tool --error-exitcode 3 $bin/$t > "$out/sanitizer_${tool}_$t.log" 2>&1 ||
+        { echo "compute-sanitizer $tool found errors in $t:"; grep -m5 "=========" "$out/sanitizer_${tool}_$t.log"; status=1; }
+    done
   done
   echo "compute-sanitizer memcheck/initcheck/racecheck: done"
 fi
@@ -62,6 +65,16 @@ for spec in "gpt2-124m bf16" "llama3-1b bf16" "gpt2-124m f32"; do
     tables+=$'\n'"== $1 $2, 8192 tokens"$'\n'"$(cat "$out/$name.txt")"
   else
     echo "$name FAILED:"; cat "$out/$name.err" "$out/$name.txt" 2>/dev/null | tail -5; status=1
+  fi
+done
+# FP8 GEMMs (cuBLASLt, per-tensor and DeepSeek-V3 blocks) next to bf16 on llama3-1b's shapes.
+for recipe in fp8-tensorwise fp8-blockwise; do
+  name="gemm_llama3-1b_$recipe"
+  if $bin/megaton bench --gemm-shapes --device cuda --dtype $recipe --model llama3-1b --batch 8 --seq-len 1024 \
+      --steps 10 > "$out/$name.txt" 2>&1; then
+    tables+=$'\n'"== llama3-1b $recipe vs bf16, 8192 tokens"$'\n'"$(grep -v '^cpu:' "$out/$name.txt")"
+  else
+    echo "$name FAILED:"; tail -5 "$out/$name.txt"; status=1
   fi
 done
 echo "$tables"

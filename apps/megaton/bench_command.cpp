@@ -166,7 +166,10 @@ void add_bench_command(CLI::App& app) {
                 "and backward) against the unfused kernels it replaces, at one layer's shapes of batch x seq-len rows "
                 "(cpu; --dtype f32 or bf16)");
   cmd->add_option("--device", device_name, "With --gemm-shapes: cpu, cuda or cuda:N")->capture_default_str();
-  cmd->add_option("--dtype", dtype_text, "With --gemm-shapes or --fusion-kernels: f32 or bf16")->capture_default_str();
+  cmd->add_option("--dtype", dtype_text,
+                  "With --gemm-shapes: f32, bf16, or FP8 next to bf16 (fp8-tensorwise: per-tensor scales, E5M2 "
+                  "gradients; fp8-blockwise: 1x128 / 128x128 E4M3); with --fusion-kernels: f32 or bf16")
+      ->capture_default_str();
   cmd->add_option("--cpu-gemm", cpu_gemm,
                   "The library of the CPU GEMMs: auto (OpenBLAS for f32; oneDNN for bf16 where the CPU has native "
                   "bf16, else OpenBLAS on f32 copies), openblas or onednn")
@@ -210,6 +213,10 @@ void add_bench_command(CLI::App& app) {
     if (cpu_only) return;
     if (gemm_shapes) {
       const Device device = Device::parse(device_name);
+      if (dtype_text == "fp8-tensorwise" || dtype_text == "fp8-blockwise") {
+        print_fp8_gemm_shapes(models::preset(preset), batch * seq_len, steps, json, device, dtype_text == "fp8-blockwise");
+        return;
+      }
       const DType dtype = dtype_from_name(dtype_text);
       if (device.is_cpu() && dtype != DType::F32 && dtype != DType::BF16)
         fail("--dtype ", dtype_text, " on the cpu: the CPU GEMMs run f32 or bf16");

@@ -21,4 +21,12 @@ double gemm_ceiling_gflops(Device device, DType dtype);
 void print_gemm_shapes(const models::TransformerConfig& cfg, int64_t tokens, int repeats, bool json, Device device,
                        DType dtype);
 
+// The same shapes as FP8 GEMMs (kernels/fp8_gemm.h) next to bf16 GEMMs of the same run: per-tensor
+// scales with E5M2 gradients (fp8-tensorwise, HYBRID), or DeepSeek-V3's 1x128 activation and
+// gradient tiles with 128x128 weight blocks, E4M3 (blockwise). The timed call is the GEMM alone on
+// operands quantised beforehand (the quantisation time is reported beside it); a shape the device's
+// FP8 GEMM does not take is listed as skipped, with the reason.
+void print_fp8_gemm_shapes(const models::TransformerConfig& cfg, int64_t tokens, int repeats, bool json, Device device,
+                           bool blockwise);
+
 }  // namespace megaton::app

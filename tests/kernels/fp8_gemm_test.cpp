@@ -7,39 +7,15 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <random>
 
 #include "megaton/kernels/cpu/gemm.h"
+#include "../support/fp8_reference.h"
 
 namespace megaton::kernels {
 namespace {
 
-Tensor random_matrix(int64_t rows, int64_t cols, uint32_t seed, float spread) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  Tensor t = Tensor::empty({rows, cols}, DType::F32, MemCategory::Other, "x");
-  // Rows and columns at different magnitudes, so per-tile scales differ from the tensor's.
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c)
-      t.data<float>()[r * cols + c] = normal(gen) * std::exp2(spread * std::sin(0.37f * static_cast<float>(r) + 0.11f * static_cast<float>(c)));
-  return t;
-}
-
-// sum over K groups of (sum_k value_a * value_b) * scale_a * scale_b, in double, with the groups the
-// kernel promises (the finer granularity's width along K).
-double reference_at(const Fp8Matrix& a, const Fp8Matrix& b, int64_t m, int64_t n, int64_t group) {
-  const int64_t K = a.data.size(1);
-  const auto* ca = static_cast<const uint8_t*>(a.data.raw());
-  const auto* cb = static_cast<const uint8_t*>(b.data.raw());
-  double total = 0.0;
-  for (int64_t k0 = 0; k0 < K; k0 += group) {
-    double part = 0.0;
-    for (int64_t k = k0; k < std::min(K, k0 + group); ++k)
-      part += static_cast<double>(fp8::decode(ca[m * K + k], a.format())) * fp8::decode(cb[n * K + k], b.format());
-    total += part * a.scale_inv_at(m, k0) * b.scale_inv_at(n, k0);
-  }
-  return total;
-}
+using test::fp8_reference_at;
+using test::fp8_test_matrix;
 
 struct Case {
   const char* name;
@@ -53,7 +29,7 @@ class Fp8GemmTest : public ::testing::TestWithParam<Case> {};
 TEST_P(Fp8GemmTest, MatchesTheScaledSumAndTheFp32Product) {
   const Case& c = GetParam();
   const int64_t M = 37, N = 150, K = 300;  // K not a multiple of 128 or 32: ragged last group
-  const Tensor x = random_matrix(M, K, 1, 3.0f), w = random_matrix(N, K, 2, 2.0f);
+  const Tensor x = fp8_test_matrix(M, K, 1, 3.0f), w = fp8_test_matrix(N, K, 2, 2.0f);
   const Fp8Matrix a = fp8_quantize(x, {.format = c.fa, .granularity = c.ga});
   const Fp8Matrix b = fp8_quantize(w, {.format = c.fb, .granularity = c.gb});
   Tensor out = Tensor::empty({M, N}, DType::F32);
@@ -65,7 +41,7 @@ TEST_P(Fp8GemmTest, MatchesTheScaledSumAndTheFp32Product) {
       const float got = out.data<float>()[m * N + n];
       ASSERT_TRUE(std::isfinite(got));
       const int64_t group = c.group == 0 ? K : c.group;
-      const double exact = reference_at(a, b, m, n, group);
+      const double exact = fp8_reference_at(a, b, m, n, group);
       double magnitude = 0, fp32 = 0;  // sum |a||b| bounds the rounding of an fp32 sum
       for (int64_t k = 0; k < K; ++k) {
         magnitude += std::fabs(static_cast<double>(fx.data<float>()[m * K + k]) * fw.data<float>()[n * K + k]);
@@ -95,7 +71,7 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(Fp8Gemm, SameResultOnEitherGemmLibraryPath) {
   // oneDNN bf16 panels where the CPU has native bf16, f32 panels on OpenBLAS elsewhere: the widened
   // values are exact either way, so only the summation order may differ.
-  const Tensor x = random_matrix(20, 256, 3, 1.0f), w = random_matrix(24, 256, 4, 1.0f);
+  const Tensor x = fp8_test_matrix(20, 256, 3, 1.0f), w = fp8_test_matrix(24, 256, 4, 1.0f);
   const Fp8Matrix a = fp8_quantize(x, {.granularity = Fp8Granularity::Tile1x128});
   const Fp8Matrix b = fp8_quantize(w, {.granularity = Fp8Granularity::Block128x128});
   Tensor first = Tensor::empty({20, 24}, DType::F32), second = Tensor::empty({20, 24}, DType::F32);
@@ -108,7 +84,7 @@ TEST(Fp8Gemm, SameResultOnEitherGemmLibraryPath) {
 }
 
 TEST(Fp8Gemm, Bf16OutputAndAccumulation) {
-  const Tensor x = random_matrix(8, 64, 5, 1.0f), w = random_matrix(16, 64, 6, 1.0f);
+  const Tensor x = fp8_test_matrix(8, 64, 5, 1.0f), w = fp8_test_matrix(16, 64, 6, 1.0f);
   const Fp8Matrix a = fp8_quantize(x, {}), b = fp8_quantize(w, {});
   Tensor f32 = Tensor::empty({8, 16}, DType::F32), bf16 = Tensor::empty({8, 16}, DType::BF16);
   fp8_gemm(ExecContext::on(f32), f32, a, b);
@@ -129,7 +105,7 @@ TEST(Fp8Gemm, Bf16OutputAndAccumulation) {
 }
 
 TEST(Fp8Gemm, RefusesMismatchedOperands) {
-  const Tensor x = random_matrix(4, 64, 7, 1.0f), w = random_matrix(8, 32, 8, 1.0f), v = random_matrix(8, 64, 9, 1.0f);
+  const Tensor x = fp8_test_matrix(4, 64, 7, 1.0f), w = fp8_test_matrix(8, 32, 8, 1.0f), v = fp8_test_matrix(8, 64, 9, 1.0f);
   const Fp8Matrix a = fp8_quantize(x, {}), b = fp8_quantize(w, {});
   Tensor out = Tensor::empty({4, 8}, DType::F32);
   EXPECT_THROW(fp8_gemm(ExecContext::on(out), out, a, b), std::exception);  // K differs

@@ -6,6 +6,9 @@
 
 #include "megaton/kernels/cpu/element.h"
 #include "megaton/kernels/cpu/gemm.h"
+#ifdef MEGATON_WITH_CUDA
+#include "megaton/kernels/cuda/fp8_gemm.h"
+#endif
 
 namespace megaton::kernels {
 
@@ -40,7 +43,6 @@ int64_t group_width(const Fp8Matrix& a, const Fp8Matrix& b, int64_t K) {
 void fp8_gemm(const ExecContext& ctx, const Tensor& out, const Fp8Matrix& a, const Fp8Matrix& b, bool accumulate,
               const Tensor& bias) {
   expect_on_device(ctx, "fp8_gemm", {&out, &a.data, &b.data, &a.scale_inv, &b.scale_inv});
-  MEGATON_CHECK(ctx.device.is_cpu(), "fp8_gemm has no ", ctx.device.str(), " backend yet");
   MEGATON_CHECK(a.data.dim() == 2 && b.data.dim() == 2 && a.data.size(1) == b.data.size(1),
                 "fp8_gemm: operands '", a.data.name(), "' ", shape_str(a.data.shape()), " and '", b.data.name(), "' ",
                 shape_str(b.data.shape()), " must be [M, K] and [N, K]");
@@ -58,6 +60,13 @@ void fp8_gemm(const ExecContext& ctx, const Tensor& out, const Fp8Matrix& a, con
                   dtype_name(bias.dtype()), ", expected f32 or bf16");
   }
   if (M == 0 || N == 0) return;
+  if (ctx.device.is_cuda()) {
+#ifdef MEGATON_WITH_CUDA
+    return cuda::fp8_gemm(ctx, out, a, b, accumulate, bias);
+#else
+    fail("fp8_gemm on ", ctx.device.str(), ": this build has no CUDA backend");
+#endif
+  }
 
   const DType panel_dtype = cpu::gemm_library(DType::BF16) == cpu::GemmLibrary::OneDnn ? DType::BF16 : DType::F32;
   const int64_t group = mx ? K : group_width(a, b, K);

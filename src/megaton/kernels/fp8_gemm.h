@@ -13,6 +13,9 @@
 //     one GEMM over all of K.
 // Mixed granularities combine with the group width of the finer one (the coarser scale is looked up
 // per group). Formats may differ (E4M3 x E5M2 in HYBRID's backward).
+// On a CUDA device the operands (Fp8Matrix::to, or fp8_quantize of a CUDA tensor) go to one
+// cuBLASLt FP8 GEMM on Hopper's tensor cores, fp32 accumulation, scales applied per tensor or per
+// DeepSeek-V3 block by cuBLASLt; kernels/fp8_gemm_cublas.h says which combinations it takes.
 #pragma once
 #include "megaton/kernels/exec_context.h"
 #include "megaton/kernels/fp8_quantize.h"

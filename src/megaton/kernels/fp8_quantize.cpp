@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <vector>
 
 #include "megaton/core/error.h"
+#ifdef MEGATON_WITH_CUDA
+#include "megaton/kernels/cuda/fp8_quantize.h"
+#endif
 
 namespace megaton::kernels {
 
@@ -135,18 +137,11 @@ float for_each_block(const Fp8Source& src, Body body) {
   return amax;
 }
 
-void check_options(const Fp8Source& x, const Fp8QuantizeOptions& options) {
-  MEGATON_CHECK(!options.scale || options.granularity == Fp8Granularity::Tensor,
-                "a given FP8 scale applies to per-tensor scaling only, not ", granularity_name(options.granularity));
-  MEGATON_CHECK(!options.scale || (std::isfinite(*options.scale) && *options.scale > 0.0f),
-                "FP8 scale for '", x.name, "' must be finite and positive, got ", options.scale.value_or(0.0f));
-}
-
 // The layouts asked for (rowwise and / or columnwise) from one pass over the source; a second,
 // earlier pass reads the amax when a per-tensor scale is not given.
 void quantize_layouts(const Fp8Source& src, const Fp8QuantizeOptions& o, Fp8Matrix* rowwise, Fp8Matrix* columnwise,
                       const std::string& row_name, const std::string& column_name) {
-  check_options(src, o);
+  check_fp8_quantize_options(src.name, o);
   const float fp8_max = fp8::info(o.format).max;
   std::vector<Layout> layouts;
   if (rowwise) layouts.push_back(make_layout(*rowwise, o, false, src.rows, src.cols, row_name));
@@ -167,20 +162,6 @@ void quantize_layouts(const Fp8Source& src, const Fp8QuantizeOptions& o, Fp8Matr
 
 }  // namespace
 
-float fp8_scale_from_amax(float amax, float fp8_max, bool pow2, float epsilon) {
-  if (amax < epsilon) amax = epsilon;
-  if (std::isinf(amax) || amax == 0.0f || std::isnan(amax)) return 1.0f;
-  float scale = fp8_max / amax;
-  if (std::isinf(scale)) scale = std::numeric_limits<float>::max();
-  if (pow2) {
-    uint32_t bits;
-    std::memcpy(&bits, &scale, sizeof bits);
-    bits &= 0xff800000u;  // keep sign and exponent: round down to a power of two
-    std::memcpy(&scale, &bits, sizeof bits);
-  }
-  return scale;
-}
-
 uint8_t mx_scale_code(float amax, float fp8_max) { return fp8::e8m0_from_float(amax * (1.0f / fp8_max)); }
 
 Fp8TileShape fp8_tile_shape(Fp8Granularity g, int64_t rows, int64_t cols) {
@@ -198,6 +179,20 @@ float Fp8Matrix::scale_inv_at(int64_t row, int64_t col) const {
   const int64_t i = (row / t.rows) * scale_inv.size(1) + col / t.cols;
   return granularity == Fp8Granularity::Mx1x32 ? fp8::e8m0_to_float(static_cast<const uint8_t*>(scale_inv.raw())[i])
                                                : static_cast<const float*>(scale_inv.raw())[i];
+}
+
+void check_fp8_quantize_options(const std::string& name, const Fp8QuantizeOptions& options) {
+  MEGATON_CHECK(!options.scale || options.granularity == Fp8Granularity::Tensor,
+                "a given FP8 scale applies to per-tensor scaling only, not ", granularity_name(options.granularity));
+  MEGATON_CHECK(!options.scale || (std::isfinite(*options.scale) && *options.scale > 0.0f),
+                "FP8 scale for '", name, "' must be finite and positive, got ", options.scale.value_or(0.0f));
+}
+
+Fp8Matrix Fp8Matrix::to(Device device, MemCategory category) const {
+  Fp8Matrix m = *this;
+  m.data = data.to(device, category);
+  m.scale_inv = scale_inv.to(device, category);
+  return m;
 }
 
 std::string_view granularity_name(Fp8Granularity g) {
@@ -229,6 +224,13 @@ Fp8Source fp8_source(const Tensor& x) {
 }
 
 Fp8Matrix fp8_quantize(const Tensor& x, const Fp8QuantizeOptions& options, const std::string& name) {
+  if (x.device().is_cuda()) {
+#ifdef MEGATON_WITH_CUDA
+    return cuda::fp8_quantize(x, options, name);
+#else
+    fail("FP8 quantisation of '", x.name(), "' on ", x.device().str(), ": this build has no CUDA backend");
+#endif
+  }
   return fp8_quantize(fp8_source(x), options, name);
 }
 

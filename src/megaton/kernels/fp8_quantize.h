@@ -7,7 +7,9 @@
 // allocator counts it); scale_inv is fp32 [scale rows, scale cols], or U8 E8M0 codes for Mx1x32.
 // A quantised value is q = encode(x * scale), and x ~ decode(q) * scale_inv with scale_inv = 1 / scale,
 // as TransformerEngine stores them. fp8_dequantize(fp8_quantize(x)) is x rounded to FP8 at the
-// tile's scale. CPU only for now.
+// tile's scale. A CUDA tensor is quantised on its device (kernels/cuda/fp8_quantize.h): the same
+// codes, scales and amax bit for bit (both run fp8_scale_from_amax and fp8::encode_inline); MXFP8
+// and the Fp8Source forms are CPU only.
 //
 // The quantiser reads its input through an Fp8Source, a block at a time (128 rows x 512 columns,
 // so no tile of any granularity, in either layout, straddles two blocks): a tensor widened as read,
@@ -22,13 +24,10 @@
 
 #include "megaton/core/fp8_format.h"
 #include "megaton/core/tensor.h"
+#include "megaton/kernels/fp8_scale.h"
 
 namespace megaton::kernels {
 
-// TransformerEngine's compute_scale_from_amax (current scaling, and every tile of the block
-// recipes): amax below epsilon counts as epsilon; an amax of 0, inf or NaN gives scale 1; a scale
-// that overflows fp32 becomes FLT_MAX; pow2 rounds it down to a power of two (exact scaling).
-float fp8_scale_from_amax(float amax, float fp8_max, bool pow2 = false, float epsilon = 0.0f);
 // The MX scale of a block with this amax: the E8M0 of amax / fp8_max, rounded up, so every
 // |x| / 2^(code - 127) <= fp8_max.
 uint8_t mx_scale_code(float amax, float fp8_max);
@@ -50,6 +49,8 @@ struct Fp8Matrix {
   Fp8TileShape tile() const { return fp8_tile_shape(granularity, data.size(0), data.size(1)); }
   // The factor that turns the code at (row, col) back into its value: scale_inv of its tile.
   float scale_inv_at(int64_t row, int64_t col) const;
+  // The codes and scales copied to `device` (granularity and amax kept).
+  Fp8Matrix to(Device device, MemCategory category = MemCategory::Workspace) const;
 };
 
 struct Fp8QuantizeOptions {
@@ -65,6 +66,10 @@ struct Fp8QuantizeOptions {
   MemCategory category = MemCategory::Activations;
 };
 
+// Throws naming `name` when the options contradict each other (a given scale with tiles) or the
+// given scale is not finite and positive. Both backends check with it.
+void check_fp8_quantize_options(const std::string& name, const Fp8QuantizeOptions& options);
+
 // A [rows, cols] matrix produced on demand: fill(r0, r1, c0, c1, out, ld) writes the f32 values of
 // rows [r0, r1) x columns [c0, c1) to out, row stride ld. The quantiser may ask for a block twice
 // (per-tensor current scaling reads the amax first) and from several threads at once, so fill must
@@ -77,7 +82,7 @@ struct Fp8Source {
 // x: 2-D, f32 or bf16, on the host; widened exactly as read.
 Fp8Source fp8_source(const Tensor& x);
 
-// x: 2-D, f32 or bf16, on the host.
+// x: 2-D, f32 or bf16, on the host or a CUDA device (the result lives where x does).
 Fp8Matrix fp8_quantize(const Tensor& x, const Fp8QuantizeOptions& options, const std::string& name = "fp8");
 Fp8Matrix fp8_quantize(const Fp8Source& x, const Fp8QuantizeOptions& options, const std::string& name = "fp8");
 // Both layouts of x from one pass over the source: rowwise = fp8_quantize(x, options) and

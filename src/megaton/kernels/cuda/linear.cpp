@@ -1,62 +1,20 @@
 #include "megaton/kernels/cuda/linear.h"
 
-#include <cublasLt.h>
 #include <cuda_runtime.h>
 
-#include <mutex>
-
 #include "megaton/core/cuda/cuda_check.h"
-
-// cuBLASLt calls report a status, not a cudaError_t.
-#define MEGATON_CUBLAS_CHECK(call)                                                                     \
-  do {                                                                                                 \
-    const cublasStatus_t megaton_cublas_status_ = (call);                                              \
-    if (megaton_cublas_status_ != CUBLAS_STATUS_SUCCESS)                                               \
-      ::megaton::fail(#call, " failed with cuBLAS status ", static_cast<int>(megaton_cublas_status_), " (", \
-                      __FILE__, ":", __LINE__, ")");                                                   \
-  } while (0)
+#include "megaton/kernels/cuda/cublaslt.h"
 
 namespace megaton::kernels::cuda {
 
 namespace {
 
-// One cuBLASLt handle and GEMM workspace per device, created on first use, kept for the process.
-struct LtState {
-  cublasLtHandle_t handle = nullptr;
-  void* workspace = nullptr;
-  size_t workspace_bytes = size_t{32} << 20;  // what cuBLASLt's heuristics want for Hopper GEMMs
-};
-
-LtState& lt_state(int device) {
-  static LtState states[kMaxCudaDevices];
-  static std::once_flag once[kMaxCudaDevices];
-  std::call_once(once[device], [device] {
-    MEGATON_CUDA_CHECK(cudaSetDevice(device));
-    MEGATON_CUBLAS_CHECK(cublasLtCreate(&states[device].handle));
-    MEGATON_CUDA_CHECK(cudaMalloc(&states[device].workspace, states[device].workspace_bytes));
-  });
-  return states[device];
+// The linear layer's GEMMs take f32 or bf16 (FP8 GEMMs go through kernels/cuda/fp8_gemm.h).
+cudaDataType_t linear_type(const Tensor& t, std::string_view op) {
+  MEGATON_CHECK(t.dtype() == DType::F32 || t.dtype() == DType::BF16, "kernel ", op, " on cuda: tensor '", t.name(),
+                "' holds ", dtype_name(t.dtype()), ", expected f32 or bf16");
+  return cuda_type(t, op);
 }
-
-cudaDataType_t cuda_type(const Tensor& t, std::string_view op) {
-  switch (t.dtype()) {
-    case DType::F32: return CUDA_R_32F;
-    case DType::BF16: return CUDA_R_16BF;
-    default: fail("kernel ", op, " on cuda: tensor '", t.name(), "' holds ", dtype_name(t.dtype()), ", expected f32 or bf16");
-  }
-}
-
-// RAII for the cuBLASLt descriptors of one GEMM.
-struct MatmulDesc {
-  cublasLtMatmulDesc_t desc = nullptr;
-  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
-  ~MatmulDesc() {
-    if (c) cublasLtMatrixLayoutDestroy(c);
-    if (b) cublasLtMatrixLayoutDestroy(b);
-    if (a) cublasLtMatrixLayoutDestroy(a);
-    if (desc) cublasLtMatmulDescDestroy(desc);
-  }
-};
 
 // Column-major D[m, n] = op(A)[m, k] op(B)[k, n] + beta * D, fp32 accumulation, optional bias
 // epilogue (a vector of length m added to every column). Row-major callers pass transposed roles.
@@ -64,26 +22,21 @@ void gemm(const ExecContext& ctx, std::string_view op, bool trans_a, bool trans_
           const Tensor& A, int64_t lda, const Tensor& B, int64_t ldb, float beta, const Tensor& D, int64_t ldd,
           const Tensor* bias) {
   LtState& lt = lt_state(ctx.device.index);
-  MEGATON_CUDA_CHECK(cudaSetDevice(ctx.device.index));
   MatmulDesc md;
   MEGATON_CUBLAS_CHECK(cublasLtMatmulDescCreate(&md.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t ta = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-  MEGATON_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(md.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
-  MEGATON_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(md.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+  md.set(CUBLASLT_MATMUL_DESC_TRANSA, ta);
+  md.set(CUBLASLT_MATMUL_DESC_TRANSB, tb);
   if (bias && bias->defined()) {
-    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
-    const void* bias_ptr = bias->raw();
-    const cudaDataType_t bias_type = cuda_type(*bias, op);
-    MEGATON_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(md.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
-    MEGATON_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(md.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr, sizeof bias_ptr));
-    MEGATON_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(md.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type));
+    md.set(CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_BIAS);
+    md.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias->raw());
+    md.set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, linear_type(*bias, op));
   }
   const auto rows_a = static_cast<uint64_t>(trans_a ? k : m), cols_a = static_cast<uint64_t>(trans_a ? m : k);
   const auto rows_b = static_cast<uint64_t>(trans_b ? n : k), cols_b = static_cast<uint64_t>(trans_b ? k : n);
-  MEGATON_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&md.a, cuda_type(A, op), rows_a, cols_a, lda));
-  MEGATON_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&md.b, cuda_type(B, op), rows_b, cols_b, ldb));
-  MEGATON_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&md.c, cuda_type(D, op), static_cast<uint64_t>(m),
+  MEGATON_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&md.a, linear_type(A, op), rows_a, cols_a, lda));
+  MEGATON_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&md.b, linear_type(B, op), rows_b, cols_b, ldb));
+  MEGATON_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&md.c, linear_type(D, op), static_cast<uint64_t>(m),
                                                   static_cast<uint64_t>(n), ldd));
   const float alpha = 1.0f;
   // No algorithm given: cuBLASLt picks one by its heuristics for this shape and workspace.
@@ -93,7 +46,7 @@ void gemm(const ExecContext& ctx, std::string_view op, bool trans_a, bool trans_
 }
 
 void expect_same_dtype(std::string_view op, const Tensor& like, std::initializer_list<const Tensor*> tensors) {
-  (void)cuda_type(like, op);
+  (void)linear_type(like, op);
   expect_dtype(like.dtype(), op, tensors);
 }
 
@@ -119,7 +72,7 @@ void linear_backward_input(const ExecContext& ctx, const Tensor& dx, const Tenso
 void linear_backward_weight(const ExecContext& ctx, const Tensor& dw, const Tensor& dbias, const Tensor& dout,
                             const Tensor& x, int64_t rows, int64_t in, int64_t out_f) {
   expect_same_dtype("linear_backward_weight", x, {&dout});
-  (void)cuda_type(dw, "linear_backward_weight");
+  (void)linear_type(dw, "linear_backward_weight");
   gemm(ctx, "linear_backward_weight", false, true, in, out_f, rows, x, in, dout, out_f, 1.0f, dw, in, nullptr);
   if (dbias.defined()) bias_grad(ctx, dbias, dout, rows, out_f);
 }
