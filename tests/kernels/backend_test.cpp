@@ -1,5 +1,6 @@
-// The tensor-level kernel API on every backend this build has: linear, RMSNorm, GeLU, embedding and
-// cross-entropy forward and backward, the reductions, the strided row copy and an AdamW step against
+// The tensor-level kernel API on every backend this build has: linear, RMSNorm and LayerNorm (with
+// their residual-fused forms), GeLU, SwiGLU, the residual add, RoPE (tables and rotation),
+// embedding and cross-entropy forward and backward, the reductions, the strided row copy and an AdamW step against
 // the CPU reference kernels (or, for AdamW, its documented formula) in double on the same
 // (dtype-rounded) inputs, and the dispatcher's errors. Outputs start as NaN, so an element a kernel
 // does not write fails the comparison. On a machine without a CUDA device the CUDA cases report
@@ -19,11 +20,13 @@
 #include "megaton/kernels/cpu/embedding.h"
 #include "megaton/kernels/cpu/linear.h"
 #include "megaton/kernels/cpu/norm.h"
+#include "megaton/kernels/cpu/rope.h"
 #include "megaton/kernels/cross_entropy.h"
 #include "megaton/kernels/embedding.h"
 #include "megaton/kernels/linear.h"
 #include "megaton/kernels/norm.h"
 #include "megaton/kernels/reduce.h"
+#include "megaton/kernels/rope.h"
 #include "megaton/nn/parameter.h"
 #include "megaton/optim/adamw.h"
 #ifdef MEGATON_WITH_CUDA
@@ -165,6 +168,110 @@ TEST_P(Backends, RmsNormForwardAndBothBackwardHalvesMatchTheReference) {
   EXPECT_TRUE(fd::close(download(RSTD), rstd_ref, tolerance(st))) << "rstd";
   EXPECT_TRUE(fd::close(download(DX), dx_ref, tol)) << "backward input";
   EXPECT_TRUE(fd::close(download(DW), dw_ref, tol)) << "weight grad";
+}
+
+TEST_P(Backends, ResidualRmsNormFormsMatchTheReference) {
+  // sum = x + residual, out = rmsnorm(sum) in one pass; dx of the norm + the residual stream's grad.
+  const DType dt = GetParam().dtype, st = stat_dtype(dt);
+  const int64_t N = 11, C = 300;  // C > the 256 threads of a row: a thread takes two columns
+  const auto x = rounded(fd::random_vector(N * C, 40), dt), r = rounded(fd::random_vector(N * C, 41), dt);
+  const auto w = rounded(fd::random_vector(C, 42, 0.5, 1.5), dt), dy = rounded(fd::random_vector(N * C, 43), dt);
+  const auto dres = rounded(fd::random_vector(N * C, 44), dt);
+  std::vector<double> sum_ref(N * C), y_ref(N * C), rstd_ref(N), dx_ref(N * C);
+  kernels::cpu::add_rmsnorm_forward(sum_ref.data(), y_ref.data(), rstd_ref.data(), x.data(), r.data(), w.data(), N, C, 1e-5);
+  kernels::cpu::rmsnorm_backward_input(dx_ref.data(), dy.data(), sum_ref.data(), w.data(), rstd_ref.data(), N, C,
+                                       dres.data());
+  Tensor X = up(x, {N, C}, "x"), R = up(r, {N, C}, "residual"), W = up(w, {C}, "w"), DY = up(dy, {N, C}, "dy");
+  Tensor DRES = up(dres, {N, C}, "dresidual");
+  Tensor SUM = poisoned({N, C}, "sum", dt), Y = poisoned({N, C}, "y", dt), RSTD = poisoned({N}, "rstd", st);
+  Tensor DX = poisoned({N, C}, "dx", dt);
+  kernels::add_rmsnorm_forward(ctx(), SUM, Y, RSTD, X, R, W, 1e-5);
+  kernels::rmsnorm_backward_input(ctx(), DX, DY, SUM, W, RSTD, DRES);
+  const double tol = tolerance(dt);
+  EXPECT_TRUE(fd::close(download(SUM), sum_ref, tol)) << "sum";
+  EXPECT_TRUE(fd::close(download(Y), y_ref, tol)) << "forward";
+  EXPECT_TRUE(fd::close(download(RSTD), rstd_ref, tolerance(st) * (dt == DType::BF16 ? 1e4 : 1))) << "rstd";
+  EXPECT_TRUE(fd::close(download(DX), dx_ref, tol)) << "backward input + dresidual";
+}
+
+TEST_P(Backends, LayerNormPlainAndResidualFormsMatchTheReference) {
+  const DType dt = GetParam().dtype, st = stat_dtype(dt);
+  const int64_t N = 13, C = 300;
+  // An offset mean (|mean| >> std) checks that the variance is taken about the mean.
+  const auto x = rounded(fd::random_vector(N * C, 50, 2.0, 3.0), dt), r = rounded(fd::random_vector(N * C, 51), dt);
+  const auto w = rounded(fd::random_vector(C, 52, 0.5, 1.5), dt), b = rounded(fd::random_vector(C, 53), dt);
+  const auto dy = rounded(fd::random_vector(N * C, 54), dt), dres = rounded(fd::random_vector(N * C, 55), dt);
+  const auto dw0 = rounded(fd::random_vector(C, 56), dt), db0 = rounded(fd::random_vector(C, 57), dt);
+  std::vector<double> sum_ref(N * C), y_ref(N * C), mean_ref(N), rstd_ref(N), dx_ref(N * C), dw_ref = dw0, db_ref = db0;
+  kernels::cpu::add_layernorm_forward(sum_ref.data(), y_ref.data(), mean_ref.data(), rstd_ref.data(), x.data(), r.data(),
+                                      w.data(), b.data(), N, C, 1e-5);
+  kernels::cpu::layernorm_backward_input(dx_ref.data(), dy.data(), sum_ref.data(), w.data(), mean_ref.data(),
+                                         rstd_ref.data(), N, C, dres.data());
+  kernels::cpu::layernorm_backward_weight(dw_ref.data(), db_ref.data(), dy.data(), sum_ref.data(), mean_ref.data(),
+                                          rstd_ref.data(), N, C);
+  Tensor X = up(x, {N, C}, "x"), R = up(r, {N, C}, "residual"), W = up(w, {C}, "w"), B = up(b, {C}, "b");
+  Tensor DY = up(dy, {N, C}, "dy"), DRES = up(dres, {N, C}, "dresidual"), DW = up(dw0, {C}, "dw"), DB = up(db0, {C}, "db");
+  Tensor SUM = poisoned({N, C}, "sum", dt), Y = poisoned({N, C}, "y", dt), Y2 = poisoned({N, C}, "y2", dt);
+  Tensor MEAN = poisoned({N}, "mean", st), RSTD = poisoned({N}, "rstd", st);
+  Tensor MEAN2 = poisoned({N}, "mean2", st), RSTD2 = poisoned({N}, "rstd2", st), DX = poisoned({N, C}, "dx", dt);
+  kernels::add_layernorm_forward(ctx(), SUM, Y, MEAN, RSTD, X, R, W, B, 1e-5);
+  kernels::layernorm_forward(ctx(), Y2, MEAN2, RSTD2, SUM, W, B, 1e-5);  // the plain form on the same rows
+  kernels::layernorm_backward_input(ctx(), DX, DY, SUM, W, MEAN, RSTD, DRES);
+  kernels::layernorm_backward_weight(ctx(), DW, DB, DY, SUM, MEAN, RSTD);
+  const double tol = tolerance(dt), stat_tol = tolerance(st) * (dt == DType::BF16 ? 1e4 : 1);
+  EXPECT_TRUE(fd::close(download(SUM), sum_ref, tol)) << "sum";
+  EXPECT_TRUE(fd::close(download(Y), y_ref, tol)) << "residual forward";
+  EXPECT_TRUE(fd::close(download(Y2), y_ref, tol)) << "plain forward";
+  EXPECT_TRUE(fd::close(download(MEAN), mean_ref, stat_tol)) << "mean";
+  EXPECT_TRUE(fd::close(download(RSTD), rstd_ref, stat_tol)) << "rstd";
+  EXPECT_TRUE(fd::close(download(MEAN2), mean_ref, stat_tol)) << "plain mean";
+  EXPECT_TRUE(fd::close(download(DX), dx_ref, tol)) << "backward input + dresidual";
+  EXPECT_TRUE(fd::close(download(DW), dw_ref, tol)) << "weight grad";
+  EXPECT_TRUE(fd::close(download(DB), db_ref, tol)) << "bias grad";
+}
+
+TEST_P(Backends, SwigluAndResidualAddMatchTheReference) {
+  const DType dt = GetParam().dtype;
+  const int64_t N = 7, H = 33;
+  const auto gu = rounded(fd::random_vector(N * 2 * H, 60, -4.0, 4.0), dt), dy = rounded(fd::random_vector(N * H, 61), dt);
+  const auto a = rounded(fd::random_vector(N * H, 62), dt);
+  std::vector<double> y_ref(N * H), dgu_ref(N * 2 * H), sum_ref(N * H);
+  kernels::cpu::swiglu_forward(y_ref.data(), gu.data(), N, H);
+  kernels::cpu::swiglu_backward(dgu_ref.data(), dy.data(), gu.data(), N, H);
+  for (int64_t i = 0; i < N * H; ++i) sum_ref[i] = a[i] + y_ref[i];
+  Tensor GU = up(gu, {N, 2 * H}, "gu"), DY = up(dy, {N, H}, "dy"), A = up(a, {N, H}, "a");
+  Tensor Y = poisoned({N, H}, "y", dt), DGU = poisoned({N, 2 * H}, "dgu", dt), SUM = poisoned({N, H}, "sum", dt);
+  kernels::swiglu_forward(ctx(), Y, GU);
+  kernels::swiglu_backward(ctx(), DGU, DY, GU);
+  kernels::residual_forward(ctx(), SUM, A, Y);
+  EXPECT_TRUE(fd::close(download(Y), y_ref, tolerance(dt))) << "swiglu forward";
+  EXPECT_TRUE(fd::close(download(DGU), dgu_ref, tolerance(dt))) << "swiglu backward";
+  EXPECT_TRUE(fd::close(download(SUM), sum_ref, tolerance(dt) * 2)) << "residual add";
+}
+
+TEST_P(Backends, RopeTablesAndRotationMatchTheReference) {
+  const DType dt = GetParam().dtype;
+  if (dt == DType::BF16) GTEST_SKIP() << "RoPE rotates f32 or f64 (bf16 training rotates an f32 copy)";
+  // Megatron's fused QKV rows: Hq = 4, Hkv = 2, D = 8; rotate the 2 q and 1 k head of each group at
+  // positions 3..7 of a 10-position table, both layouts, forward and inverse.
+  const int64_t B = 2, Tlen = 5, Hkv = 2, D = 8, P = 10, H = 3, pos_offset = 3;
+  const kernels::HeadStrides at{Hkv * 4 * D, 4 * D};
+  const std::vector<double> inv_freq = {1.0, 0.3, 0.05, 0.001};
+  std::vector<double> cos_ref(P * D / 2), sin_ref(P * D / 2);
+  kernels::cpu::rope_tables(cos_ref.data(), sin_ref.data(), P, D, inv_freq, 1.0);
+  Tensor COS = poisoned({P, D / 2}, "cos", dt), SIN = poisoned({P, D / 2}, "sin", dt);
+  kernels::rope_tables(ctx(), COS, SIN, inv_freq);
+  EXPECT_TRUE(fd::close(download(COS), cos_ref, tolerance(dt))) << "cos";
+  EXPECT_TRUE(fd::close(download(SIN), sin_ref, tolerance(dt))) << "sin";
+  for (kernels::RopeLayout layout : {kernels::RopeLayout::Half, kernels::RopeLayout::Interleaved})
+    for (bool inverse : {false, true}) {
+      auto x = rounded(fd::random_vector(B * Tlen * at.row, 70), dt);
+      Tensor X = up(x, {B * Tlen, at.row}, "qkv");
+      kernels::rope_apply(ctx(), X, COS, SIN, B, Tlen, Hkv, H, D, at, pos_offset, layout, inverse);
+      kernels::cpu::rope_apply(x.data(), cos_ref.data(), sin_ref.data(), B, Tlen, Hkv, H, D, at, pos_offset, layout,
+                               inverse);
+      EXPECT_TRUE(fd::close(download(X), x, tolerance(dt))) << (inverse ? "inverse " : "") << static_cast<int>(layout);
+    }
 }
 
 TEST_P(Backends, GeluForwardAndBackwardMatchTheReference) {

@@ -120,7 +120,12 @@ void gelu_backward(const ExecContext& ctx, const Tensor& dx, const Tensor& dout,
 void swiglu_forward(const ExecContext& ctx, const Tensor& out, const Tensor& gu) {
   constexpr std::string_view op = "swiglu_forward";
   const auto [N, H] = check_swiglu(ctx, op, gu, {&out});
-  if (!ctx.device.is_cpu()) fail_no_backend(ctx, op);
+  if (ctx.device.is_cuda()) {
+#ifdef MEGATON_WITH_CUDA
+    return cuda::swiglu_forward(ctx, out, gu, N, H);
+#endif
+    fail_no_backend(ctx, op);
+  }
   // Bindings copied into the lambda: clang 14 (the fuzzing build) cannot capture structured bindings.
   dispatch_cpu_io(gu.dtype(), op, [&, N = N, H = H]<typename T>(T) {
     cpu::swiglu_forward(out.data<T>(), gu.data<T>(), N, H);
@@ -132,8 +137,13 @@ void swiglu_backward(const ExecContext& ctx, const Tensor& dgu, const Tensor& do
   const auto [N, H] = check_swiglu(ctx, op, gu, {&dout});
   expect_on_device(ctx, op, {&dgu});
   expect_matrix(op, dgu, N, 2 * H);
-  if (!ctx.device.is_cpu()) fail_no_backend(ctx, op);
   expect_dtype(gu.dtype(), op, {&dgu});
+  if (ctx.device.is_cuda()) {
+#ifdef MEGATON_WITH_CUDA
+    return cuda::swiglu_backward(ctx, dgu, dout, gu, N, H);
+#endif
+    fail_no_backend(ctx, op);
+  }
   dispatch_cpu_io(gu.dtype(), op, [&, N = N, H = H]<typename T>(T) {
     cpu::swiglu_backward(dgu.data<T>(), dout.data<T>(), gu.data<T>(), N, H);
   });
@@ -142,7 +152,12 @@ void swiglu_backward(const ExecContext& ctx, const Tensor& dgu, const Tensor& do
 void residual_forward(const ExecContext& ctx, const Tensor& out, const Tensor& a, const Tensor& b) {
   constexpr std::string_view op = "residual_forward";
   check_pointwise(ctx, op, a, {&out, &b});
-  if (!ctx.device.is_cpu()) fail_no_backend(ctx, op);
+  if (ctx.device.is_cuda()) {
+#ifdef MEGATON_WITH_CUDA
+    return cuda::residual_forward(ctx, out, a, b);
+#endif
+    fail_no_backend(ctx, op);
+  }
   dispatch_cpu_io(a.dtype(), op, [&]<typename T>(T) {
     cpu::residual_forward(out.data<T>(), a.data<T>(), b.data<T>(), a.numel());
   });

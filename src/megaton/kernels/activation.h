@@ -1,7 +1,8 @@
 // Pointwise activations and the residual add on tensors. Shapes: GeLU and the residual add work
 // on any shape (out, x, dout, dx alike); SwiGLU takes the fused [gate | up] input gu [..., 2H]
 // (Megatron's linear_fc1 layout) and gives out [..., H]. Dispatches to kernels::cpu (f32 / f64 /
-// bf16) or kernels::cuda (GeLU: f32 / bf16); bf16 is computed in fp32 on both.
+// bf16) or kernels::cuda (GeLU, SwiGLU and the residual add: f32 / bf16); bf16 is computed in fp32
+// on both.
 #pragma once
 #include "megaton/kernels/exec_context.h"
 

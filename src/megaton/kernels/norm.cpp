@@ -25,8 +25,8 @@ NormShape check_norm(std::string_view op, const Tensor& weight, const Tensor& x,
   return {N, C};
 }
 
-// A defined dresidual is shaped and typed as dx, is not dx itself (the cpu kernel reads it with
-// __restrict) and is cpu only.
+// A defined dresidual is shaped and typed as dx and is not dx itself (the cpu kernel reads it with
+// __restrict).
 NormShape check_residual_gradient(const ExecContext& ctx, std::string_view op, NormShape s, const Tensor& dx,
                                   const Tensor& dresidual) {
   if (!dresidual.defined()) return s;
@@ -34,7 +34,6 @@ NormShape check_residual_gradient(const ExecContext& ctx, std::string_view op, N
   expect_matrix(op, dresidual, s.N, s.C);
   expect_dtype(dx.dtype(), op, {&dresidual});
   if (dresidual.raw() == dx.raw()) fail("kernel ", op, ": dresidual '", dresidual.name(), "' must not be dx itself");
-  if (!ctx.device.is_cpu()) fail_no_backend(ctx, std::string(op) + " with a residual gradient");
   return s;
 }
 
@@ -63,7 +62,12 @@ void layernorm_forward(const ExecContext& ctx, const Tensor& out, const Tensor& 
   expect_on_device(ctx, op, {&out, &mean, &rstd, &x, &weight});
   if (bias.defined()) expect_on_device(ctx, op, {&bias});
   const NormShape s = check_norm(op, weight, x, {&out}, {&mean, &rstd});
-  if (!ctx.device.is_cpu()) fail_no_backend(ctx, op);
+  if (ctx.device.is_cuda()) {
+#ifdef MEGATON_WITH_CUDA
+    return cuda::norm_forward(ctx, Tensor(), out, mean, rstd, x, Tensor(), weight, bias, eps, s.N, s.C);
+#endif
+    fail_no_backend(ctx, op);
+  }
   on_cpu(op, x, {&out}, weight, {&bias}, {&mean, &rstd}, [&]<typename T, typename W>(T, W) {
     using S = cpu::compute_t<T>;
     cpu::layernorm_forward(out.data<T>(), mean.data<S>(), rstd.data<S>(), x.data<T>(), weight.data<W>(),
@@ -78,7 +82,12 @@ void add_layernorm_forward(const ExecContext& ctx, const Tensor& sum, const Tens
   expect_on_device(ctx, op, {&sum, &out, &mean, &rstd, &x, &residual, &weight});
   if (bias.defined()) expect_on_device(ctx, op, {&bias});
   const NormShape s = check_norm(op, weight, x, {&sum, &out, &residual}, {&mean, &rstd});
-  if (!ctx.device.is_cpu()) fail_no_backend(ctx, op);
+  if (ctx.device.is_cuda()) {
+#ifdef MEGATON_WITH_CUDA
+    return cuda::norm_forward(ctx, sum, out, mean, rstd, x, residual, weight, bias, eps, s.N, s.C);
+#endif
+    fail_no_backend(ctx, op);
+  }
   on_cpu(op, x, {&sum, &out, &residual}, weight, {&bias}, {&mean, &rstd}, [&]<typename T, typename W>(T, W) {
     using S = cpu::compute_t<T>;
     cpu::add_layernorm_forward(sum.data<T>(), out.data<T>(), mean.data<S>(), rstd.data<S>(), x.data<T>(),
@@ -92,7 +101,12 @@ void layernorm_backward_input(const ExecContext& ctx, const Tensor& dx, const Te
   expect_on_device(ctx, op, {&dx, &dout, &x, &weight, &mean, &rstd});
   const NormShape s = check_residual_gradient(ctx, op, check_norm(op, weight, x, {&dx, &dout}, {&mean, &rstd}), dx,
                                               dresidual);
-  if (!ctx.device.is_cpu()) fail_no_backend(ctx, op);
+  if (ctx.device.is_cuda()) {
+#ifdef MEGATON_WITH_CUDA
+    return cuda::norm_backward_input(ctx, dx, dout, x, weight, mean, rstd, dresidual, s.N, s.C);
+#endif
+    fail_no_backend(ctx, op);
+  }
   on_cpu(op, x, {&dx, &dout}, weight, {}, {&mean, &rstd}, [&]<typename T, typename W>(T, W) {
     using S = cpu::compute_t<T>;
     cpu::layernorm_backward_input(dx.data<T>(), dout.data<T>(), x.data<T>(), weight.data<W>(), mean.data<S>(),
@@ -106,7 +120,12 @@ void layernorm_backward_weight(const ExecContext& ctx, const Tensor& dweight, co
   expect_on_device(ctx, op, {&dweight, &dout, &x, &mean, &rstd});
   if (dbias.defined()) expect_on_device(ctx, op, {&dbias});
   const NormShape s = check_norm(op, dweight, x, {&dout}, {&mean, &rstd});
-  if (!ctx.device.is_cpu()) fail_no_backend(ctx, op);
+  if (ctx.device.is_cuda()) {
+#ifdef MEGATON_WITH_CUDA
+    return cuda::norm_backward_weight(ctx, dweight, dbias, dout, x, mean, rstd, s.N, s.C);
+#endif
+    fail_no_backend(ctx, op);
+  }
   on_cpu(op, x, {&dout}, dweight, {&dbias}, {&mean, &rstd}, [&]<typename T, typename W>(T, W) {
     using S = cpu::compute_t<T>;
     cpu::layernorm_backward_weight(dweight.data<W>(), data_or_null<W>(dbias), dout.data<T>(), x.data<T>(),
@@ -121,7 +140,7 @@ void rmsnorm_forward(const ExecContext& ctx, const Tensor& out, const Tensor& rs
   const NormShape s = check_norm(op, weight, x, {&out}, {&rstd});
   if (ctx.device.is_cuda()) {
 #ifdef MEGATON_WITH_CUDA
-    return cuda::rmsnorm_forward(ctx, out, rstd, x, weight, eps, s.N, s.C);
+    return cuda::norm_forward(ctx, Tensor(), out, Tensor(), rstd, x, Tensor(), weight, Tensor(), eps, s.N, s.C);
 #endif
     fail_no_backend(ctx, op);
   }
@@ -135,7 +154,12 @@ void add_rmsnorm_forward(const ExecContext& ctx, const Tensor& sum, const Tensor
   constexpr std::string_view op = "add_rmsnorm_forward";
   expect_on_device(ctx, op, {&sum, &out, &rstd, &x, &residual, &weight});
   const NormShape s = check_norm(op, weight, x, {&sum, &out, &residual}, {&rstd});
-  if (!ctx.device.is_cpu()) fail_no_backend(ctx, op);
+  if (ctx.device.is_cuda()) {
+#ifdef MEGATON_WITH_CUDA
+    return cuda::norm_forward(ctx, sum, out, Tensor(), rstd, x, residual, weight, Tensor(), eps, s.N, s.C);
+#endif
+    fail_no_backend(ctx, op);
+  }
   on_cpu(op, x, {&sum, &out, &residual}, weight, {}, {&rstd}, [&]<typename T, typename W>(T, W) {
     cpu::add_rmsnorm_forward(sum.data<T>(), out.data<T>(), rstd.data<cpu::compute_t<T>>(), x.data<T>(),
                              residual.data<T>(), weight.data<W>(), s.N, s.C, eps);
@@ -150,7 +174,7 @@ void rmsnorm_backward_input(const ExecContext& ctx, const Tensor& dx, const Tens
       check_residual_gradient(ctx, op, check_norm(op, weight, x, {&dx, &dout}, {&rstd}), dx, dresidual);
   if (ctx.device.is_cuda()) {
 #ifdef MEGATON_WITH_CUDA
-    return cuda::rmsnorm_backward_input(ctx, dx, dout, x, weight, rstd, s.N, s.C);
+    return cuda::norm_backward_input(ctx, dx, dout, x, weight, Tensor(), rstd, dresidual, s.N, s.C);
 #endif
     fail_no_backend(ctx, op);
   }
@@ -167,7 +191,7 @@ void rmsnorm_backward_weight(const ExecContext& ctx, const Tensor& dweight, cons
   const NormShape s = check_norm(op, dweight, x, {&dout}, {&rstd});
   if (ctx.device.is_cuda()) {
 #ifdef MEGATON_WITH_CUDA
-    return cuda::rmsnorm_backward_weight(ctx, dweight, dout, x, rstd, s.N, s.C);
+    return cuda::norm_backward_weight(ctx, dweight, Tensor(), dout, x, Tensor(), rstd, s.N, s.C);
 #endif
     fail_no_backend(ctx, op);
   }

@@ -1,8 +1,9 @@
 // LayerNorm and RMSNorm over the last dimension on tensors; backward split into input (B) and
 // weight (W). x, out, dout, dx: [..., C] with N = numel / C rows; weight, bias: [C]; mean, rstd:
-// [N] statistics saved by forward for backward. The residual-fused forms (add_*, dresidual) are cpu only. Dispatches to kernels::cpu (f32 / f64, or bf16
-// activations with f32 or bf16 weights) or kernels::cuda (RMSNorm: f32 / bf16); bf16 activations
-// are normalized in fp32 with f32 statistics on both.
+// [N] statistics saved by forward for backward. Dispatches to kernels::cpu (f32 / f64, or bf16
+// activations with f32 or bf16 weights) or kernels::cuda (f32 / bf16 activations, f32 / bf16
+// weights; every form, the residual-fused ones included); bf16 activations are normalized in fp32
+// with f32 statistics on both.
 #pragma once
 #include "megaton/kernels/exec_context.h"
 
@@ -28,10 +29,10 @@ void layernorm_backward_weight(const ExecContext& ctx, const Tensor& dweight, co
 // out = x * rstd * weight, rstd = 1 / sqrt(mean(x^2) + eps).
 void rmsnorm_forward(const ExecContext& ctx, const Tensor& out, const Tensor& rstd, const Tensor& x,
                      const Tensor& weight, double eps);
-// sum = x + residual, out = rmsnorm(sum), as add_layernorm_forward (cpu only).
+// sum = x + residual, out = rmsnorm(sum), as add_layernorm_forward.
 void add_rmsnorm_forward(const ExecContext& ctx, const Tensor& sum, const Tensor& out, const Tensor& rstd,
                          const Tensor& x, const Tensor& residual, const Tensor& weight, double eps);
-// dresidual as layernorm_backward_input's (cpu only).
+// dresidual as layernorm_backward_input's.
 void rmsnorm_backward_input(const ExecContext& ctx, const Tensor& dx, const Tensor& dout, const Tensor& x,
                             const Tensor& weight, const Tensor& rstd, const Tensor& dresidual = {});
 // dweight += sum_n dout * x * rstd.

@@ -5,6 +5,9 @@
 #include <numbers>
 
 #include "megaton/kernels/cpu/rope.h"
+#ifdef MEGATON_WITH_CUDA
+#include "megaton/kernels/cuda/rope.h"
+#endif
 
 namespace megaton::kernels {
 
@@ -87,8 +90,15 @@ void rope_tables(const ExecContext& ctx, const Tensor& cos, const Tensor& sin, c
   expect_on_device(ctx, op, {&cos, &sin});
   const int64_t half = static_cast<int64_t>(inv_freq.size());
   const int64_t P = check_tables(op, cos, sin, half);
-  if (!ctx.device.is_cpu()) fail_no_backend(ctx, op);
   expect_dtype(cos.dtype(), op, {&sin});
+  if (ctx.device.is_cuda()) {  // the same double-precision tables, made on the host and copied over
+    Tensor c = Tensor::empty(cos.shape(), cos.dtype(), MemCategory::Workspace, cos.name());
+    Tensor s = Tensor::empty(sin.shape(), sin.dtype(), MemCategory::Workspace, sin.name());
+    rope_tables(ExecContext::on(c), c, s, inv_freq, magnitude);
+    Tensor(cos).copy_from(c);  // a copy shares the storage
+    Tensor(sin).copy_from(s);
+    return;
+  }
   dispatch_cpu_float(cos.dtype(), op,
                      [&]<typename T>(T) { cpu::rope_tables(cos.data<T>(), sin.data<T>(), P, 2 * half, inv_freq, magnitude); });
 }
@@ -107,8 +117,13 @@ void rope_apply(const ExecContext& ctx, const Tensor& x, const Tensor& cos, cons
     fail("kernel ", op, ": positions up to ", pos_offset + Tlen, " need that many rows of table '", cos.name(),
          "', it has ", P);
   expect_holds(op, x, 0, {{checked_mul(op, B, Tlen), at.row}, {groups, at.group}, {H, D}}, D);
-  if (!ctx.device.is_cpu()) fail_no_backend(ctx, op);
   expect_dtype(x.dtype(), op, {&cos, &sin});
+  if (ctx.device.is_cuda()) {
+#ifdef MEGATON_WITH_CUDA
+    return cuda::rope_apply(ctx, x, cos, sin, B, Tlen, groups, H, D, at, pos_offset, layout, inverse);
+#endif
+    fail_no_backend(ctx, op);
+  }
   dispatch_cpu_float(x.dtype(), op, [&]<typename T>(T) {
     cpu::rope_apply(x.data<T>(), cos.data<T>(), sin.data<T>(), B, Tlen, groups, H, D, at, pos_offset, layout, inverse);
   });

@@ -1,4 +1,6 @@
-// CUDA GeLU (tanh approximation), forward and backward, f32 or bf16 tensors computed in fp32.
+// CUDA pointwise activations, f32 or bf16 tensors computed in fp32: GeLU (tanh approximation) and
+// SwiGLU (gu = [gate | up] rows of 2H, out rows of H: silu(gate) * up), forward and backward, and
+// the residual add. Shapes were checked by the dispatcher in kernels/activation.cpp.
 #pragma once
 #include "megaton/kernels/exec_context.h"
 
@@ -6,5 +8,9 @@ namespace megaton::kernels::cuda {
 
 void gelu_forward(const ExecContext& ctx, const Tensor& out, const Tensor& x);
 void gelu_backward(const ExecContext& ctx, const Tensor& dx, const Tensor& dout, const Tensor& x);
+void swiglu_forward(const ExecContext& ctx, const Tensor& out, const Tensor& gu, int64_t N, int64_t H);
+void swiglu_backward(const ExecContext& ctx, const Tensor& dgu, const Tensor& dout, const Tensor& gu, int64_t N,
+                     int64_t H);
+void residual_forward(const ExecContext& ctx, const Tensor& out, const Tensor& a, const Tensor& b);
 
 }  // namespace megaton::kernels::cuda
