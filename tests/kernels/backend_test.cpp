@@ -1,5 +1,6 @@
 // The tensor-level kernel API on every backend this build has: linear, RMSNorm and LayerNorm (with
-// their residual-fused forms), GeLU, SwiGLU, the residual add, RoPE (tables and rotation),
+// their residual-fused forms), GeLU, SwiGLU, the residual add, RoPE (tables and rotation), causal
+// attention (GQA in fused QKV rows, MLA's head sizes, a KV cache),
 // embedding and cross-entropy forward and backward, the reductions, the strided row copy and an AdamW step against
 // the CPU reference kernels (or, for AdamW, its documented formula) in double on the same
 // (dtype-rounded) inputs, and the dispatcher's errors. Outputs start as NaN, so an element a kernel
@@ -14,7 +15,9 @@
 #include "finite_diff.h"
 #include "megaton/kernels/activation.h"
 #include "megaton/kernels/copy.h"
+#include "megaton/kernels/attention.h"
 #include "megaton/kernels/cpu/activation.h"
+#include "megaton/kernels/cpu/attention.h"
 #include "megaton/kernels/cpu/copy.h"
 #include "megaton/kernels/cpu/cross_entropy.h"
 #include "megaton/kernels/cpu/embedding.h"
@@ -272,6 +275,52 @@ TEST_P(Backends, RopeTablesAndRotationMatchTheReference) {
                                inverse);
       EXPECT_TRUE(fd::close(download(X), x, tolerance(dt))) << (inverse ? "inverse " : "") << static_cast<int>(layout);
     }
+}
+
+TEST_P(Backends, AttentionForwardAndBackwardMatchTheReference) {
+  const DType dt = GetParam().dtype;
+  if (dt == DType::BF16) GTEST_SKIP() << "attention runs f32 or f64 (bf16 training attends on an f32 copy)";
+  // exp and the order of the sums differ from the CPU's tiles: a few f32 ulps over the rows.
+  const double tol = dt == DType::F32 ? 1e-5 : tolerance(dt);
+  // GQA inside Megatron's fused QKV rows: Hq = 4 over Hkv = 2, D = 16, gradients into a fused dQKV.
+  {
+    const int64_t B = 2, Tlen = 7, Hq = 4, Hkv = 2, D = 16, row = Hkv * 4 * D;
+    const kernels::HeadStrides at{row, 4 * D};
+    const int64_t k_off = 2 * D, v_off = 3 * D;
+    const auto qkv = rounded(fd::random_vector(B * Tlen * row, 80), dt), dy = rounded(fd::random_vector(B * Tlen * Hq * D, 81), dt);
+    std::vector<double> out_ref(B * Tlen * Hq * D), lse_ref(B * Hq * Tlen), dqkv_ref(B * Tlen * row);
+    kernels::cpu::attention_forward(out_ref.data(), lse_ref.data(), qkv.data(), qkv.data() + k_off, qkv.data() + v_off, B,
+                                    Tlen, Hq, Hkv, D, at, at, 0.25);
+    kernels::cpu::attention_backward(dqkv_ref.data(), dqkv_ref.data() + k_off, dqkv_ref.data() + v_off, dy.data(),
+                                     out_ref.data(), lse_ref.data(), qkv.data(), qkv.data() + k_off, qkv.data() + v_off,
+                                     B, Tlen, Hq, Hkv, D, at, at, 0.25);
+    Tensor QKV = up(qkv, {B * Tlen, row}, "qkv"), DY = up(dy, {B * Tlen, Hq * D}, "dy");
+    Tensor OUT = poisoned({B * Tlen, Hq * D}, "out", dt), LSE = poisoned({B * Hq, Tlen}, "lse", dt);
+    Tensor DQKV = poisoned({B * Tlen, row}, "dqkv", dt);
+    kernels::attention_forward(ctx(), OUT, LSE, {QKV, 0}, {QKV, k_off}, {QKV, v_off}, B, Tlen, Hq, Hkv, D, at, at, 0.25);
+    kernels::attention_backward(ctx(), {DQKV, 0}, {DQKV, k_off}, {DQKV, v_off}, DY, OUT, LSE, {QKV, 0}, {QKV, k_off},
+                                {QKV, v_off}, B, Tlen, Hq, Hkv, D, at, at, 0.25);
+    EXPECT_TRUE(fd::close(download(OUT), out_ref, tol)) << "forward";
+    EXPECT_TRUE(fd::close(download(LSE), lse_ref, tol)) << "lse";
+    EXPECT_TRUE(fd::close(download(DQKV), dqkv_ref, tol)) << "dq, dk, dv";
+  }
+  // Different q/k and v head sizes (MLA's), and a KV cache: 3 cached tokens, room for 12 per row.
+  {
+    const int64_t B = 2, Tlen = 4, H = 3, pos = 3, cap = 12;
+    const kernels::HeadDim D{24, 16};
+    const kernels::HeadStrides q_at{H * 24, 24}, k_at{H * 24, 24};
+    const auto q = rounded(fd::random_vector(B * Tlen * H * 24, 82), dt), k = rounded(fd::random_vector(B * cap * H * 24, 83), dt);
+    const auto v = rounded(fd::random_vector(B * cap * H * 24, 84), dt);
+    std::vector<double> out_ref(B * Tlen * H * 16), lse_ref(B * H * Tlen);
+    // k and v share kv_at in the API: v is laid out with k's strides ({H * 24, 24}), its heads 16 wide.
+    kernels::cpu::attention_forward(out_ref.data(), lse_ref.data(), q.data(), k.data(), v.data(), B, Tlen, H, H, D,
+                                    q_at, k_at, 0.2, pos, cap * k_at.row);
+    Tensor Q = up(q, {B * Tlen, H * 24}, "q"), K = up(k, {B * cap, H * 24}, "k"), V = up(v, {B * cap, H * 24}, "v");
+    Tensor OUT = poisoned({B * Tlen, H * 16}, "out", dt), LSE = poisoned({B * H, Tlen}, "lse", dt);
+    kernels::attention_forward(ctx(), OUT, LSE, Q, K, V, B, Tlen, H, H, D, q_at, k_at, 0.2, pos, cap * k_at.row);
+    EXPECT_TRUE(fd::close(download(OUT), out_ref, tol)) << "forward with a KV cache";
+    EXPECT_TRUE(fd::close(download(LSE), lse_ref, tol)) << "lse with a KV cache";
+  }
 }
 
 TEST_P(Backends, GeluForwardAndBackwardMatchTheReference) {

@@ -2,6 +2,9 @@
 
 #include "megaton/kernels/cpu/attention.h"
 #include "megaton/kernels/cpu/decode_attention.h"
+#ifdef MEGATON_WITH_CUDA
+#include "megaton/kernels/cuda/attention.h"
+#endif
 
 namespace megaton::kernels {
 
@@ -56,8 +59,14 @@ void attention_forward(const ExecContext& ctx, const Tensor& out, const Tensor& 
   expect_q_heads(op, q, d, q_at);
   expect_kv_heads(op, k, d, Tk, kv_batch, kv_at, D.qk);
   expect_kv_heads(op, v, d, Tk, kv_batch, kv_at, D.v);
-  if (!ctx.device.is_cpu()) fail_no_backend(ctx, op);
   expect_dtype(q.t.dtype(), op, {&out, &lse, &k.t, &v.t});
+  if (ctx.device.is_cuda()) {
+#ifdef MEGATON_WITH_CUDA
+    return cuda::attention_forward(ctx, out, lse, q, k, v, B, Tlen, Hq, Hkv, D, q_at, kv_at, scale, pos_offset,
+                                   kv_batch);
+#endif
+    fail_no_backend(ctx, op);
+  }
   dispatch_cpu_float(q.t.dtype(), op, [&]<typename T>(T) {
     cpu::attention_forward(out.data<T>(), lse.data<T>(), q.t.data<T>() + q.offset, k.t.data<T>() + k.offset,
                            v.t.data<T>() + v.offset, B, Tlen, Hq, Hkv, D, q_at, kv_at, scale, pos_offset, kv_batch);
@@ -160,8 +169,13 @@ void attention_backward(const ExecContext& ctx, TensorAt dq, TensorAt dk, Tensor
   for (const TensorAt& t : {q, dq}) expect_q_heads(op, t, d, q_at);
   for (const TensorAt& t : {k, dk}) expect_kv_heads(op, t, d, Tlen, kv_batch, kv_at, D.qk);
   for (const TensorAt& t : {v, dv}) expect_kv_heads(op, t, d, Tlen, kv_batch, kv_at, D.v);
-  if (!ctx.device.is_cpu()) fail_no_backend(ctx, op);
   expect_dtype(q.t.dtype(), op, {&dq.t, &dk.t, &dv.t, &dout, &out, &lse, &k.t, &v.t});
+  if (ctx.device.is_cuda()) {
+#ifdef MEGATON_WITH_CUDA
+    return cuda::attention_backward(ctx, dq, dk, dv, dout, out, lse, q, k, v, B, Tlen, Hq, Hkv, D, q_at, kv_at, scale);
+#endif
+    fail_no_backend(ctx, op);
+  }
   dispatch_cpu_float(q.t.dtype(), op, [&]<typename T>(T) {
     cpu::attention_backward(dq.t.data<T>() + dq.offset, dk.t.data<T>() + dk.offset, dv.t.data<T>() + dv.offset,
                             dout.data<T>(), out.data<T>(), lse.data<T>(), q.t.data<T>() + q.offset,

@@ -3,7 +3,8 @@
 // e.g. inside one fused QKV tensor, or q there and k / v in a KV cache: each is a tensor plus the
 // element at which its heads start, addressed by HeadStrides (head_strides.h). Dispatches to
 // kernels::cpu (f32 / f64; bf16 training computes attention on an f32 copy of its qkv, see
-// nn/attention.cpp); there is no CUDA kernel yet.
+// nn/attention.cpp) or, for attention_forward / attention_backward, kernels::cuda (f32; a plain
+// warp-per-row kernel for now, cuda/attention.h); decoding is CPU only.
 #pragma once
 #include <cstdint>
 
