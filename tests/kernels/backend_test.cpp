@@ -1,5 +1,5 @@
 // The tensor-level kernel API on every backend this build has: linear, RMSNorm and LayerNorm (with
-// their residual-fused forms), GeLU, SwiGLU, the residual add, RoPE (tables and rotation), causal
+// their residual-fused forms), GeLU and SwiGLU (with the fused bias too), the residual add, RoPE (tables and rotation), causal
 // attention (GQA in fused QKV rows, MLA's head sizes, a KV cache),
 // embedding and cross-entropy forward and backward, the reductions, the strided row copy and an AdamW step against
 // the CPU reference kernels (or, for AdamW, its documented formula) in double on the same
@@ -321,6 +321,35 @@ TEST_P(Backends, AttentionForwardAndBackwardMatchTheReference) {
     EXPECT_TRUE(fd::close(download(OUT), out_ref, tol)) << "forward with a KV cache";
     EXPECT_TRUE(fd::close(download(LSE), lse_ref, tol)) << "lse with a KV cache";
   }
+}
+
+TEST_P(Backends, BiasGeluAndBiasSwigluMatchTheReference) {
+  // The GEMM's bias fused into the activation; dbias sums the stored gradients over the rows.
+  const DType dt = GetParam().dtype, bt = stat_dtype(dt);
+  const int64_t N = 9, F = 70, H = 35;
+  const auto h = rounded(fd::random_vector(N * F, 90, -3.0, 3.0), dt), dy = rounded(fd::random_vector(N * F, 91), dt);
+  const auto dy_half = rounded(fd::random_vector(N * H, 92), dt);
+  const auto bias = rounded(fd::random_vector(F, 93), bt), db0 = rounded(fd::random_vector(F, 94), bt);
+  std::vector<double> gelu_ref(N * F), dh_ref(N * F), db_gelu = db0, swiglu_ref(N * H), dgu_ref(N * F), db_swiglu = db0;
+  kernels::cpu::bias_gelu_forward(gelu_ref.data(), h.data(), bias.data(), N, F);
+  kernels::cpu::bias_gelu_backward(dh_ref.data(), db_gelu.data(), dy.data(), h.data(), bias.data(), N, F);
+  kernels::cpu::bias_swiglu_forward(swiglu_ref.data(), h.data(), bias.data(), N, H);
+  kernels::cpu::bias_swiglu_backward(dgu_ref.data(), db_swiglu.data(), dy_half.data(), h.data(), bias.data(), N, H);
+  Tensor Hh = up(h, {N, F}, "h"), DY = up(dy, {N, F}, "dy"), DYH = up(dy_half, {N, H}, "dy_half");
+  Tensor B = up(bias, {F}, "bias", bt), DB1 = up(db0, {F}, "dbias_gelu", bt), DB2 = up(db0, {F}, "dbias_swiglu", bt);
+  Tensor G = poisoned({N, F}, "gelu", dt), DH = poisoned({N, F}, "dh", dt);
+  Tensor S = poisoned({N, H}, "swiglu", dt), DGU = poisoned({N, F}, "dgu", dt);
+  kernels::bias_gelu_forward(ctx(), G, Hh, B);
+  kernels::bias_gelu_backward(ctx(), DH, DB1, DY, Hh, B);
+  kernels::bias_swiglu_forward(ctx(), S, Hh, B);
+  kernels::bias_swiglu_backward(ctx(), DGU, DB2, DYH, Hh, B);
+  const double tol = tolerance(dt);
+  EXPECT_TRUE(fd::close(download(G), gelu_ref, tol)) << "bias + gelu";
+  EXPECT_TRUE(fd::close(download(DH), dh_ref, tol)) << "bias + gelu backward";
+  EXPECT_TRUE(fd::close(download(DB1), db_gelu, tol)) << "gelu dbias";
+  EXPECT_TRUE(fd::close(download(S), swiglu_ref, tol)) << "bias + swiglu";
+  EXPECT_TRUE(fd::close(download(DGU), dgu_ref, tol)) << "bias + swiglu backward";
+  EXPECT_TRUE(fd::close(download(DB2), db_swiglu, tol)) << "swiglu dbias";
 }
 
 TEST_P(Backends, GeluForwardAndBackwardMatchTheReference) {

@@ -42,7 +42,6 @@ void check_bias(const ExecContext& ctx, std::string_view op, const Tensor& h, st
   const int64_t F = h.size(-1);
   for (const Tensor* b : biases) expect_matrix(op, *b, 1, F);
   expect_dtype(h.dtype() == DType::F64 ? DType::F64 : DType::F32, op, biases);
-  if (!ctx.device.is_cpu()) fail_no_backend(ctx, op);
 }
 
 }  // namespace
@@ -52,6 +51,12 @@ void bias_gelu_forward(const ExecContext& ctx, const Tensor& out, const Tensor& 
   check_pointwise(ctx, op, h, {&out});
   check_bias(ctx, op, h, {&bias});
   const int64_t F = h.size(-1);
+  if (ctx.device.is_cuda()) {
+#ifdef MEGATON_WITH_CUDA
+    return cuda::bias_gelu_forward(ctx, out, h, bias, F);
+#endif
+    fail_no_backend(ctx, op);
+  }
   dispatch_cpu_io(h.dtype(), op, [&]<typename T>(T) {
     cpu::bias_gelu_forward(out.data<T>(), h.data<T>(), bias.data<cpu::compute_t<T>>(), h.numel() / F, F);
   });
@@ -63,6 +68,12 @@ void bias_gelu_backward(const ExecContext& ctx, const Tensor& dh, const Tensor& 
   check_pointwise(ctx, op, h, {&dh, &dout});
   check_bias(ctx, op, h, {&dbias, &bias});
   const int64_t F = h.size(-1);
+  if (ctx.device.is_cuda()) {
+#ifdef MEGATON_WITH_CUDA
+    return cuda::bias_gelu_backward(ctx, dh, dbias, dout, h, bias, F);
+#endif
+    fail_no_backend(ctx, op);
+  }
   dispatch_cpu_io(h.dtype(), op, [&]<typename T>(T) {
     using C = cpu::compute_t<T>;
     cpu::bias_gelu_backward(dh.data<T>(), dbias.data<C>(), dout.data<T>(), h.data<T>(), bias.data<C>(),
@@ -74,6 +85,12 @@ void bias_swiglu_forward(const ExecContext& ctx, const Tensor& out, const Tensor
   constexpr std::string_view op = "bias_swiglu_forward";
   const auto [N, H] = check_swiglu(ctx, op, gu, {&out});
   check_bias(ctx, op, gu, {&bias});
+  if (ctx.device.is_cuda()) {
+#ifdef MEGATON_WITH_CUDA
+    return cuda::bias_swiglu_forward(ctx, out, gu, bias, N, H);
+#endif
+    fail_no_backend(ctx, op);
+  }
   dispatch_cpu_io(gu.dtype(), op, [&, N = N, H = H]<typename T>(T) {
     cpu::bias_swiglu_forward(out.data<T>(), gu.data<T>(), bias.data<cpu::compute_t<T>>(), N, H);
   });
@@ -85,6 +102,12 @@ void bias_swiglu_backward(const ExecContext& ctx, const Tensor& dgu, const Tenso
   const auto [N, H] = check_swiglu(ctx, op, gu, {&dout});
   check_pointwise(ctx, op, gu, {&dgu});
   check_bias(ctx, op, gu, {&dbias, &bias});
+  if (ctx.device.is_cuda()) {
+#ifdef MEGATON_WITH_CUDA
+    return cuda::bias_swiglu_backward(ctx, dgu, dbias, dout, gu, bias, N, H);
+#endif
+    fail_no_backend(ctx, op);
+  }
   dispatch_cpu_io(gu.dtype(), op, [&, N = N, H = H]<typename T>(T) {
     using C = cpu::compute_t<T>;
     cpu::bias_swiglu_backward(dgu.data<T>(), dbias.data<C>(), dout.data<T>(), gu.data<T>(), bias.data<C>(), N, H);

@@ -1,8 +1,7 @@
 // Pointwise activations and the residual add on tensors. Shapes: GeLU and the residual add work
 // on any shape (out, x, dout, dx alike); SwiGLU takes the fused [gate | up] input gu [..., 2H]
 // (Megatron's linear_fc1 layout) and gives out [..., H]. Dispatches to kernels::cpu (f32 / f64 /
-// bf16) or kernels::cuda (GeLU, SwiGLU and the residual add: f32 / bf16); bf16 is computed in fp32
-// on both.
+// bf16) or kernels::cuda (every op here: f32 / bf16); bf16 is computed in fp32 on both.
 #pragma once
 #include "megaton/kernels/exec_context.h"
 
@@ -17,7 +16,7 @@ void swiglu_forward(const ExecContext& ctx, const Tensor& out, const Tensor& gu)
 void swiglu_backward(const ExecContext& ctx, const Tensor& dgu, const Tensor& dout, const Tensor& gu);
 
 // The bias of the GEMM before the activation, fused into the activation (Megatron's
-// bias_activation_fusion; cpu only): the GEMM writes h without its bias, forward computes
+// bias_activation_fusion): the GEMM writes h without its bias, forward computes
 // act(h + bias), and backward recomputes h + bias, writes dh and adds its column sums into dbias in
 // the same pass, instead of a bias pass in the GEMM and another over dh in its weight gradient.
 // h, dh: [..., F] for GeLU and [..., 2H] ([gate | up]) for SwiGLU; bias, dbias: [F] / [2H], f32 for
