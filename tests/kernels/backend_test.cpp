@@ -1,6 +1,6 @@
 // The tensor-level kernel API on every backend this build has: linear, RMSNorm and LayerNorm (with
 // their residual-fused forms), GeLU and SwiGLU (with the fused bias too), the residual add, RoPE (tables and rotation), causal
-// attention (GQA in fused QKV rows, MLA's head sizes, a KV cache),
+// attention (GQA in fused QKV rows, MLA's head sizes, a KV cache), MoE permute / unpermute,
 // embedding and cross-entropy forward and backward, the reductions, the strided row copy and an AdamW step against
 // the CPU reference kernels (or, for AdamW, its documented formula) in double on the same
 // (dtype-rounded) inputs, and the dispatcher's errors. Outputs start as NaN, so an element a kernel
@@ -22,11 +22,13 @@
 #include "megaton/kernels/cpu/cross_entropy.h"
 #include "megaton/kernels/cpu/embedding.h"
 #include "megaton/kernels/cpu/linear.h"
+#include "megaton/kernels/cpu/moe.h"
 #include "megaton/kernels/cpu/norm.h"
 #include "megaton/kernels/cpu/rope.h"
 #include "megaton/kernels/cross_entropy.h"
 #include "megaton/kernels/embedding.h"
 #include "megaton/kernels/linear.h"
+#include "megaton/kernels/moe.h"
 #include "megaton/kernels/norm.h"
 #include "megaton/kernels/reduce.h"
 #include "megaton/kernels/rope.h"
@@ -350,6 +352,43 @@ TEST_P(Backends, BiasGeluAndBiasSwigluMatchTheReference) {
   EXPECT_TRUE(fd::close(download(S), swiglu_ref, tol)) << "bias + swiglu";
   EXPECT_TRUE(fd::close(download(DGU), dgu_ref, tol)) << "bias + swiglu backward";
   EXPECT_TRUE(fd::close(download(DB2), db_swiglu, tol)) << "swiglu dbias";
+}
+
+TEST_P(Backends, MoePermutationsMatchTheReference) {
+  // 6 tokens x 2 slots, two slots dropped (-1); the 10 kept ones fill the permuted rows exactly.
+  const DType dt = GetParam().dtype;
+  const int64_t N = 6, K = 2, C = 300, M = 10;
+  const std::vector<int32_t> pos = {3, 7, -1, 0, 9, 1, 4, -1, 2, 8, 6, 5};
+  const std::vector<double> pos_d(pos.begin(), pos.end());
+  const auto x = rounded(fd::random_vector(N * C, 100), dt), rows = rounded(fd::random_vector(M * C, 101), dt);
+  const auto probs = rounded(fd::random_vector(N * K, 102, 0.1, 1.0), dt), dy = rounded(fd::random_vector(N * C, 103), dt);
+  std::vector<double> out_ref(M * C), dx_ref(N * C), y_ref(N * C), drows_ref(M * C), dprobs_ref(N * K);
+  kernels::cpu::moe_permute(out_ref.data(), x.data(), pos.data(), N, K, C);
+  kernels::cpu::moe_permute_backward(dx_ref.data(), rows.data(), pos.data(), N, K, C);
+  kernels::cpu::moe_unpermute(y_ref.data(), rows.data(), pos.data(), probs.data(), N, K, C);
+  kernels::cpu::moe_unpermute_backward(drows_ref.data(), dprobs_ref.data(), dy.data(), rows.data(), pos.data(),
+                                       probs.data(), N, K, C);
+  Tensor POS = Tensor::empty({N, K}, DType::I32, MemCategory::Other, "pos");
+  std::copy(pos.begin(), pos.end(), POS.data<int32_t>());
+  POS = POS.to(GetParam().device);
+  Tensor X = up(x, {N, C}, "x"), R = up(rows, {M, C}, "rows"), P = up(probs, {N, K}, "probs"), DY = up(dy, {N, C}, "dy");
+  Tensor OUT = poisoned({M, C}, "out", dt), DX = poisoned({N, C}, "dx", dt), Y = poisoned({N, C}, "y", dt);
+  Tensor DR = poisoned({M, C}, "drows", dt), DP = poisoned({N, K}, "dprobs", dt);
+  kernels::moe_permute(ctx(), OUT, X, POS);
+  kernels::moe_permute_backward(ctx(), DX, R, POS);
+  kernels::moe_unpermute(ctx(), Y, R, POS, P);
+  kernels::moe_unpermute_backward(ctx(), DR, DP, DY, R, POS, P);
+  const double tol = tolerance(dt);
+  EXPECT_TRUE(fd::close(download(OUT), out_ref, tol)) << "permute";
+  EXPECT_TRUE(fd::close(download(DX), dx_ref, tol)) << "permute backward";
+  EXPECT_TRUE(fd::close(download(Y), y_ref, tol)) << "unpermute";
+  EXPECT_TRUE(fd::close(download(DR), drows_ref, tol)) << "unpermute backward rows";
+  EXPECT_TRUE(fd::close(download(DP), dprobs_ref, tol)) << "unpermute backward probs";
+  // A plan naming a row outside the permuted tensor is refused before any row moves.
+  Tensor BAD = Tensor::empty({N, K}, DType::I32, MemCategory::Other, "bad_pos");
+  std::fill_n(BAD.data<int32_t>(), N * K, 0);
+  BAD.data<int32_t>()[5] = static_cast<int32_t>(M);
+  EXPECT_ERROR_CONTAINS(kernels::moe_permute(ctx(), OUT, X, BAD.to(GetParam().device)), "'bad_pos' names row 10");
 }
 
 TEST_P(Backends, GeluForwardAndBackwardMatchTheReference) {

@@ -7,6 +7,9 @@
 #include <omp.h>
 
 #include "megaton/kernels/linear.h"
+#ifdef MEGATON_WITH_CUDA
+#include "megaton/kernels/cuda/moe.h"
+#endif
 
 namespace megaton::kernels {
 
@@ -36,8 +39,10 @@ int64_t slots_of(std::string_view op, const Tensor& t) {
 }
 
 // pos must name rows inside [0, rows) (or -1): a wrong plan would write outside the permuted tensor.
+// A CUDA plan is checked on a host copy (N x K ids: small next to the rows it moves).
 void expect_positions(std::string_view op, const Tensor& pos, int64_t rows) {
-  const int32_t* p = pos.data<int32_t>();
+  const Tensor host = pos.device().is_cpu() ? pos : pos.to(Device::cpu(), MemCategory::Workspace);
+  const int32_t* p = host.data<int32_t>();
   for (int64_t i = 0; i < pos.numel(); ++i)
     if (p[i] < -1 || p[i] >= rows)
       fail("kernel ", op, ": '", pos.name(), "' names row ", p[i], " of a permuted tensor with ", rows, " rows");
@@ -81,7 +86,9 @@ void for_each_block(std::string_view op, const Tensor& rows, const Tensor& w, in
     f(b.begin, b.end, w.slice_rows(b.expert * out_per_expert, (b.expert + 1) * out_per_expert));
   };
   const int threads = omp_get_max_threads();
-  if (!grouped || threads == 1 || static_cast<int>(blocks.size()) < threads || omp_in_parallel()) {
+  // On a GPU the expert GEMMs queue on one stream in turn (host threads would only contend for it).
+  if (!grouped || rows.device().is_cuda() || threads == 1 || static_cast<int>(blocks.size()) < threads ||
+      omp_in_parallel()) {
     for (const Block& b : blocks) run(b);
     return;
   }
@@ -326,11 +333,17 @@ void moe_sort_by_expert(const ExecContext& ctx, const Tensor& pos, const std::ve
 
 void moe_permute(const ExecContext& ctx, const Tensor& out, const Tensor& x, const Tensor& pos) {
   constexpr std::string_view op = "moe_permute";
-  expect_cpu(ctx, op, {&out, &x, &pos});
+  expect_on_device(ctx, op, {&out, &x, &pos});
   const int64_t C = x.size(-1), N = rows_of_matrix(op, x, C), K = slots_of(op, pos);
   expect_slots(op, pos, N, K);
   expect_dtype(x.dtype(), op, {&out});
   expect_positions(op, pos, rows_of_matrix(op, out, C));
+  if (ctx.device.is_cuda()) {
+#ifdef MEGATON_WITH_CUDA
+    return cuda::moe_permute(ctx, out, x, pos, N, K, C);
+#endif
+    fail_no_backend(ctx, op);
+  }
   dispatch_cpu_io(x.dtype(), op, [&]<typename T>(T) {
     cpu::moe_permute(out.data<T>(), x.data<T>(), pos.data<int32_t>(), N, K, C);
   });
@@ -338,11 +351,17 @@ void moe_permute(const ExecContext& ctx, const Tensor& out, const Tensor& x, con
 
 void moe_permute_backward(const ExecContext& ctx, const Tensor& dx, const Tensor& dout, const Tensor& pos) {
   constexpr std::string_view op = "moe_permute_backward";
-  expect_cpu(ctx, op, {&dx, &dout, &pos});
+  expect_on_device(ctx, op, {&dx, &dout, &pos});
   const int64_t C = dx.size(-1), N = rows_of_matrix(op, dx, C), K = slots_of(op, pos);
   expect_slots(op, pos, N, K);
   expect_dtype(dx.dtype(), op, {&dout});
   expect_positions(op, pos, rows_of_matrix(op, dout, C));
+  if (ctx.device.is_cuda()) {
+#ifdef MEGATON_WITH_CUDA
+    return cuda::moe_permute_backward(ctx, dx, dout, pos, N, K, C);
+#endif
+    fail_no_backend(ctx, op);
+  }
   dispatch_cpu_io(dx.dtype(), op, [&]<typename T>(T) {
     cpu::moe_permute_backward(dx.data<T>(), dout.data<T>(), pos.data<int32_t>(), N, K, C);
   });
@@ -350,12 +369,18 @@ void moe_permute_backward(const ExecContext& ctx, const Tensor& dx, const Tensor
 
 void moe_unpermute(const ExecContext& ctx, const Tensor& y, const Tensor& rows, const Tensor& pos, const Tensor& probs) {
   constexpr std::string_view op = "moe_unpermute";
-  expect_cpu(ctx, op, {&y, &rows, &pos, &probs});
+  expect_on_device(ctx, op, {&y, &rows, &pos, &probs});
   const int64_t C = y.size(-1), N = rows_of_matrix(op, y, C), K = slots_of(op, pos);
   expect_slots(op, pos, N, K);
   expect_dtype(y.dtype(), op, {&rows, &probs});
   expect_matrix(op, probs, N, K);
   expect_positions(op, pos, rows_of_matrix(op, rows, C));
+  if (ctx.device.is_cuda()) {
+#ifdef MEGATON_WITH_CUDA
+    return cuda::moe_unpermute(ctx, y, rows, pos, probs, N, K, C);
+#endif
+    fail_no_backend(ctx, op);
+  }
   dispatch_cpu_io(y.dtype(), op, [&]<typename T>(T) {
     cpu::moe_unpermute(y.data<T>(), rows.data<T>(), pos.data<int32_t>(), probs.data<T>(), N, K, C);
   });
@@ -364,7 +389,7 @@ void moe_unpermute(const ExecContext& ctx, const Tensor& y, const Tensor& rows, 
 void moe_unpermute_backward(const ExecContext& ctx, const Tensor& drows, const Tensor& dprobs, const Tensor& dy,
                             const Tensor& rows, const Tensor& pos, const Tensor& probs) {
   constexpr std::string_view op = "moe_unpermute_backward";
-  expect_cpu(ctx, op, {&drows, &dprobs, &dy, &rows, &pos, &probs});
+  expect_on_device(ctx, op, {&drows, &dprobs, &dy, &rows, &pos, &probs});
   const int64_t C = dy.size(-1), N = rows_of_matrix(op, dy, C), K = slots_of(op, pos);
   expect_slots(op, pos, N, K);
   expect_dtype(dy.dtype(), op, {&drows, &dprobs, &rows, &probs});
@@ -373,6 +398,12 @@ void moe_unpermute_backward(const ExecContext& ctx, const Tensor& drows, const T
   const int64_t M = rows_of_matrix(op, rows, C);
   expect_matrix(op, drows, M, C);
   expect_positions(op, pos, M);
+  if (ctx.device.is_cuda()) {
+#ifdef MEGATON_WITH_CUDA
+    return cuda::moe_unpermute_backward(ctx, drows, dprobs, dy, rows, pos, probs, N, K, C);
+#endif
+    fail_no_backend(ctx, op);
+  }
   dispatch_cpu_io(dy.dtype(), op, [&]<typename T>(T) {
     cpu::moe_unpermute_backward(drows.data<T>(), dprobs.data<T>(), dy.data<T>(), rows.data<T>(),
                                 pos.data<int32_t>(), probs.data<T>(), N, K, C);

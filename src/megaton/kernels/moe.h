@@ -2,8 +2,9 @@
 // routing (top-k experts per token and their weights), the load-balancing and z losses, the
 // dispatch plan (which permuted row each kept slot goes to, with optional capacity dropping),
 // permute / unpermute of token rows with their backward, and the grouped linear that runs every
-// expert's GEMM over its contiguous block of permuted rows in one call. CPU only: routing and the
-// losses in f32 / f64 (the logits, probs and losses are f32 in training whatever the compute dtype,
+// expert's GEMM over its contiguous block of permuted rows in one call. The permutations and the
+// grouped linears also run on CUDA (f32 / bf16 rows; the grouped linear as one cuBLASLt GEMM per
+// expert block); the rest is CPU only: routing and the losses in f32 / f64 (the logits, probs and losses are f32 in training whatever the compute dtype,
 // as Megatron's router); the permutations and grouped linears also on bf16 / fp16 rows (sums in f32).
 // Shapes: logits [N, E]; indices (i32), probs, pos (i32) [N, K]; permuted rows [M, C].
 #pragma once
