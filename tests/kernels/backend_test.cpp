@@ -1,6 +1,6 @@
 // The tensor-level kernel API on every backend this build has: linear, RMSNorm and LayerNorm (with
 // their residual-fused forms), GeLU and SwiGLU (with the fused bias too), the residual add, RoPE (tables and rotation), causal
-// attention (GQA in fused QKV rows, MLA's head sizes, a KV cache), MoE permute / unpermute,
+// attention (GQA in fused QKV rows, MLA's head sizes, a KV cache), MoE permute / unpermute and the grouped linear,
 // embedding and cross-entropy forward and backward, the reductions, the strided row copy and an AdamW step against
 // the CPU reference kernels (or, for AdamW, its documented formula) in double on the same
 // (dtype-rounded) inputs, and the dispatcher's errors. Outputs start as NaN, so an element a kernel
@@ -389,6 +389,33 @@ TEST_P(Backends, MoePermutationsMatchTheReference) {
   std::fill_n(BAD.data<int32_t>(), N * K, 0);
   BAD.data<int32_t>()[5] = static_cast<int32_t>(M);
   EXPECT_ERROR_CONTAINS(kernels::moe_permute(ctx(), OUT, X, BAD.to(GetParam().device)), "'bad_pos' names row 10");
+}
+
+TEST_P(Backends, GroupedLinearMatchesTheReference) {
+  // 3 experts over blocks of 5, 0 and 4 permuted rows (an empty expert included).
+  const DType dt = GetParam().dtype, grad_dt = stat_dtype(dt);
+  const int64_t in = 24, out = 19, E = 3, M = 9;
+  const std::vector<int64_t> blocks = {5, 0, 4};
+  const auto x = rounded(fd::random_vector(M * in, 110), dt), w = rounded(fd::random_vector(E * out * in, 111), dt);
+  const auto dy = rounded(fd::random_vector(M * out, 112), dt), dw0 = rounded(fd::random_vector(E * out * in, 113), grad_dt);
+  std::vector<double> y_ref(M * out), dx_ref(M * in), dw_ref = dw0;
+  for (int64_t e = 0, r = 0; e < E; r += blocks[static_cast<size_t>(e)], ++e) {
+    const int64_t n = blocks[static_cast<size_t>(e)];
+    const double* we = w.data() + e * out * in;
+    kernels::cpu::linear_forward(y_ref.data() + r * out, x.data() + r * in, we, static_cast<const double*>(nullptr), n, in, out);
+    kernels::cpu::linear_backward_input(dx_ref.data() + r * in, dy.data() + r * out, we, n, in, out);
+    kernels::cpu::linear_backward_weight(dw_ref.data() + e * out * in, static_cast<double*>(nullptr), dy.data() + r * out,
+                                         x.data() + r * in, n, in, out);
+  }
+  Tensor X = up(x, {M, in}, "x"), W = up(w, {E * out, in}, "w"), DY = up(dy, {M, out}, "dy");
+  Tensor DW = up(dw0, {E * out, in}, "dw", grad_dt);
+  Tensor Y = poisoned({M, out}, "y", dt), DX = poisoned({M, in}, "dx", dt);
+  kernels::grouped_linear_forward(ctx(), Y, X, W, blocks);
+  kernels::grouped_linear_backward_input(ctx(), DX, DY, W, blocks);
+  kernels::grouped_linear_backward_weight(ctx(), DW, DY, X, blocks);
+  EXPECT_TRUE(fd::close(download(Y), y_ref, tolerance(dt))) << "forward";
+  EXPECT_TRUE(fd::close(download(DX), dx_ref, tolerance(dt))) << "backward input";
+  EXPECT_TRUE(fd::close(download(DW), dw_ref, tolerance(grad_dt) * (dt == DType::BF16 ? 1e4 : 1))) << "weight grad";
 }
 
 TEST_P(Backends, GeluForwardAndBackwardMatchTheReference) {
