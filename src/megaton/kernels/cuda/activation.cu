@@ -154,7 +154,8 @@ void bias_gelu_forward(const ExecContext& ctx, const Tensor& out, const Tensor& 
   MEGATON_CUDA_CHECK(cudaSetDevice(ctx.device.index));
   detail::dispatch_io("bias_gelu_forward", h, {&out}, [&]<typename T>(T) {
     gelu_forward_kernel<<<blocks_for(h.numel()), kThreads, 0, detail::stream_of(ctx)>>>(
-        static_cast<T*>(out.raw()), static_cast<const T*>(h.raw()), static_cast<const float*>(bias.raw()), h.numel(), F);
+        static_cast<T*>(out.raw()), static_cast<const T*>(h.raw()), static_cast<const float*>(bias.raw()), h.numel(),
+        F);
   });
   MEGATON_CUDA_LAUNCH_CHECK();
 }

@@ -39,7 +39,9 @@ struct Layout {
   __device__ int64_t q_index(int64_t b, int64_t t, int64_t h) const {
     return (b * Tlen + t) * q_at.row + h / group_size() * q_at.group + h % group_size() * Dqk;
   }
-  __device__ int64_t kv_index(int64_t b, int64_t j, int64_t g) const { return b * kv_batch + j * kv_at.row + g * kv_at.group; }
+  __device__ int64_t kv_index(int64_t b, int64_t j, int64_t g) const {
+    return b * kv_batch + j * kv_at.row + g * kv_at.group;
+  }
   __device__ int64_t out_index(int64_t b, int64_t t, int64_t h) const { return ((b * Tlen + t) * Hq + h) * Dv; }
   __device__ int64_t lse_index(int64_t b, int64_t t, int64_t h) const { return (b * Hq + h) * Tlen + t; }
 };
@@ -139,37 +141,43 @@ __global__ void dkv_kernel(float* dk, float* dv, const float* dout, const float*
   }
 }
 
-unsigned warp_blocks(int64_t warps) {
-  const int64_t blocks = (warps + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  MEGATON_CHECK(blocks <= int64_t{0x7fffffff}, "attention on cuda: ", warps, " rows exceed CUDA's grid limit");
-  return static_cast<unsigned>(blocks);
+// Blocks of kWarpsPerBlock warps, one warp per row.
+unsigned warp_blocks(int64_t warps, std::string_view op) {
+  return detail::grid_blocks((warps + kWarpsPerBlock - 1) / kWarpsPerBlock, op);
 }
 
 Layout make_layout(std::string_view op, const Tensor& q, int64_t B, int64_t Tlen, int64_t Hq, int64_t Hkv, HeadDim D,
                    HeadStrides q_at, HeadStrides kv_at, double scale, int64_t pos_offset, int64_t kv_batch) {
-  if (q.dtype() != DType::F32) fail("kernel ", op, " on cuda: tensor '", q.name(), "' holds ", dtype_name(q.dtype()), ", expected f32");
+  if (q.dtype() != DType::F32)
+    fail("kernel ", op, " on cuda: tensor '", q.name(), "' holds ", dtype_name(q.dtype()), ", expected f32");
   if (D.qk > 32 * kMaxPerLane || D.v > 32 * kMaxPerLane)
     fail("kernel ", op, " on cuda: head dims ", D.qk, " / ", D.v, " exceed ", 32 * kMaxPerLane);
-  return {B, Tlen, Hq, Hkv, static_cast<int>(D.qk), static_cast<int>(D.v), q_at, kv_at, static_cast<float>(scale),
-          pos_offset, kv_batch};
+  return {B,
+          Tlen,
+          Hq,
+          Hkv,
+          static_cast<int>(D.qk),
+          static_cast<int>(D.v),
+          q_at,
+          kv_at,
+          static_cast<float>(scale),
+          pos_offset,
+          kv_batch};
 }
 
-template <typename T = float>
-T* at(const TensorAt& x) {
-  return static_cast<T*>(x.t.raw()) + x.offset;
-}
+float* at(const TensorAt& x) { return static_cast<float*>(x.t.raw()) + x.offset; }
 
 }  // namespace
 
-void attention_forward(const ExecContext& ctx, const Tensor& out, const Tensor& lse, TensorAt q, TensorAt k,
-                       TensorAt v, int64_t B, int64_t Tlen, int64_t Hq, int64_t Hkv, HeadDim D, HeadStrides q_at,
-                       HeadStrides kv_at, double scale, int64_t pos_offset, int64_t kv_batch_stride) {
+void attention_forward(const ExecContext& ctx, const Tensor& out, const Tensor& lse, TensorAt q, TensorAt k, TensorAt v,
+                       int64_t B, int64_t Tlen, int64_t Hq, int64_t Hkv, HeadDim D, HeadStrides q_at, HeadStrides kv_at,
+                       double scale, int64_t pos_offset, int64_t kv_batch_stride) {
   MEGATON_CUDA_CHECK(cudaSetDevice(ctx.device.index));
-  const Layout L = make_layout("attention_forward", q.t, B, Tlen, Hq, Hkv, D, q_at, kv_at, scale, pos_offset,
-                               kv_batch_stride);
+  const Layout L =
+      make_layout("attention_forward", q.t, B, Tlen, Hq, Hkv, D, q_at, kv_at, scale, pos_offset, kv_batch_stride);
   const int64_t rows = B * Hq * Tlen;
   if (rows == 0) return;
-  forward_kernel<<<warp_blocks(rows), 32 * kWarpsPerBlock, 0, detail::stream_of(ctx)>>>(
+  forward_kernel<<<warp_blocks(rows, "attention_forward"), 32 * kWarpsPerBlock, 0, detail::stream_of(ctx)>>>(
       static_cast<float*>(out.raw()), static_cast<float*>(lse.raw()), at(q), at(k), at(v), L);
   MEGATON_CUDA_LAUNCH_CHECK();
 }
@@ -188,12 +196,13 @@ void attention_backward(const ExecContext& ctx, TensorAt dq, TensorAt dk, Tensor
   const auto* o = static_cast<const float*>(out.raw());
   const auto* d_o = static_cast<const float*>(dout.raw());
   const auto* ls = static_cast<const float*>(lse.raw());
-  delta_kernel<<<warp_blocks(rows), 32 * kWarpsPerBlock, 0, stream>>>(dl, d_o, o, L);
+  delta_kernel<<<warp_blocks(rows, "attention_backward"), 32 * kWarpsPerBlock, 0, stream>>>(dl, d_o, o, L);
   MEGATON_CUDA_LAUNCH_CHECK();
-  dq_kernel<<<warp_blocks(rows), 32 * kWarpsPerBlock, 0, stream>>>(at(dq), d_o, ls, dl, at(q), at(k), at(v), L);
+  dq_kernel<<<warp_blocks(rows, "attention_backward"), 32 * kWarpsPerBlock, 0, stream>>>(at(dq), d_o, ls, dl, at(q),
+                                                                                         at(k), at(v), L);
   MEGATON_CUDA_LAUNCH_CHECK();
-  dkv_kernel<<<warp_blocks(B * Hkv * Tlen), 32 * kWarpsPerBlock, 0, stream>>>(at(dk), at(dv), d_o, ls, dl, at(q),
-                                                                                at(k), at(v), L);
+  dkv_kernel<<<warp_blocks(B * Hkv * Tlen, "attention_backward"), 32 * kWarpsPerBlock, 0, stream>>>(
+      at(dk), at(dv), d_o, ls, dl, at(q), at(k), at(v), L);
   MEGATON_CUDA_LAUNCH_CHECK();
 }
 

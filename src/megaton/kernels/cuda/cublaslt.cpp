@@ -20,6 +20,15 @@ LtState& lt_state(int device) {
   return states[device];
 }
 
+float* scale_scratch(LtState& lt, size_t floats) {
+  if (floats > lt.scale_floats) {
+    if (lt.scales) MEGATON_CUDA_CHECK(cudaFree(lt.scales));
+    MEGATON_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&lt.scales), floats * sizeof(float)));
+    lt.scale_floats = floats;
+  }
+  return lt.scales;
+}
+
 MatmulDesc::~MatmulDesc() {
   if (c) cublasLtMatrixLayoutDestroy(c);
   if (b) cublasLtMatrixLayoutDestroy(b);

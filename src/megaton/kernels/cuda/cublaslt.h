@@ -24,9 +24,14 @@ struct LtState {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
   size_t workspace_bytes = size_t{32} << 20;  // what cuBLASLt's heuristics want for Hopper GEMMs
+  float* scales = nullptr;                    // FP8 block scales re-laid for one GEMM
+  size_t scale_floats = 0;
 };
 // The device's handle and workspace; also makes `device` current.
 LtState& lt_state(int device);
+// lt.scales with room for `floats`. It only grows: a cudaMalloc (which synchronises) happens once per
+// new high-water mark, not per GEMM. Like the workspace it assumes one stream per device.
+float* scale_scratch(LtState& lt, size_t floats);
 
 struct MatmulDesc {
   cublasLtMatmulDesc_t desc = nullptr;

@@ -11,20 +11,6 @@ namespace megaton::kernels::cuda {
 
 namespace {
 
-// The per-device scratch the re-laid scales of one GEMM live in; it only grows (a cudaMalloc, which
-// synchronises, happens once per new high-water mark, not per GEMM). Like the cuBLASLt workspace it
-// assumes one stream per device.
-float* scale_scratch(int device, size_t floats) {
-  static float* buffer[kMaxCudaDevices] = {};
-  static size_t capacity[kMaxCudaDevices] = {};
-  if (floats > capacity[device]) {
-    if (buffer[device]) MEGATON_CUDA_CHECK(cudaFree(buffer[device]));
-    MEGATON_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&buffer[device]), floats * sizeof(float)));
-    capacity[device] = floats;
-  }
-  return buffer[device];
-}
-
 cublasLtMatmulMatrixScale_t scale_mode(Fp8Granularity g) {
   switch (g) {
     case Fp8Granularity::Tile1x128: return CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
@@ -51,7 +37,7 @@ void fp8_gemm(const ExecContext& ctx, const Tensor& out, const Fp8Matrix& a, con
   if (blocks) {
     const CublasScaleLayout la = cublas_scale_layout(a), lb = cublas_scale_layout(b);
     const auto na = static_cast<size_t>(la.outer * la.inner), nb = static_cast<size_t>(lb.outer * lb.inner);
-    float* scratch = scale_scratch(ctx.device.index, na + nb + 4);
+    float* scratch = scale_scratch(lt, na + nb + 4);
     float* sb = scratch + (na + 3) / 4 * 4;  // 16-byte aligned
     relayout_scales(scratch, a, la, stream);
     relayout_scales(sb, b, lb, stream);

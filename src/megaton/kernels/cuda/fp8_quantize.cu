@@ -11,8 +11,8 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int64_t kAmaxChunk = int64_t{1} << 16;  // elements per block of the amax pass
-constexpr int kTile = 128;                         // the extent of a 1x128 tile and a 128x128 block
-constexpr int kColumnChunk = 32;                   // source columns per block of the transposing kernel
+constexpr int kTile = 128;                        // the extent of a 1x128 tile and a 128x128 block
+constexpr int kColumnChunk = 32;                  // source columns per block of the transposing kernel
 
 // How a code's scale is found: one per tensor (state[1]), one per 1x128 tile of the layout (from
 // the tile's own amax), or one per 128x128 block of the source (block_scale, computed first).
@@ -79,7 +79,8 @@ __global__ void block_scales_kernel(float* block_scale, float* scale_inv, const 
   const int64_t r1 = r0 + kTile < rows ? r0 + kTile : rows;
   float m = 0.0f;
   if (c < cols)
-    for (int64_t r = r0 + threadIdx.x / kTile; r < r1; r += kThreads / kTile) m = nan_max(m, fabsf(detail::load(x, r * cols + c)));
+    for (int64_t r = r0 + threadIdx.x / kTile; r < r1; r += kThreads / kTile)
+      m = nan_max(m, fabsf(detail::load(x, r * cols + c)));
   m = block_max(m, shared);
   if (threadIdx.x == 0) {
     const float scale = fp8_scale_from_amax(m, fp8_max, pow2);
@@ -155,18 +156,13 @@ __global__ void encode_columns_kernel(uint8_t* codes, float* scale_inv, const T*
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-unsigned grid_size(int64_t blocks, const std::string& name) {
-  MEGATON_CHECK(blocks <= int64_t{0x7fffffff}, "FP8 quantisation of '", name, "': ", blocks,
-                " thread blocks exceed CUDA's grid limit");
-  return static_cast<unsigned>(blocks);
-}
-
 }  // namespace
 
 Fp8Matrix fp8_quantize(const Tensor& x, const Fp8QuantizeOptions& o, const std::string& name) {
   MEGATON_CHECK(x.dim() == 2, "FP8 quantisation of '", x.name(), "' takes a 2-D matrix, got ", shape_str(x.shape()));
-  MEGATON_CHECK(o.granularity != Fp8Granularity::Mx1x32, "FP8 quantisation of '", x.name(), "' on ", x.device().str(),
-                ": MXFP8 is CPU only here (cuBLASLt's MX GEMMs need Blackwell); use per-tensor, 1x128 or 128x128 scales");
+  MEGATON_CHECK(
+      o.granularity != Fp8Granularity::Mx1x32, "FP8 quantisation of '", x.name(), "' on ", x.device().str(),
+      ": MXFP8 is CPU only here (cuBLASLt's MX GEMMs need Blackwell); use per-tensor, 1x128 or 128x128 scales");
   check_fp8_quantize_options(x.name(), o);
   const Device device = x.device();
   MEGATON_CUDA_CHECK(cudaSetDevice(device.index));
@@ -176,10 +172,11 @@ Fp8Matrix fp8_quantize(const Tensor& x, const Fp8QuantizeOptions& o, const std::
   Fp8Matrix q;
   q.granularity = o.granularity;
   q.data = Tensor::empty({lr, lc}, fp8::dtype_of_format(o.format), o.category, name, device);
-  q.scale_inv = Tensor::empty({ceil_div(lr, t.rows), ceil_div(lc, t.cols)}, DType::F32, o.category,
-                              name + "_scale_inv", device);
+  q.scale_inv =
+      Tensor::empty({ceil_div(lr, t.rows), ceil_div(lc, t.cols)}, DType::F32, o.category, name + "_scale_inv", device);
   if (x.numel() == 0) return q;
 
+  constexpr std::string_view op = "fp8_quantize";
   const cudaStream_t stream = nullptr;  // the device's default stream, like the other kernels here
   const float fp8_max = fp8::info(o.format).max;
   const bool per_tensor = o.granularity == Fp8Granularity::Tensor;
@@ -188,8 +185,8 @@ Fp8Matrix fp8_quantize(const Tensor& x, const Fp8QuantizeOptions& o, const std::
   const int64_t parts = ceil_div(x.numel(), kAmaxChunk);
   Tensor partial = Tensor::empty({parts}, DType::F32, MemCategory::Workspace, "fp8_quantize_amax", device);
   const int64_t block_rows = ceil_div(rows, kTile), block_cols = ceil_div(cols, kTile);
-  Tensor block_scale = mode == Mode::Block ? Tensor::empty({block_rows * block_cols}, DType::F32, MemCategory::Workspace,
-                                                           "fp8_quantize_block_scales", device)
+  Tensor block_scale = mode == Mode::Block ? Tensor::empty({block_rows * block_cols}, DType::F32,
+                                                           MemCategory::Workspace, "fp8_quantize_block_scales", device)
                                            : Tensor();
   auto* scale_inv = static_cast<float*>(q.scale_inv.raw());
   auto* codes = static_cast<uint8_t*>(q.data.raw());
@@ -197,15 +194,15 @@ Fp8Matrix fp8_quantize(const Tensor& x, const Fp8QuantizeOptions& o, const std::
   const float* bs = mode == Mode::Block ? static_cast<const float*>(block_scale.raw()) : nullptr;
   detail::dispatch_io("fp8_quantize", x, {}, [&]<typename T>(T) {
     const auto* in = static_cast<const T*>(x.raw());
-    amax_partials_kernel<<<grid_size(parts, name), kThreads, 0, stream>>>(static_cast<float*>(partial.raw()), in,
-                                                                          x.numel());
+    amax_partials_kernel<<<detail::grid_blocks(parts, op), kThreads, 0, stream>>>(static_cast<float*>(partial.raw()),
+                                                                                  in, x.numel());
     MEGATON_CUDA_LAUNCH_CHECK();
     finish_tensor_kernel<<<1, kThreads, 0, stream>>>(st, per_tensor ? scale_inv : nullptr,
                                                      static_cast<const float*>(partial.raw()), parts,
                                                      o.scale.value_or(0.0f), fp8_max, o.pow2_scales);
     MEGATON_CUDA_LAUNCH_CHECK();
     if (mode == Mode::Block) {
-      block_scales_kernel<<<grid_size(block_rows * block_cols, name), kThreads, 0, stream>>>(
+      block_scales_kernel<<<detail::grid_blocks(block_rows * block_cols, op), kThreads, 0, stream>>>(
           static_cast<float*>(block_scale.raw()), scale_inv, in, rows, cols, block_rows, block_cols, o.transpose,
           fp8_max, o.pow2_scales);
       MEGATON_CUDA_LAUNCH_CHECK();
@@ -213,11 +210,11 @@ Fp8Matrix fp8_quantize(const Tensor& x, const Fp8QuantizeOptions& o, const std::
     const auto encode = [&]<fp8::Format F>() {
       if (o.transpose) {
         const int64_t column_chunks = ceil_div(cols, kColumnChunk);
-        encode_columns_kernel<T, F><<<grid_size(block_rows * column_chunks, name), kThreads, 0, stream>>>(
+        encode_columns_kernel<T, F><<<detail::grid_blocks(block_rows * column_chunks, op), kThreads, 0, stream>>>(
             codes, scale_inv, in, rows, cols, column_chunks, block_rows, block_cols, mode, st, bs, fp8_max,
             o.pow2_scales);
       } else {
-        encode_rows_kernel<T, F><<<grid_size(ceil_div(rows * block_cols, kWarps), name), kThreads, 0, stream>>>(
+        encode_rows_kernel<T, F><<<detail::grid_blocks(ceil_div(rows * block_cols, kWarps), op), kThreads, 0, stream>>>(
             codes, scale_inv, in, rows, cols, block_cols, mode, st, bs, fp8_max, o.pow2_scales);
       }
       MEGATON_CUDA_LAUNCH_CHECK();

@@ -6,7 +6,7 @@ namespace megaton::kernels::cuda {
 
 namespace {
 
-constexpr int kThreads = 256;  // a power of two: the dot product's tree halves it
+constexpr int kThreads = 256;  // a power of two: detail::block_sum's tree halves it
 
 // One block per slot (n, k): out[pos] = x[n].
 template <typename T>
@@ -48,18 +48,8 @@ __global__ void unpermute_backward_kernel(T* drows, T* dprobs, const T* dy, cons
     detail::store(drows, p * C + c, w * d);
     dot += d * detail::load(rows, p * C + c);
   }
-  shared[threadIdx.x] = dot;
-  __syncthreads();
-  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-    if (threadIdx.x < s) shared[threadIdx.x] += shared[threadIdx.x + s];
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) detail::store(dprobs, slot, shared[0]);
-}
-
-unsigned grid(int64_t blocks) {
-  MEGATON_CHECK(blocks <= int64_t{0x7fffffff}, "MoE permutation on cuda: ", blocks, " rows exceed CUDA's grid limit");
-  return static_cast<unsigned>(blocks);
+  dot = detail::block_sum(dot, shared);
+  if (threadIdx.x == 0) detail::store(dprobs, slot, dot);
 }
 
 }  // namespace
@@ -69,7 +59,7 @@ void moe_permute(const ExecContext& ctx, const Tensor& out, const Tensor& x, con
   MEGATON_CUDA_CHECK(cudaSetDevice(ctx.device.index));
   if (N * K == 0) return;
   detail::dispatch_io("moe_permute", x, {&out}, [&]<typename T>(T) {
-    permute_kernel<<<grid(N * K), kThreads, 0, detail::stream_of(ctx)>>>(
+    permute_kernel<<<detail::grid_blocks(N * K, "moe_permute"), kThreads, 0, detail::stream_of(ctx)>>>(
         static_cast<T*>(out.raw()), static_cast<const T*>(x.raw()), static_cast<const int32_t*>(pos.raw()), K, C);
   });
   MEGATON_CUDA_LAUNCH_CHECK();
@@ -80,7 +70,7 @@ void moe_permute_backward(const ExecContext& ctx, const Tensor& dx, const Tensor
   MEGATON_CUDA_CHECK(cudaSetDevice(ctx.device.index));
   if (N == 0) return;
   detail::dispatch_io("moe_permute_backward", dx, {&dout}, [&]<typename T>(T) {
-    gather_sum_kernel<<<grid(N), kThreads, 0, detail::stream_of(ctx)>>>(
+    gather_sum_kernel<<<detail::grid_blocks(N, "moe_permute_backward"), kThreads, 0, detail::stream_of(ctx)>>>(
         static_cast<T*>(dx.raw()), static_cast<const T*>(dout.raw()), static_cast<const int32_t*>(pos.raw()),
         static_cast<const T*>(nullptr), K, C);
   });
@@ -92,7 +82,7 @@ void moe_unpermute(const ExecContext& ctx, const Tensor& y, const Tensor& rows, 
   MEGATON_CUDA_CHECK(cudaSetDevice(ctx.device.index));
   if (N == 0) return;
   detail::dispatch_io("moe_unpermute", y, {&rows, &probs}, [&]<typename T>(T) {
-    gather_sum_kernel<<<grid(N), kThreads, 0, detail::stream_of(ctx)>>>(
+    gather_sum_kernel<<<detail::grid_blocks(N, "moe_unpermute"), kThreads, 0, detail::stream_of(ctx)>>>(
         static_cast<T*>(y.raw()), static_cast<const T*>(rows.raw()), static_cast<const int32_t*>(pos.raw()),
         static_cast<const T*>(probs.raw()), K, C);
   });
@@ -100,11 +90,13 @@ void moe_unpermute(const ExecContext& ctx, const Tensor& y, const Tensor& rows, 
 }
 
 void moe_unpermute_backward(const ExecContext& ctx, const Tensor& drows, const Tensor& dprobs, const Tensor& dy,
-                            const Tensor& rows, const Tensor& pos, const Tensor& probs, int64_t N, int64_t K, int64_t C) {
+                            const Tensor& rows, const Tensor& pos, const Tensor& probs, int64_t N, int64_t K,
+                            int64_t C) {
   MEGATON_CUDA_CHECK(cudaSetDevice(ctx.device.index));
   if (N * K == 0) return;
   detail::dispatch_io("moe_unpermute_backward", dy, {&drows, &dprobs, &rows, &probs}, [&]<typename T>(T) {
-    unpermute_backward_kernel<<<grid(N * K), kThreads, 0, detail::stream_of(ctx)>>>(
+    unpermute_backward_kernel<<<detail::grid_blocks(N * K, "moe_unpermute_backward"), kThreads, 0,
+                                detail::stream_of(ctx)>>>(
         static_cast<T*>(drows.raw()), static_cast<T*>(dprobs.raw()), static_cast<const T*>(dy.raw()),
         static_cast<const T*>(rows.raw()), static_cast<const int32_t*>(pos.raw()), static_cast<const T*>(probs.raw()),
         K, C);

@@ -14,6 +14,7 @@ void moe_permute_backward(const ExecContext& ctx, const Tensor& dx, const Tensor
 void moe_unpermute(const ExecContext& ctx, const Tensor& y, const Tensor& rows, const Tensor& pos, const Tensor& probs,
                    int64_t N, int64_t K, int64_t C);
 void moe_unpermute_backward(const ExecContext& ctx, const Tensor& drows, const Tensor& dprobs, const Tensor& dy,
-                            const Tensor& rows, const Tensor& pos, const Tensor& probs, int64_t N, int64_t K, int64_t C);
+                            const Tensor& rows, const Tensor& pos, const Tensor& probs, int64_t N, int64_t K,
+                            int64_t C);
 
 }  // namespace megaton::kernels::cuda

@@ -11,25 +11,12 @@ namespace {
 constexpr int kRowThreads = 256;  // threads per row in the per-row kernels (a power of two)
 constexpr int kColThreads = 256;  // columns per block in the column-sum kernel
 
-// Sum of v over the block, the same tree every time (deterministic); every thread gets the result.
-__device__ float block_sum(float v, float* shared) {
-  shared[threadIdx.x] = v;
-  __syncthreads();
-  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-    if (threadIdx.x < s) shared[threadIdx.x] += shared[threadIdx.x + s];
-    __syncthreads();
-  }
-  const float total = shared[0];
-  __syncthreads();
-  return total;
-}
-
 // One block per row. residual != nullptr: sum = x + residual is written first and normalised; every
 // thread reads back only the columns it wrote (after reading them), so sum may alias x or residual.
 // mean == nullptr: RMSNorm.
 template <typename T, typename W>
-__global__ void norm_forward_kernel(T* sum, T* out, float* mean, float* rstd, const T* x, const T* residual,
-                                    const W* w, const W* bias, int64_t C, float eps) {
+__global__ void norm_forward_kernel(T* sum, T* out, float* mean, float* rstd, const T* x, const T* residual, const W* w,
+                                    const W* bias, int64_t C, float eps) {
   __shared__ float shared[kRowThreads];
   const int64_t row = blockIdx.x;
   const T* xr = x + row * C;
@@ -42,14 +29,14 @@ __global__ void norm_forward_kernel(T* sum, T* out, float* mean, float* rstd, co
   if (mean) {
     float s = 0.0f;
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) s += detail::load(xr, c);
-    m = block_sum(s, shared) / static_cast<float>(C);
+    m = detail::block_sum(s, shared) / static_cast<float>(C);
   }
   float ss = 0.0f;  // about the mean (two passes): no cancellation when |mean| >> std
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
     const float d = detail::load(xr, c) - m;
     ss += d * d;
   }
-  const float r = rsqrtf(block_sum(ss, shared) / static_cast<float>(C) + eps);
+  const float r = rsqrtf(detail::block_sum(ss, shared) / static_cast<float>(C) + eps);
   if (threadIdx.x == 0) {
     rstd[row] = r;
     if (mean) mean[row] = m;
@@ -75,8 +62,8 @@ __global__ void norm_backward_input_kernel(T* dx, const T* dout, const T* x, con
     sg += g;
     sgx += g * (detail::load(x + row * C, c) - m) * r;
   }
-  const float mean_g = mean ? block_sum(sg, shared) / static_cast<float>(C) : 0.0f;
-  const float mean_gx = block_sum(sgx, shared) / static_cast<float>(C);
+  const float mean_g = mean ? detail::block_sum(sg, shared) / static_cast<float>(C) : 0.0f;
+  const float mean_gx = detail::block_sum(sgx, shared) / static_cast<float>(C);
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
     const float g = detail::load(dout + row * C, c) * detail::load(w, c);
     const float xhat = (detail::load(x + row * C, c) - m) * r;
@@ -108,8 +95,9 @@ unsigned column_blocks(int64_t C) { return static_cast<unsigned>((C + kColThread
 // parameter dtype of `weight` (every defined tensor in `params` holds it), after checking that the
 // defined statistics are f32.
 template <typename F>
-void dispatch_norm(std::string_view op, const Tensor& act, std::initializer_list<const Tensor*> acts, const Tensor& weight,
-                   std::initializer_list<const Tensor*> params, std::initializer_list<const Tensor*> stats, F&& f) {
+void dispatch_norm(std::string_view op, const Tensor& act, std::initializer_list<const Tensor*> acts,
+                   const Tensor& weight, std::initializer_list<const Tensor*> params,
+                   std::initializer_list<const Tensor*> stats, F&& f) {
   for (const Tensor* s : stats)
     if (s->defined()) expect_dtype(DType::F32, op, {s});
   std::vector<const Tensor*> defined_acts, defined_params;

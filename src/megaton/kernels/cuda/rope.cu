@@ -37,10 +37,9 @@ void rope_apply(const ExecContext& ctx, const Tensor& x, const Tensor& cos, cons
   const int64_t blocks = (pairs + kThreads - 1) / kThreads;
   const auto grid = static_cast<unsigned>(blocks < 65535 ? blocks : 65535);
   const auto launch = [&](auto kernel) {
-    kernel<<<grid, kThreads, 0, detail::stream_of(ctx)>>>(static_cast<float*>(x.raw()),
-                                                          static_cast<const float*>(cos.raw()),
-                                                          static_cast<const float*>(sin.raw()), B * Tlen, Tlen, groups,
-                                                          H, D, at, pos_offset, inverse ? -1.0f : 1.0f);
+    kernel<<<grid, kThreads, 0, detail::stream_of(ctx)>>>(
+        static_cast<float*>(x.raw()), static_cast<const float*>(cos.raw()), static_cast<const float*>(sin.raw()),
+        B * Tlen, Tlen, groups, H, D, at, pos_offset, inverse ? -1.0f : 1.0f);
   };
   if (layout == RopeLayout::Half)
     launch(rope_kernel<RopeLayout::Half>);
