@@ -364,23 +364,32 @@ TEST(Attention, TensorApiRejectsBadTensors) {
   EXPECT_ERROR_CONTAINS(backward_tensor(gpu, dqkv, dout, out, lse, qkv, s), bwd, "tensor 'dqkv' is on cpu");
 }
 
-// On a CUDA device the tensor API has no backend yet: its error names the op.
-TEST(Attention, TensorApiOnCudaHasNoBackendYet) {
+// On a CUDA device training attention runs f32 with heads up to 256 wide (backend_test checks its
+// values) and decoding has no kernel yet: each refusal names the op.
+TEST(Attention, TensorApiOnCudaRefusesWhatItLacks) {
 #ifdef MEGATON_WITH_CUDA
   if (megaton::cuda::device_count() == 0) GTEST_SKIP() << "skipped: no CUDA device";
   const ExecContext gpu{Device::cuda(0), nullptr};
-  const AttnShape s{.B = 1, .T = 3, .Hq = 2, .Hkv = 1, .D = 8};
-  const auto on_gpu = [](Shape shape, const std::string& name) {
-    Tensor t = zeros(std::move(shape), name).to(Device::cuda(0));
+  const auto on_gpu = [](Shape shape, const std::string& name, DType dtype) {
+    Tensor t = zeros(std::move(shape), name).to(dtype).to(Device::cuda(0));
     t.set_name(name);
     return t;
   };
-  const Tensor qkv = on_gpu({s.T, s.stride()}, "qkv"), out = on_gpu({s.T, s.Hq * s.D}, "out");
-  const Tensor lse = on_gpu({1, s.Hq, s.T}, "lse");
-  EXPECT_ERROR_CONTAINS(forward_tensor(gpu, out, lse, qkv, s),
-                        "kernel attention_forward has no implementation for cuda:0");
-  EXPECT_ERROR_CONTAINS(backward_tensor(gpu, on_gpu({s.T, s.stride()}, "dqkv"), out, out, lse, qkv, s),
-                        "kernel attention_backward has no implementation for cuda:0");
+  const AttnShape s{.B = 1, .T = 3, .Hq = 2, .Hkv = 1, .D = 8};
+  const Tensor qkv = on_gpu({s.T, s.stride()}, "qkv", DType::F32);
+  EXPECT_ERROR_CONTAINS(decode_attention(gpu, on_gpu({1, s.Hq * s.D}, "decode_out", DType::F32), {qkv, 0},
+                                         {qkv, s.k_offset()}, {qkv, s.v_offset()}, 1, s.Hq, s.Hkv, s.D, s.fused(),
+                                         s.fused(), s.scale(), s.T, s.T * s.stride()),
+                        "kernel decode_attention has no implementation for cuda:0");
+  EXPECT_ERROR_CONTAINS(forward_tensor(gpu, on_gpu({s.T, s.Hq * s.D}, "out16", DType::BF16),
+                                       on_gpu({1, s.Hq, s.T}, "lse16", DType::BF16),
+                                       on_gpu({s.T, s.stride()}, "qkv16", DType::BF16), s),
+                        "kernel attention_forward on cuda: tensor 'qkv16' holds bf16, expected f32");
+  const AttnShape wide{.B = 1, .T = 3, .Hq = 2, .Hkv = 1, .D = 264};
+  EXPECT_ERROR_CONTAINS(forward_tensor(gpu, on_gpu({wide.T, wide.Hq * wide.D}, "wide_out", DType::F32),
+                                       on_gpu({1, wide.Hq, wide.T}, "wide_lse", DType::F32),
+                                       on_gpu({wide.T, wide.stride()}, "wide_qkv", DType::F32), wide),
+                        "head dims 264 / 264 exceed 256");
 #else
   GTEST_SKIP() << "skipped: built without CUDA";
 #endif
