@@ -10,11 +10,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 configure=$(cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DMEGATON_NATIVE=OFF)
 grep -q "CUDA backend ON" <<<"$configure" || { echo "gpu_bundle: nvcc not found, no CUDA backend to bundle"; exit 1; }
-cmake --build build-gpu -j"$(nproc)" --target megaton backend_test device_test fp8_cuda_test attention_test rope_test
+cmake --build build-gpu -j"$(nproc)" --target megaton backend_test device_test fp8_cuda_test flash_attention_cuda_test attention_test rope_test
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/bin" "$stage/lib"
-cp build-gpu/megaton build-gpu/tests/{backend_test,device_test,fp8_cuda_test,attention_test,rope_test} "$stage/bin/"
+cp build-gpu/megaton build-gpu/tests/{backend_test,device_test,fp8_cuda_test,flash_attention_cuda_test,attention_test,rope_test} "$stage/bin/"
 # Every shared library the binaries load, except the C runtime the device's newer glibc provides
 # and cuBLAS(Lt), which the device's CUDA installation provides.
 ldd "$stage"/bin/* | awk '/=> \// {print $3}' | sort -u |

@@ -31,15 +31,15 @@ else
   cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 > "$out/configure.log" 2>&1 ||
     { tail -30 "$out/configure.log"; exit 1; }
   grep -q "CUDA backend ON" "$out/configure.log" || { echo "CUDA backend not configured"; exit 1; }
-  cmake --build build-gpu -j"$(nproc)" --target megaton backend_test device_test fp8_cuda_test attention_test rope_test > "$out/build.log" 2>&1 ||
+  cmake --build build-gpu -j"$(nproc)" --target megaton backend_test device_test fp8_cuda_test flash_attention_cuda_test attention_test rope_test > "$out/build.log" 2>&1 ||
     { tail -40 "$out/build.log"; exit 1; }
-  mkdir -p $bin && ln -sf ../megaton ../tests/backend_test ../tests/device_test ../tests/fp8_cuda_test ../tests/attention_test \
+  mkdir -p $bin && ln -sf ../megaton ../tests/backend_test ../tests/device_test ../tests/fp8_cuda_test ../tests/flash_attention_cuda_test ../tests/attention_test \
     ../tests/rope_test $bin/
 fi
 
 status=0
 # The CUDA suites, and the CUDA cases of the per-op suites (what the tensor API refuses on a GPU).
-for t in device_test backend_test fp8_cuda_test "attention_test --gtest_filter=Attention.TensorApiOnCudaRefusesWhatItLacks" \
+for t in device_test backend_test fp8_cuda_test flash_attention_cuda_test "attention_test --gtest_filter=Attention.TensorApiOnCudaRefusesWhatItLacks" \
          "rope_test --gtest_filter=Rope.TensorApiOnCudaRotatesF32Only"; do
   name=${t%% *}
   $bin/$t 2>&1 | tee "$out/$name.log" | tail -3
@@ -50,7 +50,7 @@ done
 # The CUDA kernels under compute-sanitizer: out-of-bounds accesses, reads of unwritten memory, races.
 if command -v compute-sanitizer > /dev/null; then
   for tool in memcheck initcheck racecheck; do
-    for t in backend_test fp8_cuda_test; do
+    for t in backend_test fp8_cuda_test flash_attention_cuda_test; do
       compute-sanitizer --tool $tool --error-exitcode 3 $bin/$t > "$out/sanitizer_${tool}_$t.log" 2>&1 ||
         { echo "compute-sanitizer $tool found errors in $t:"; grep -m5 "=========" "$out/sanitizer_${tool}_$t.log"; status=1; }
     done

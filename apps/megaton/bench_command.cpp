@@ -9,6 +9,7 @@
 #include "commands.h"
 #include "batch_decode_bench.h"
 #include "fusion_kernels.h"
+#include "attention_bench.h"
 #include "gemm_shapes.h"
 #include "option_range.h"
 #include "megaton/core/allocator.h"
@@ -146,7 +147,7 @@ void add_bench_command(CLI::App& app) {
   static int64_t batch_requests = 0;
   static int64_t batch = 4, seq_len = 256;
   static int steps = 5, threads = 0;
-  static bool json = false, gemm_shapes = false, fusion_kernels = false, cpu_only = false;
+  static bool json = false, gemm_shapes = false, attention = false, fusion_kernels = false, cpu_only = false;
   static std::string device_name = "cpu", dtype_text = "f32", cpu_gemm = "auto", precision = "fp32",
                      kv_dtype_text = "f32";
   static std::string recompute = "none", recompute_modules = "core_attn", fusion = "on";
@@ -161,14 +162,18 @@ void add_bench_command(CLI::App& app) {
   cmd->add_flag("--json", json, "Print one JSON line");
   cmd->add_flag("--gemm-shapes", gemm_shapes,
                 "Instead of training steps, time each linear's forward / dgrad / wgrad GEMM at batch x seq-len rows");
+  cmd->add_flag("--attention", attention,
+                "Instead of training steps, time the causal attention kernel forward and backward at the preset's "
+                "heads and head dims, batch x seq-len (FlashAttention's FLOP count; --device, --dtype)");
   cmd->add_flag("--fusion-kernels", fusion_kernels,
                 "Instead of training steps, time each fused kernel (bias + activation, residual add + norm, forward "
                 "and backward) against the unfused kernels it replaces, at one layer's shapes of batch x seq-len rows "
                 "(cpu; --dtype f32 or bf16)");
-  cmd->add_option("--device", device_name, "With --gemm-shapes: cpu, cuda or cuda:N")->capture_default_str();
+  cmd->add_option("--device", device_name, "With --gemm-shapes or --attention: cpu, cuda or cuda:N")->capture_default_str();
   cmd->add_option("--dtype", dtype_text,
                   "With --gemm-shapes: f32, bf16, or FP8 next to bf16 (fp8-tensorwise: per-tensor scales, E5M2 "
-                  "gradients; fp8-blockwise: 1x128 / 128x128 E4M3); with --fusion-kernels: f32 or bf16")
+                  "gradients; fp8-blockwise: 1x128 / 128x128 E4M3); with --attention: f32, or on cuda bf16 / f16; "
+                  "with --fusion-kernels: f32 or bf16")
       ->capture_default_str();
   cmd->add_option("--cpu-gemm", cpu_gemm,
                   "The library of the CPU GEMMs: auto (OpenBLAS for f32; oneDNN for bf16 where the CPU has native "
@@ -221,6 +226,11 @@ void add_bench_command(CLI::App& app) {
       if (device.is_cpu() && dtype != DType::F32 && dtype != DType::BF16)
         fail("--dtype ", dtype_text, " on the cpu: the CPU GEMMs run f32 or bf16");
       print_gemm_shapes(models::preset(preset), batch * seq_len, steps, json, device, dtype);
+      return;
+    }
+    if (attention) {
+      print_attention_bench(models::preset(preset), batch, seq_len, steps, json, Device::parse(device_name),
+                            dtype_from_name(dtype_text));
       return;
     }
     if (batch_requests > 0) {

@@ -315,7 +315,7 @@ TEST(Attention, TensorApiRejectsBadTensors) {
   EXPECT_ERROR_CONTAINS(forward_tensor(cpu_ctx, out, zeros({s.B, s.Hq, s.T}, "lse64", DType::F64), qkv, s), fwd,
                         "'lse64' holds f64, expected f32");
   EXPECT_ERROR_CONTAINS(
-      forward_tensor(cpu_ctx, zeros({N, qw}, "out_bf16", DType::BF16), zeros({s.B, s.Hq, s.T}, "lse_bf16", DType::BF16),
+      forward_tensor(cpu_ctx, zeros({N, qw}, "out_bf16", DType::BF16), zeros({s.B, s.Hq, s.T}, "lse_f32", DType::F32),
                      zeros({N, s.stride()}, "qkv_bf16", DType::BF16), s),
       "kernel attention_forward on cpu does not support dtype bf16");
   EXPECT_ERROR_CONTAINS(forward_tensor(gpu, out, lse, qkv, s), fwd, "tensor 'out' is on cpu, the call runs on cuda:0");
@@ -381,10 +381,16 @@ TEST(Attention, TensorApiOnCudaRefusesWhatItLacks) {
                                          {qkv, s.k_offset()}, {qkv, s.v_offset()}, 1, s.Hq, s.Hkv, s.D, s.fused(),
                                          s.fused(), s.scale(), s.T, s.T * s.stride()),
                         "kernel decode_attention has no implementation for cuda:0");
+  // bf16 runs the flash kernels (flash_attention_cuda_test): lse in f32, the instantiated head sizes.
   EXPECT_ERROR_CONTAINS(forward_tensor(gpu, on_gpu({s.T, s.Hq * s.D}, "out16", DType::BF16),
                                        on_gpu({1, s.Hq, s.T}, "lse16", DType::BF16),
                                        on_gpu({s.T, s.stride()}, "qkv16", DType::BF16), s),
-                        "kernel attention_forward on cuda: tensor 'qkv16' holds bf16, expected f32");
+                        "kernel attention_forward: tensor 'lse16' holds bf16, expected f32");
+  EXPECT_ERROR_CONTAINS(forward_tensor(gpu, on_gpu({s.T, s.Hq * s.D}, "out16", DType::BF16),
+                                       on_gpu({1, s.Hq, s.T}, "lse32", DType::F32),
+                                       on_gpu({s.T, s.stride()}, "qkv16", DType::BF16), s),
+                        "kernel attention_forward on cuda: flash attention has kernels for head dims 32, 64, 128, 192 "
+                        "and 192 (qk) / 128 (v), not 8 / 8");
   const AttnShape wide{.B = 1, .T = 3, .Hq = 2, .Hkv = 1, .D = 264};
   EXPECT_ERROR_CONTAINS(forward_tensor(gpu, on_gpu({wide.T, wide.Hq * wide.D}, "wide_out", DType::F32),
                                        on_gpu({1, wide.Hq, wide.T}, "wide_lse", DType::F32),

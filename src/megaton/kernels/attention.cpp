@@ -2,8 +2,10 @@
 
 #include "megaton/kernels/cpu/attention.h"
 #include "megaton/kernels/cpu/decode_attention.h"
+#include "megaton/kernels/flash_attention_plan.h"
 #ifdef MEGATON_WITH_CUDA
 #include "megaton/kernels/cuda/attention.h"
+#include "megaton/kernels/cuda/flash_attention.h"
 #endif
 
 namespace megaton::kernels {
@@ -43,6 +45,25 @@ void expect_kv_heads(std::string_view op, TensorAt kv, const AttentionDims& d, i
   expect_holds(op, kv.t, kv.offset, {{d.B, batch_stride}, {Tk, at.row}, {d.Hkv, at.group}}, width);
 }
 
+bool is_half(DType t) { return t == DType::BF16 || t == DType::F16; }
+
+// lse is kept in f32 for bf16 / f16 attention, in the inputs' dtype otherwise.
+DType lse_dtype(DType t) { return is_half(t) ? DType::F32 : t; }
+
+#ifdef MEGATON_WITH_CUDA
+// Element address of a tensor's element `offset` (2-byte elements), so that one multiple-of-8 check
+// covers the base address's 16-byte alignment and the offset.
+int64_t element_address(const TensorAt& x) {
+  return static_cast<int64_t>(reinterpret_cast<uintptr_t>(x.t.raw()) / 2) + x.offset;
+}
+
+// bf16 / f16 attention on CUDA runs the flash kernels; fails naming the op where they cannot.
+void expect_flash(std::string_view op, DType dtype, const AttentionDims& d, std::initializer_list<int64_t> offsets) {
+  const std::string why = flash_attention_unsupported(dtype, d.D, d.B, d.Hq, d.Hkv, offsets);
+  if (!why.empty()) fail("kernel ", op, " on cuda: ", why);
+}
+#endif
+
 }  // namespace
 
 void attention_forward(const ExecContext& ctx, const Tensor& out, const Tensor& lse, TensorAt q, TensorAt k, TensorAt v,
@@ -59,9 +80,17 @@ void attention_forward(const ExecContext& ctx, const Tensor& out, const Tensor& 
   expect_q_heads(op, q, d, q_at);
   expect_kv_heads(op, k, d, Tk, kv_batch, kv_at, D.qk);
   expect_kv_heads(op, v, d, Tk, kv_batch, kv_at, D.v);
-  expect_dtype(q.t.dtype(), op, {&out, &lse, &k.t, &v.t});
+  expect_dtype(q.t.dtype(), op, {&out, &k.t, &v.t});
+  expect_dtype(lse_dtype(q.t.dtype()), op, {&lse});
   if (ctx.device.is_cuda()) {
 #ifdef MEGATON_WITH_CUDA
+    if (is_half(q.t.dtype())) {
+      expect_flash(op, q.t.dtype(), d,
+                   {element_address(q), element_address(k), element_address(v), element_address(out), q_at.row,
+                    q_at.group, kv_at.row, kv_at.group, kv_batch});
+      return cuda::flash_attention_forward(ctx, out, lse, q, k, v, B, Tlen, Hq, Hkv, D, q_at, kv_at, scale, pos_offset,
+                                           kv_batch);
+    }
     return cuda::attention_forward(ctx, out, lse, q, k, v, B, Tlen, Hq, Hkv, D, q_at, kv_at, scale, pos_offset,
                                    kv_batch);
 #endif
@@ -169,9 +198,18 @@ void attention_backward(const ExecContext& ctx, TensorAt dq, TensorAt dk, Tensor
   for (const TensorAt& t : {q, dq}) expect_q_heads(op, t, d, q_at);
   for (const TensorAt& t : {k, dk}) expect_kv_heads(op, t, d, Tlen, kv_batch, kv_at, D.qk);
   for (const TensorAt& t : {v, dv}) expect_kv_heads(op, t, d, Tlen, kv_batch, kv_at, D.v);
-  expect_dtype(q.t.dtype(), op, {&dq.t, &dk.t, &dv.t, &dout, &out, &lse, &k.t, &v.t});
+  expect_dtype(q.t.dtype(), op, {&dq.t, &dk.t, &dv.t, &dout, &out, &k.t, &v.t});
+  expect_dtype(lse_dtype(q.t.dtype()), op, {&lse});
   if (ctx.device.is_cuda()) {
 #ifdef MEGATON_WITH_CUDA
+    if (is_half(q.t.dtype())) {
+      expect_flash(op, q.t.dtype(), d,
+                   {element_address(q), element_address(k), element_address(v), element_address(dq),
+                    element_address(dk), element_address(dv), element_address(out), element_address(dout), q_at.row,
+                    q_at.group, kv_at.row, kv_at.group});
+      return cuda::flash_attention_backward(ctx, dq, dk, dv, dout, out, lse, q, k, v, B, Tlen, Hq, Hkv, D, q_at,
+                                            kv_at, scale);
+    }
     return cuda::attention_backward(ctx, dq, dk, dv, dout, out, lse, q, k, v, B, Tlen, Hq, Hkv, D, q_at, kv_at, scale);
 #endif
     fail_no_backend(ctx, op);

@@ -1,0 +1,507 @@
+#include "megaton/kernels/cuda/flash_attention.h"
+
+#include <cuda_fp16.h>
+
+#include <type_traits>
+
+#include "megaton/kernels/cuda/elementwise.cuh"
+#include "megaton/kernels/flash_attention_plan.h"
+
+namespace megaton::kernels::cuda {
+
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kQ = kFlashQTile, kKv = kFlashKvTile, kPad = kFlashPad;
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// What differs between bf16 and fp16: packing two floats into one 32-bit register (the lower
+// address in the low half, as a 32-bit load of two elements) and the tensor-core instruction.
+template <typename T>
+struct Half;
+template <>
+struct Half<__nv_bfloat16> {
+  __device__ static uint32_t pack(float lo, float hi) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  }
+  // d += a b over one m16n8k16 tile: a row-major 16x16, b "col" (k-contiguous) 16x8, fp32 d.
+  __device__ static void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+template <>
+struct Half<__half> {
+  __device__ static uint32_t pack(float lo, float hi) {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  }
+  __device__ static void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+template <typename T>
+__device__ __forceinline__ uint32_t word(const T* p) {
+  return *reinterpret_cast<const uint32_t*>(p);
+}
+
+// Fragment layouts of m16n8k16 (PTX ISA), with g = lane / 4 and c = 2 * (lane % 4):
+//   A (16x16): a[0] (row g, cols c, c+1), a[1] (row g+8, c), a[2] (row g, c+8), a[3] (row g+8, c+8);
+//   B (16x8, k x n): b0 (k c, c+1; n g), b1 (k c+8, c+9; n g);
+//   C (16x8): d[0], d[1] (row g, cols c, c+1), d[2], d[3] (row g+8, cols c, c+1).
+// So the C tiles of n-columns 16i..16i+7 and 16i+8..16i+15 are, packed, the A tile of k-columns
+// 16i..16i+15: P and dS go from one product into the next without leaving registers.
+
+// The A tile at (row r0, col c0) of a row-major shared tile with `stride` elements a row.
+template <typename T>
+__device__ __forceinline__ void load_a(uint32_t (&a)[4], const T* tile, int stride, int r0, int c0, int lane) {
+  const T* p = tile + (r0 + lane / 4) * stride + c0 + 2 * (lane % 4);
+  a[0] = word(p);
+  a[1] = word(p + 8 * stride);
+  a[2] = word(p + 8);
+  a[3] = word(p + 8 * stride + 8);
+}
+
+// d += A B for B's column n at row n0 + n of a shared tile that holds B's k along its rows (B^T row-major).
+template <typename T>
+__device__ __forceinline__ void mma_bt(float (&d)[4], const uint32_t (&a)[4], const T* tile, int stride, int n0,
+                                       int k0, int lane) {
+  const T* p = tile + (n0 + lane / 4) * stride + k0 + 2 * (lane % 4);
+  Half<T>::mma(d, a, word(p), word(p + 8));
+}
+
+// Two C tiles (n-columns 16i.. and 16i+8..) as the A tile of k-columns 16i..16i+15.
+template <typename T>
+__device__ __forceinline__ void pack_a(uint32_t (&a)[4], const float (&lo)[4], const float (&hi)[4]) {
+  a[0] = Half<T>::pack(lo[0], lo[1]);
+  a[1] = Half<T>::pack(lo[2], lo[3]);
+  a[2] = Half<T>::pack(hi[0], hi[1]);
+  a[3] = Half<T>::pack(hi[2], hi[3]);
+}
+
+__device__ __forceinline__ float quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+// Copies a ROWS x COLS tile, row r read from src(r) (nullptr: a row of zeros), into shared memory
+// row-major (dst, COLS + kPad a row) and / or transposed (dst_t[c][r], ROWS + kPad a row), as
+// 16-byte vectors.
+template <typename T, int ROWS, int COLS, typename Src>
+__device__ __forceinline__ void stage(T* dst, T* dst_t, Src src) {
+  constexpr int kVec = 8, kPerRow = COLS / kVec;
+  for (int i = threadIdx.x; i < ROWS * kPerRow; i += kThreads) {
+    const int r = i / kPerRow, c = i % kPerRow * kVec;
+    const T* p = src(r);
+    const uint4 v = p ? *reinterpret_cast<const uint4*>(p + c) : make_uint4(0, 0, 0, 0);
+    if (dst) *reinterpret_cast<uint4*>(dst + r * (COLS + kPad) + c) = v;
+    if (dst_t) {
+      const T* e = reinterpret_cast<const T*>(&v);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) dst_t[(c + j) * (ROWS + kPad) + r] = e[j];
+    }
+  }
+}
+
+struct Params {
+  const void *q, *k, *v, *dout;
+  void *out, *dq, *dk, *dv;
+  float* lse;
+  const float* delta;
+  int64_t Tlen, Tk, Hq, Hkv;
+  HeadStrides q_at, kv_at;
+  int64_t kv_batch, pos_offset;
+  float scale, scale_log2;  // softmax scale, and times log2(e): the kernels exponentiate base 2
+  int dqk, dv_dim;
+  __device__ int64_t group_size() const { return Hq / Hkv; }
+  __device__ int64_t q_index(int64_t b, int64_t t, int64_t h) const {
+    return (b * Tlen + t) * q_at.row + h / group_size() * q_at.group + h % group_size() * dqk;
+  }
+  __device__ int64_t kv_index(int64_t b, int64_t j, int64_t g) const {
+    return b * kv_batch + j * kv_at.row + g * kv_at.group;
+  }
+  __device__ int64_t out_index(int64_t b, int64_t t, int64_t h) const { return ((b * Tlen + t) * Hq + h) * dv_dim; }
+  __device__ int64_t lse_index(int64_t b, int64_t t, int64_t h) const { return (b * Hq + h) * Tlen + t; }
+};
+
+// Forward: block (query tile, head h, batch row b), warp w owns query rows q0 + 16w .. +15.
+template <typename T, int DQK, int DV>
+__global__ void __launch_bounds__(kThreads) forward_kernel(Params p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* ks = reinterpret_cast<T*>(smem);  // [kKv][DQK + kPad]
+  T* vt = ks + kKv * (DQK + kPad);      // [DV][kKv + kPad]
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = 2 * (lane % 4);
+  const int64_t b = blockIdx.z, h = blockIdx.y, grp = h / p.group_size();
+  const int64_t q0 = (gridDim.x - 1 - blockIdx.x) * int64_t{kQ};  // the longest causal rows first
+  const int64_t r0 = q0 + 16 * warp;
+  const T* q = static_cast<const T*>(p.q);
+  const T* k = static_cast<const T*>(p.k);
+  const T* v = static_cast<const T*>(p.v);
+
+  uint32_t qa[DQK / 16][4];  // this warp's 16 query rows, as A tiles; rows past Tlen are zeros
+#pragma unroll
+  for (int kc = 0; kc < DQK / 16; ++kc)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int64_t row = r0 + g + (i & 1) * 8;
+      qa[kc][i] = row < p.Tlen ? word(q + p.q_index(b, row, h) + kc * 16 + c + (i >> 1) * 8) : 0u;
+    }
+  float o[DV / 8][4] = {};
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows g and g + 8, base 2
+  const int64_t last_row = min(q0 + kQ, p.Tlen) - 1;
+  const int64_t key_end = min(p.Tk, p.pos_offset + last_row + 1);
+  for (int64_t k0 = 0; k0 < key_end; k0 += kKv) {
+    __syncthreads();  // the previous tile is consumed
+    stage<T, kKv, DQK>(ks, nullptr, [&](int r) { return k0 + r < p.Tk ? k + p.kv_index(b, k0 + r, grp) : nullptr; });
+    stage<T, kKv, DV>(nullptr, vt, [&](int r) { return k0 + r < p.Tk ? v + p.kv_index(b, k0 + r, grp) : nullptr; });
+    __syncthreads();
+    float s[kKv / 8][4] = {};
+#pragma unroll
+    for (int nt = 0; nt < kKv / 8; ++nt)
+#pragma unroll
+      for (int kc = 0; kc < DQK / 16; ++kc) mma_bt(s[nt], qa[kc], ks, DQK + kPad, nt * 8, kc * 16, lane);
+    float mx[2] = {m[0], m[1]};
+#pragma unroll
+    for (int nt = 0; nt < kKv / 8; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int64_t row = r0 + g + (i >> 1) * 8, key = k0 + nt * 8 + c + (i & 1);
+        s[nt][i] = key <= p.pos_offset + row && key < p.Tk ? s[nt][i] * p.scale_log2 : -INFINITY;
+        mx[i >> 1] = fmaxf(mx[i >> 1], s[nt][i]);
+      }
+    float base[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = quad_max(mx[r]);
+      base[r] = mx[r] == -INFINITY ? 0.0f : mx[r];  // a row that has seen no key yet stays at zero
+      const float correction = exp2f(m[r] - base[r]);
+      m[r] = mx[r];
+      l[r] *= correction;
+#pragma unroll
+      for (int dn = 0; dn < DV / 8; ++dn) {
+        o[dn][2 * r] *= correction;
+        o[dn][2 * r + 1] *= correction;
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < kKv / 8; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        s[nt][i] = exp2f(s[nt][i] - base[i >> 1]);
+        l[i >> 1] += s[nt][i];
+      }
+#pragma unroll
+    for (int kc = 0; kc < kKv / 16; ++kc) {
+      uint32_t pa[4];
+      pack_a<T>(pa, s[2 * kc], s[2 * kc + 1]);
+#pragma unroll
+      for (int dn = 0; dn < DV / 8; ++dn) mma_bt(o[dn], pa, vt, kKv + kPad, dn * 8, kc * 16, lane);
+    }
+  }
+  T* out = static_cast<T*>(p.out);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t row = r0 + g + 8 * r;
+    const float sum = quad_sum(l[r]);
+    if (row >= p.Tlen) continue;
+    T* orow = out + p.out_index(b, row, h);
+#pragma unroll
+    for (int dn = 0; dn < DV / 8; ++dn)
+      *reinterpret_cast<uint32_t*>(orow + dn * 8 + c) = Half<T>::pack(o[dn][2 * r] / sum, o[dn][2 * r + 1] / sum);
+    if (c == 0) p.lse[p.lse_index(b, row, h)] = (m[r] + log2f(sum)) * kLn2;
+  }
+}
+
+// delta[b, h, t] = sum_d dout * out, the softmax backward's row term: one warp per output row.
+template <typename T>
+__global__ void delta_kernel(float* delta, const T* out, const T* dout, int64_t B, int64_t Tlen, int64_t Hq, int Dv) {
+  const int lane = threadIdx.x % 32;
+  const int64_t w = blockIdx.x * int64_t{kWarps} + threadIdx.x / 32;  // (b * Tlen + t) * Hq + h
+  if (w >= B * Tlen * Hq) return;
+  float s = 0.0f;
+  for (int d = lane; d < Dv; d += 32) s += static_cast<float>(out[w * Dv + d]) * static_cast<float>(dout[w * Dv + d]);
+  for (int offset = 16; offset > 0; offset >>= 1) s += __shfl_xor_sync(0xffffffffu, s, offset);
+  const int64_t h = w % Hq, t = w / Hq % Tlen, b = w / Hq / Tlen;
+  if (lane == 0) delta[(b * Hq + h) * Tlen + t] = s;
+}
+
+// dq of 64 query rows: dq = scale * sum over key tiles of dS K, dS = P (dO V^T - delta).
+template <typename T, int DQK, int DV>
+__global__ void __launch_bounds__(kThreads) dq_kernel(Params p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* qs = reinterpret_cast<T*>(smem);  // [kQ][DQK + kPad]
+  T* dos = qs + kQ * (DQK + kPad);      // [kQ][DV + kPad]
+  T* ks = dos + kQ * (DV + kPad);       // [kKv][DQK + kPad]
+  T* vs = ks + kKv * (DQK + kPad);      // [kKv][DV + kPad]
+  T* kt = vs + kKv * (DV + kPad);       // [DQK][kKv + kPad]
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = 2 * (lane % 4);
+  const int64_t b = blockIdx.z, h = blockIdx.y, grp = h / p.group_size();
+  const int64_t q0 = (gridDim.x - 1 - blockIdx.x) * int64_t{kQ};
+  const T* q = static_cast<const T*>(p.q);
+  const T* k = static_cast<const T*>(p.k);
+  const T* v = static_cast<const T*>(p.v);
+  const T* dout = static_cast<const T*>(p.dout);
+  stage<T, kQ, DQK>(qs, nullptr, [&](int r) { return q0 + r < p.Tlen ? q + p.q_index(b, q0 + r, h) : nullptr; });
+  stage<T, kQ, DV>(dos, nullptr, [&](int r) { return q0 + r < p.Tlen ? dout + p.out_index(b, q0 + r, h) : nullptr; });
+  float lse2[2], delta[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t row = q0 + 16 * warp + g + 8 * r;
+    lse2[r] = row < p.Tlen ? p.lse[p.lse_index(b, row, h)] * kLog2e : 0.0f;
+    delta[r] = row < p.Tlen ? p.delta[p.lse_index(b, row, h)] : 0.0f;
+  }
+  float dq[DQK / 8][4] = {};
+  const int64_t key_end = min(q0 + kQ, p.Tlen);
+  for (int64_t k0 = 0; k0 < key_end; k0 += kKv) {
+    __syncthreads();
+    stage<T, kKv, DQK>(ks, kt, [&](int r) { return k0 + r < p.Tlen ? k + p.kv_index(b, k0 + r, grp) : nullptr; });
+    stage<T, kKv, DV>(vs, nullptr, [&](int r) { return k0 + r < p.Tlen ? v + p.kv_index(b, k0 + r, grp) : nullptr; });
+    __syncthreads();
+    float s[kKv / 8][4] = {}, dp[kKv / 8][4] = {};
+#pragma unroll
+    for (int kc = 0; kc < DQK / 16; ++kc) {
+      uint32_t a[4];
+      load_a(a, qs, DQK + kPad, 16 * warp, kc * 16, lane);
+#pragma unroll
+      for (int nt = 0; nt < kKv / 8; ++nt) mma_bt(s[nt], a, ks, DQK + kPad, nt * 8, kc * 16, lane);
+    }
+#pragma unroll
+    for (int kc = 0; kc < DV / 16; ++kc) {
+      uint32_t a[4];
+      load_a(a, dos, DV + kPad, 16 * warp, kc * 16, lane);
+#pragma unroll
+      for (int nt = 0; nt < kKv / 8; ++nt) mma_bt(dp[nt], a, vs, DV + kPad, nt * 8, kc * 16, lane);
+    }
+#pragma unroll
+    for (int nt = 0; nt < kKv / 8; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int r = i >> 1;
+        const int64_t row = q0 + 16 * warp + g + 8 * r, key = k0 + nt * 8 + c + (i & 1);
+        const float prob = key <= row && row < p.Tlen ? exp2f(s[nt][i] * p.scale_log2 - lse2[r]) : 0.0f;
+        s[nt][i] = prob * (dp[nt][i] - delta[r]);  // dS
+      }
+#pragma unroll
+    for (int kc = 0; kc < kKv / 16; ++kc) {
+      uint32_t a[4];
+      pack_a<T>(a, s[2 * kc], s[2 * kc + 1]);
+#pragma unroll
+      for (int dn = 0; dn < DQK / 8; ++dn) mma_bt(dq[dn], a, kt, kKv + kPad, dn * 8, kc * 16, lane);
+    }
+  }
+  T* dq_out = static_cast<T*>(p.dq);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t row = q0 + 16 * warp + g + 8 * r;
+    if (row >= p.Tlen) continue;
+    T* d = dq_out + p.q_index(b, row, h);
+#pragma unroll
+    for (int dn = 0; dn < DQK / 8; ++dn)
+      *reinterpret_cast<uint32_t*>(d + dn * 8 + c) =
+          Half<T>::pack(p.scale * dq[dn][2 * r], p.scale * dq[dn][2 * r + 1]);
+  }
+}
+
+// dk and dv of 64 keys of kv head grp (16 per warp), summed over the group's query heads and the
+// query rows at or after each key, KQ rows a step. Works on transposes: S^T = K Q^T, dP^T = V dO^T,
+// dv += P^T dO, dk += dS^T Q, so each warp's 16 keys are the rows of every product.
+template <typename T, int DQK, int DV, int KQ>
+__global__ void __launch_bounds__(kThreads) dkv_kernel(Params p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* ks = reinterpret_cast<T*>(smem);  // [kKv][DQK + kPad]
+  T* vs = ks + kKv * (DQK + kPad);      // [kKv][DV + kPad]
+  T* qs = vs + kKv * (DV + kPad);       // [KQ][DQK + kPad]
+  T* dos = qs + KQ * (DQK + kPad);      // [KQ][DV + kPad]
+  T* qt = dos + KQ * (DV + kPad);       // [DQK][KQ + kPad]
+  T* dot = qt + DQK * (KQ + kPad);      // [DV][KQ + kPad]
+  float* lse2 = reinterpret_cast<float*>(dot + DV * (KQ + kPad));  // [KQ]
+  float* delta = lse2 + KQ;                                          // [KQ]
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = 2 * (lane % 4);
+  const int64_t b = blockIdx.z, grp = blockIdx.y, k0 = blockIdx.x * int64_t{kKv};
+  const T* q = static_cast<const T*>(p.q);
+  const T* k = static_cast<const T*>(p.k);
+  const T* v = static_cast<const T*>(p.v);
+  const T* dout = static_cast<const T*>(p.dout);
+  stage<T, kKv, DQK>(ks, nullptr, [&](int r) { return k0 + r < p.Tlen ? k + p.kv_index(b, k0 + r, grp) : nullptr; });
+  stage<T, kKv, DV>(vs, nullptr, [&](int r) { return k0 + r < p.Tlen ? v + p.kv_index(b, k0 + r, grp) : nullptr; });
+  float dk[DQK / 8][4] = {}, dv[DV / 8][4] = {};
+  for (int64_t h = grp * p.group_size(); h < (grp + 1) * p.group_size(); ++h)
+    for (int64_t t0 = k0; t0 < p.Tlen; t0 += KQ) {
+      __syncthreads();
+      stage<T, KQ, DQK>(qs, qt, [&](int r) { return t0 + r < p.Tlen ? q + p.q_index(b, t0 + r, h) : nullptr; });
+      stage<T, KQ, DV>(dos, dot, [&](int r) { return t0 + r < p.Tlen ? dout + p.out_index(b, t0 + r, h) : nullptr; });
+      if (threadIdx.x < KQ) {
+        const int64_t row = t0 + threadIdx.x;
+        lse2[threadIdx.x] = row < p.Tlen ? p.lse[p.lse_index(b, row, h)] * kLog2e : 0.0f;
+        delta[threadIdx.x] = row < p.Tlen ? p.delta[p.lse_index(b, row, h)] : 0.0f;
+      }
+      __syncthreads();
+      float st[KQ / 8][4] = {}, dpt[KQ / 8][4] = {};
+#pragma unroll
+      for (int kc = 0; kc < DQK / 16; ++kc) {
+        uint32_t a[4];
+        load_a(a, ks, DQK + kPad, 16 * warp, kc * 16, lane);
+#pragma unroll
+        for (int nt = 0; nt < KQ / 8; ++nt) mma_bt(st[nt], a, qs, DQK + kPad, nt * 8, kc * 16, lane);
+      }
+#pragma unroll
+      for (int kc = 0; kc < DV / 16; ++kc) {
+        uint32_t a[4];
+        load_a(a, vs, DV + kPad, 16 * warp, kc * 16, lane);
+#pragma unroll
+        for (int nt = 0; nt < KQ / 8; ++nt) mma_bt(dpt[nt], a, dos, DV + kPad, nt * 8, kc * 16, lane);
+      }
+#pragma unroll
+      for (int nt = 0; nt < KQ / 8; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int col = nt * 8 + c + (i & 1);
+          const int64_t key = k0 + 16 * warp + g + (i >> 1) * 8, row = t0 + col;
+          const float prob = row >= key && row < p.Tlen ? exp2f(st[nt][i] * p.scale_log2 - lse2[col]) : 0.0f;
+          st[nt][i] = prob;
+          dpt[nt][i] = prob * (dpt[nt][i] - delta[col]);  // dS^T
+        }
+#pragma unroll
+      for (int kc = 0; kc < KQ / 16; ++kc) {
+        uint32_t pa[4], da[4];
+        pack_a<T>(pa, st[2 * kc], st[2 * kc + 1]);
+        pack_a<T>(da, dpt[2 * kc], dpt[2 * kc + 1]);
+#pragma unroll
+        for (int dn = 0; dn < DV / 8; ++dn) mma_bt(dv[dn], pa, dot, KQ + kPad, dn * 8, kc * 16, lane);
+#pragma unroll
+        for (int dn = 0; dn < DQK / 8; ++dn) mma_bt(dk[dn], da, qt, KQ + kPad, dn * 8, kc * 16, lane);
+      }
+    }
+  T* dk_out = static_cast<T*>(p.dk);
+  T* dv_out = static_cast<T*>(p.dv);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t key = k0 + 16 * warp + g + 8 * r;
+    if (key >= p.Tlen) continue;
+    T* dkr = dk_out + p.kv_index(b, key, grp);
+    T* dvr = dv_out + p.kv_index(b, key, grp);
+#pragma unroll
+    for (int dn = 0; dn < DQK / 8; ++dn)
+      *reinterpret_cast<uint32_t*>(dkr + dn * 8 + c) =
+          Half<T>::pack(p.scale * dk[dn][2 * r], p.scale * dk[dn][2 * r + 1]);
+#pragma unroll
+    for (int dn = 0; dn < DV / 8; ++dn)
+      *reinterpret_cast<uint32_t*>(dvr + dn * 8 + c) = Half<T>::pack(dv[dn][2 * r], dv[dn][2 * r + 1]);
+  }
+}
+
+template <int V>
+using Int = std::integral_constant<int, V>;
+
+// Calls f(T{}, Int<DQK>{}, Int<DV>{}) for the tensors' dtype and the instantiated head sizes
+// (flash_attention_unsupported() has already refused the rest).
+template <typename F>
+void dispatch(DType dtype, HeadDim D, F&& f) {
+  const auto dims = [&](auto t) {
+    if (D.qk == 32) return f(t, Int<32>{}, Int<32>{});
+    if (D.qk == 64) return f(t, Int<64>{}, Int<64>{});
+    if (D.qk == 128) return f(t, Int<128>{}, Int<128>{});
+    if (D.v == 128) return f(t, Int<192>{}, Int<128>{});
+    return f(t, Int<192>{}, Int<192>{});
+  };
+  if (dtype == DType::BF16) return dims(__nv_bfloat16{});
+  return dims(__half{});
+}
+
+// Launches `kernel` with `smem` bytes of dynamic shared memory (opted into past the default 48 KiB).
+template <typename Kernel>
+void launch(const ExecContext& ctx, Kernel kernel, dim3 grid, size_t smem, const Params& p) {
+  MEGATON_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  kernel<<<grid, kThreads, smem, detail::stream_of(ctx)>>>(p);
+  MEGATON_CUDA_LAUNCH_CHECK();
+}
+
+void* at(const TensorAt& x) { return static_cast<char*>(x.t.raw()) + x.offset * dtype_size(x.t.dtype()); }
+
+Params make_params(TensorAt q, TensorAt k, TensorAt v, int64_t Tlen, int64_t Tk, int64_t Hq, int64_t Hkv, HeadDim D,
+                   HeadStrides q_at, HeadStrides kv_at, double scale, int64_t pos_offset, int64_t kv_batch) {
+  Params p{};
+  p.q = at(q);
+  p.k = at(k);
+  p.v = at(v);
+  p.Tlen = Tlen;
+  p.Tk = Tk;
+  p.Hq = Hq;
+  p.Hkv = Hkv;
+  p.q_at = q_at;
+  p.kv_at = kv_at;
+  p.kv_batch = kv_batch;
+  p.pos_offset = pos_offset;
+  p.scale = static_cast<float>(scale);
+  p.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
+  p.dqk = static_cast<int>(D.qk);
+  p.dv_dim = static_cast<int>(D.v);
+  return p;
+}
+
+}  // namespace
+
+void flash_attention_forward(const ExecContext& ctx, const Tensor& out, const Tensor& lse, TensorAt q, TensorAt k,
+                             TensorAt v, int64_t B, int64_t Tlen, int64_t Hq, int64_t Hkv, HeadDim D,
+                             HeadStrides q_at, HeadStrides kv_at, double scale, int64_t pos_offset,
+                             int64_t kv_batch_stride) {
+  MEGATON_CUDA_CHECK(cudaSetDevice(ctx.device.index));
+  if (B == 0 || Tlen == 0) return;
+  const int64_t Tk = pos_offset + Tlen;
+  const FlashAttentionPlan plan = flash_attention_plan(D, Tlen, Tk);
+  Params p = make_params(q, k, v, Tlen, Tk, Hq, Hkv, D, q_at, kv_at, scale, pos_offset, kv_batch_stride);
+  p.out = out.raw();
+  p.lse = static_cast<float*>(lse.raw());
+  const dim3 grid(detail::grid_blocks(plan.q_blocks, "attention_forward"), static_cast<unsigned>(Hq),
+                  static_cast<unsigned>(B));
+  dispatch(q.t.dtype(), D, [&]<typename T, int DQK, int DV>(T, Int<DQK>, Int<DV>) {
+    launch(ctx, forward_kernel<T, DQK, DV>, grid, plan.forward_smem, p);
+  });
+}
+
+void flash_attention_backward(const ExecContext& ctx, TensorAt dq, TensorAt dk, TensorAt dv, const Tensor& dout,
+                              const Tensor& out, const Tensor& lse, TensorAt q, TensorAt k, TensorAt v, int64_t B,
+                              int64_t Tlen, int64_t Hq, int64_t Hkv, HeadDim D, HeadStrides q_at, HeadStrides kv_at,
+                              double scale) {
+  MEGATON_CUDA_CHECK(cudaSetDevice(ctx.device.index));
+  if (B == 0 || Tlen == 0) return;
+  const FlashAttentionPlan plan = flash_attention_plan(D, Tlen, Tlen);
+  Tensor delta = Tensor::empty({B * Hq, Tlen}, DType::F32, MemCategory::Workspace, "attention_delta", ctx.device);
+  Params p = make_params(q, k, v, Tlen, Tlen, Hq, Hkv, D, q_at, kv_at, scale, 0, Tlen * kv_at.row);
+  p.dout = dout.raw();
+  p.dq = at(dq);
+  p.dk = at(dk);
+  p.dv = at(dv);
+  p.lse = static_cast<float*>(lse.raw());
+  p.delta = static_cast<const float*>(delta.raw());
+  const dim3 q_grid(detail::grid_blocks(plan.q_blocks, "attention_backward"), static_cast<unsigned>(Hq),
+                    static_cast<unsigned>(B));
+  const dim3 kv_grid(detail::grid_blocks(plan.kv_blocks, "attention_backward"), static_cast<unsigned>(Hkv),
+                     static_cast<unsigned>(B));
+  const int64_t rows = B * Tlen * Hq;
+  dispatch(q.t.dtype(), D, [&]<typename T, int DQK, int DV>(T, Int<DQK>, Int<DV>) {
+    delta_kernel<<<detail::grid_blocks((rows + kWarps - 1) / kWarps, "attention_backward"), kThreads, 0,
+                   detail::stream_of(ctx)>>>(static_cast<float*>(delta.raw()), static_cast<const T*>(out.raw()),
+                                             static_cast<const T*>(dout.raw()), B, Tlen, Hq, DV);
+    MEGATON_CUDA_LAUNCH_CHECK();
+    launch(ctx, dq_kernel<T, DQK, DV>, q_grid, plan.dq_smem, p);
+    launch(ctx, dkv_kernel<T, DQK, DV, flash_kv_q_tile(DQK, DV)>, kv_grid, plan.dkv_smem, p);
+  });
+}
+
+}  // namespace megaton::kernels::cuda
