@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU checks, as one call for the session's device machine (an H200): every CUDA test (they
 # skip visibly without a device, so here a skip is a failure) plain and under compute-sanitizer, then
-# the per-shape GEMM benchmark in bf16 and f32 next to PyTorch on the same device, and the FP8 GEMMs
-# (per-tensor and blockwise) next to bf16 on llama3-1b's shapes. Logs and JSON go under $OUT when set; the table
+# the per-shape GEMM benchmark in bf16 and f32 next to PyTorch on the same device, the FP8 GEMMs
+# (per-tensor and blockwise) next to bf16 on llama3-1b's shapes, and the flash attention next to
+# PyTorch's SDPA (FlashAttention-2, cuDNN, memory-efficient). Logs and JSON go under $OUT when set; the table
 # comes last.
 #
 # The device's image has CUDA, cmake and PyTorch but not the Debian packages Megaton links
@@ -84,6 +85,18 @@ for recipe in fp8-tensorwise fp8-blockwise; do
     tables+=$'\n'"== llama3-1b $recipe vs bf16, 8192 tokens"$'\n'"$(grep -v '^cpu:' "$out/$name.txt")"
   else
     echo "$name FAILED:"; tail -5 "$out/$name.txt"; status=1
+  fi
+done
+# The flash attention kernels (bf16, causal) next to PyTorch's SDPA backends on the same shapes.
+for spec in "gpt2-124m 8 1024" "llama3-8b 2 4096" "deepseek-v3-671b 1 4096"; do
+  set -- $spec
+  name="attention_$1"
+  if $bin/megaton bench --attention --device cuda --dtype bf16 --model "$1" --batch "$2" --seq-len "$3" --steps 10 \
+      --json > "$out/$name.jsonl" 2> "$out/$name.err" &&
+     python3 -W ignore bench/torch_attention_compare.py < "$out/$name.jsonl" > "$out/$name.txt" 2>> "$out/$name.err"; then
+    tables+=$'\n'"== attention $1, batch $2 x $3"$'\n'"$(cat "$out/$name.txt")"
+  else
+    echo "$name FAILED:"; cat "$out/$name.err" "$out/$name.txt" 2>/dev/null | tail -5; status=1
   fi
 done
 echo "$tables"

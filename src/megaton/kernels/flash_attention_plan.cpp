@@ -46,14 +46,13 @@ FlashAttentionPlan flash_attention_plan(HeadDim D, int64_t Tlen, int64_t Tk) {
   p.dv = static_cast<int>(D.v);
   p.kv_q_tile = flash_kv_q_tile(D.qk, D.v);
   const int64_t q = kFlashQTile, kv = kFlashKvTile, kq = p.kv_q_tile;
-  // Forward: K row-major (S = Q K^T) and V transposed (O += P V).
-  p.forward_smem = tile_bytes(kv, D.qk) + tile_bytes(D.v, kv);
-  // dq: Q and dO row-major (A operands), K and V row-major (S, dP), K transposed (dq += dS K).
-  p.dq_smem = tile_bytes(q, D.qk) + tile_bytes(q, D.v) + tile_bytes(kv, D.qk) + tile_bytes(kv, D.v) + tile_bytes(D.qk, kv);
-  // dk / dv: K and V row-major (A operands); Q and dO row-major (S^T, dP^T) and transposed (dk += dS^T Q,
-  // dv += P^T dO); lse and delta of the step's query rows as floats.
-  p.dkv_smem = tile_bytes(kv, D.qk) + tile_bytes(kv, D.v) + tile_bytes(kq, D.qk) + tile_bytes(kq, D.v) +
-               tile_bytes(D.qk, kq) + tile_bytes(D.v, kq) + 2 * static_cast<size_t>(kq) * sizeof(float);
+  // Forward: K and V tiles, double-buffered (the next loads while this one is multiplied).
+  p.forward_smem = 2 * (tile_bytes(kv, D.qk) + tile_bytes(kv, D.v));
+  // dq: this block's Q and dO, and double-buffered K and V tiles.
+  p.dq_smem = tile_bytes(q, D.qk) + tile_bytes(q, D.v) + 2 * (tile_bytes(kv, D.qk) + tile_bytes(kv, D.v));
+  // dk / dv: this block's K and V, and double-buffered Q and dO tiles with their rows' lse and delta (floats).
+  p.dkv_smem = tile_bytes(kv, D.qk) + tile_bytes(kv, D.v) +
+               2 * (tile_bytes(kq, D.qk) + tile_bytes(kq, D.v) + 2 * static_cast<size_t>(kq) * sizeof(float));
   p.q_blocks = (Tlen + q - 1) / q;
   p.kv_blocks = (Tk + kv - 1) / kv;
   return p;

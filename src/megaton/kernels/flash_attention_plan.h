@@ -7,9 +7,9 @@
 // tiles of 64 up to the causal limit with an online softmax; lse is kept in f32. Backward is
 // deterministic, without atomics: one kernel per 64 query rows computes dq (S and dP recomputed),
 // one per 64 keys of a kv head computes dk and dv summed over the group's query heads (GQA).
-// Tiles are staged through shared memory as loaded (row-major) and, where an operand must be
-// contiguous along the other axis, transposed; rows are padded by 8 elements so that a warp's
-// fragment loads hit 32 different banks.
+// Tiles are staged row-major in shared memory by cp.async, the streamed ones double-buffered, and
+// read into fragments by ldmatrix (transposing where an operand runs along the other axis); rows
+// are padded by 8 elements so that the 8 rows of an 8x8 matrix fall in different banks.
 #pragma once
 #include <cstddef>
 #include <cstdint>

@@ -29,7 +29,7 @@ struct Half<__nv_bfloat16> {
   }
   // d += a b over one m16n8k16 tile: a row-major 16x16, b "col" (k-contiguous) 16x8, fp32 d.
   __device__ static void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile(
+    asm(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
         "{%0,%1,%2,%3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
@@ -43,7 +43,7 @@ struct Half<__half> {
     return *reinterpret_cast<const uint32_t*>(&v);
   }
   __device__ static void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile(
+    asm(
         "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
         "{%0,%1,%2,%3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
@@ -56,6 +56,24 @@ __device__ __forceinline__ uint32_t word(const T* p) {
   return *reinterpret_cast<const uint32_t*>(p);
 }
 
+__device__ __forceinline__ uint32_t shared_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Four 8x8 matrices of 16-bit elements from shared memory, lane l giving the address of a row of
+// matrix l / 8; register i holds matrix i, thread t its row t / 4, columns 2 (t % 4) and + 1
+// (with .trans the matrix transposed: column t / 4, rows 2 (t % 4) and + 1).
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(shared_address(row)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(shared_address(row)));
+}
+
 // Fragment layouts of m16n8k16 (PTX ISA), with g = lane / 4 and c = 2 * (lane % 4):
 //   A (16x16): a[0] (row g, cols c, c+1), a[1] (row g+8, c), a[2] (row g, c+8), a[3] (row g+8, c+8);
 //   B (16x8, k x n): b0 (k c, c+1; n g), b1 (k c+8, c+9; n g);
@@ -63,22 +81,33 @@ __device__ __forceinline__ uint32_t word(const T* p) {
 // So the C tiles of n-columns 16i..16i+7 and 16i+8..16i+15 are, packed, the A tile of k-columns
 // 16i..16i+15: P and dS go from one product into the next without leaving registers.
 
-// The A tile at (row r0, col c0) of a row-major shared tile with `stride` elements a row.
+// The A tile at (row r0, col c0) of a row-major shared tile with `stride` elements a row: the four
+// 8x8 quarters in a[0..3]'s order (rows 0-7 / 8-15 by lane % 16, columns 0-7 / 8-15 by lane / 16).
 template <typename T>
 __device__ __forceinline__ void load_a(uint32_t (&a)[4], const T* tile, int stride, int r0, int c0, int lane) {
-  const T* p = tile + (r0 + lane / 4) * stride + c0 + 2 * (lane % 4);
-  a[0] = word(p);
-  a[1] = word(p + 8 * stride);
-  a[2] = word(p + 8);
-  a[3] = word(p + 8 * stride + 8);
+  ldmatrix_x4(a, tile + (r0 + lane % 16) * stride + c0 + lane / 16 * 8);
 }
 
-// d += A B for B's column n at row n0 + n of a shared tile that holds B's k along its rows (B^T row-major).
+// d0 += A B and d1 += A B' for the n-tiles at n0 and n0 + 8, B's k from k0, out of a shared tile that
+// holds B transposed ([n][k], k contiguous: K for Q K^T, Q for K Q^T, ...).
 template <typename T>
-__device__ __forceinline__ void mma_bt(float (&d)[4], const uint32_t (&a)[4], const T* tile, int stride, int n0,
-                                       int k0, int lane) {
-  const T* p = tile + (n0 + lane / 4) * stride + k0 + 2 * (lane % 4);
-  Half<T>::mma(d, a, word(p), word(p + 8));
+__device__ __forceinline__ void mma_nk(float (&d0)[4], float (&d1)[4], const uint32_t (&a)[4], const T* tile,
+                                       int stride, int n0, int k0, int lane) {
+  uint32_t b[4];  // (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7), (n 8-15, k 8-15)
+  ldmatrix_x4(b, tile + (n0 + lane % 8 + lane / 16 * 8) * stride + k0 + lane / 8 % 2 * 8);
+  Half<T>::mma(d0, a, b[0], b[1]);
+  Half<T>::mma(d1, a, b[2], b[3]);
+}
+
+// The same for a shared tile that holds B as it is ([k][n], n contiguous: V for P V, K for dS K, ...),
+// read transposed by ldmatrix.
+template <typename T>
+__device__ __forceinline__ void mma_kn(float (&d0)[4], float (&d1)[4], const uint32_t (&a)[4], const T* tile,
+                                       int stride, int k0, int n0, int lane) {
+  uint32_t b[4];  // (k 0-7, n 0-7), (k 8-15, n 0-7), (k 0-7, n 8-15), (k 8-15, n 8-15), transposed
+  ldmatrix_x4_trans(b, tile + (k0 + lane % 8 + lane / 8 % 2 * 8) * stride + n0 + lane / 16 * 8);
+  Half<T>::mma(d0, a, b[0], b[1]);
+  Half<T>::mma(d1, a, b[2], b[3]);
 }
 
 // Two C tiles (n-columns 16i.. and 16i+8..) as the A tile of k-columns 16i..16i+15.
@@ -99,23 +128,24 @@ __device__ __forceinline__ float quad_sum(float v) {
   return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
-// Copies a ROWS x COLS tile, row r read from src(r) (nullptr: a row of zeros), into shared memory
-// row-major (dst, COLS + kPad a row) and / or transposed (dst_t[c][r], ROWS + kPad a row), as
-// 16-byte vectors.
+// Starts copying a ROWS x COLS tile into shared memory (row-major, COLS + kPad a row) as 16-byte
+// cp.async transfers; row r comes from src(r), or is zeros where src(r) is nullptr (a zero-byte
+// source; `any` is some valid address for it). Completes with cp_async_wait.
 template <typename T, int ROWS, int COLS, typename Src>
-__device__ __forceinline__ void stage(T* dst, T* dst_t, Src src) {
+__device__ __forceinline__ void stage(T* dst, const T* any, Src src) {
   constexpr int kVec = 8, kPerRow = COLS / kVec;
   for (int i = threadIdx.x; i < ROWS * kPerRow; i += kThreads) {
     const int r = i / kPerRow, c = i % kPerRow * kVec;
     const T* p = src(r);
-    const uint4 v = p ? *reinterpret_cast<const uint4*>(p + c) : make_uint4(0, 0, 0, 0);
-    if (dst) *reinterpret_cast<uint4*>(dst + r * (COLS + kPad) + c) = v;
-    if (dst_t) {
-      const T* e = reinterpret_cast<const T*>(&v);
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) dst_t[(c + j) * (ROWS + kPad) + r] = e[j];
-    }
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(dst + r * (COLS + kPad) + c)),
+                 "l"(p ? p + c : any), "r"(p ? 16 : 0));
   }
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+// Waits until at most `pending` committed groups are still in flight (this thread's copies).
+template <int pending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(pending) : "memory");
 }
 
 struct Params {
@@ -139,12 +169,14 @@ struct Params {
   __device__ int64_t lse_index(int64_t b, int64_t t, int64_t h) const { return (b * Hq + h) * Tlen + t; }
 };
 
-// Forward: block (query tile, head h, batch row b), warp w owns query rows q0 + 16w .. +15.
+// Forward: block (query tile, head h, batch row b), warp w owns query rows q0 + 16w .. +15. The K and
+// V tiles are double-buffered: the next one loads (cp.async) while this one is multiplied.
 template <typename T, int DQK, int DV>
 __global__ void __launch_bounds__(kThreads) forward_kernel(Params p) {
   extern __shared__ __align__(16) unsigned char smem[];
-  T* ks = reinterpret_cast<T*>(smem);  // [kKv][DQK + kPad]
-  T* vt = ks + kKv * (DQK + kPad);      // [DV][kKv + kPad]
+  constexpr int kKs = kKv * (DQK + kPad), kVs = kKv * (DV + kPad);
+  T* ks = reinterpret_cast<T*>(smem);  // [2][kKv][DQK + kPad]
+  T* vs = ks + 2 * kKs;                 // [2][kKv][DV + kPad]
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = 2 * (lane % 4);
   const int64_t b = blockIdx.z, h = blockIdx.y, grp = h / p.group_size();
   const int64_t q0 = (gridDim.x - 1 - blockIdx.x) * int64_t{kQ};  // the longest causal rows first
@@ -152,6 +184,18 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(Params p) {
   const T* q = static_cast<const T*>(p.q);
   const T* k = static_cast<const T*>(p.k);
   const T* v = static_cast<const T*>(p.v);
+  const int64_t last_row = min(q0 + kQ, p.Tlen) - 1;
+  const int64_t key_end = min(p.Tk, p.pos_offset + last_row + 1);
+  const int tiles = static_cast<int>((key_end + kKv - 1) / kKv);
+  const auto load = [&](int tile) {
+    const int64_t k0 = int64_t{tile} * kKv;
+    T* kb = ks + (tile & 1) * kKs;
+    T* vb = vs + (tile & 1) * kVs;
+    stage<T, kKv, DQK>(kb, k, [&](int r) { return k0 + r < p.Tk ? k + p.kv_index(b, k0 + r, grp) : nullptr; });
+    stage<T, kKv, DV>(vb, v, [&](int r) { return k0 + r < p.Tk ? v + p.kv_index(b, k0 + r, grp) : nullptr; });
+    cp_async_commit();
+  };
+  load(0);
 
   uint32_t qa[DQK / 16][4];  // this warp's 16 query rows, as A tiles; rows past Tlen are zeros
 #pragma unroll
@@ -163,25 +207,31 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(Params p) {
     }
   float o[DV / 8][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows g and g + 8, base 2
-  const int64_t last_row = min(q0 + kQ, p.Tlen) - 1;
-  const int64_t key_end = min(p.Tk, p.pos_offset + last_row + 1);
-  for (int64_t k0 = 0; k0 < key_end; k0 += kKv) {
-    __syncthreads();  // the previous tile is consumed
-    stage<T, kKv, DQK>(ks, nullptr, [&](int r) { return k0 + r < p.Tk ? k + p.kv_index(b, k0 + r, grp) : nullptr; });
-    stage<T, kKv, DV>(nullptr, vt, [&](int r) { return k0 + r < p.Tk ? v + p.kv_index(b, k0 + r, grp) : nullptr; });
+  for (int tile = 0; tile < tiles; ++tile) {
+    if (tile + 1 < tiles) {
+      load(tile + 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
     __syncthreads();
+    const T* kb = ks + (tile & 1) * kKs;
+    const T* vb = vs + (tile & 1) * kVs;
+    const int64_t k0 = int64_t{tile} * kKv;
     float s[kKv / 8][4] = {};
 #pragma unroll
-    for (int nt = 0; nt < kKv / 8; ++nt)
+    for (int kc = 0; kc < DQK / 16; ++kc)
 #pragma unroll
-      for (int kc = 0; kc < DQK / 16; ++kc) mma_bt(s[nt], qa[kc], ks, DQK + kPad, nt * 8, kc * 16, lane);
+      for (int nt = 0; nt < kKv / 8; nt += 2) mma_nk(s[nt], s[nt + 1], qa[kc], kb, DQK + kPad, nt * 8, kc * 16, lane);
+    // Tiles wholly below the diagonal and inside Tk need no mask.
+    const bool masked = k0 + kKv > p.pos_offset + r0 + 1 || k0 + kKv > p.Tk;
     float mx[2] = {m[0], m[1]};
 #pragma unroll
     for (int nt = 0; nt < kKv / 8; ++nt)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int64_t row = r0 + g + (i >> 1) * 8, key = k0 + nt * 8 + c + (i & 1);
-        s[nt][i] = key <= p.pos_offset + row && key < p.Tk ? s[nt][i] * p.scale_log2 : -INFINITY;
+        s[nt][i] = !masked || (key <= p.pos_offset + row && key < p.Tk) ? s[nt][i] * p.scale_log2 : -INFINITY;
         mx[i >> 1] = fmaxf(mx[i >> 1], s[nt][i]);
       }
     float base[2];
@@ -210,8 +260,9 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(Params p) {
       uint32_t pa[4];
       pack_a<T>(pa, s[2 * kc], s[2 * kc + 1]);
 #pragma unroll
-      for (int dn = 0; dn < DV / 8; ++dn) mma_bt(o[dn], pa, vt, kKv + kPad, dn * 8, kc * 16, lane);
+      for (int dn = 0; dn < DV / 8; dn += 2) mma_kn(o[dn], o[dn + 1], pa, vb, DV + kPad, kc * 16, dn * 8, lane);
     }
+    __syncthreads();  // this buffer is reloaded two tiles on
   }
   T* out = static_cast<T*>(p.out);
 #pragma unroll
@@ -240,59 +291,76 @@ __global__ void delta_kernel(float* delta, const T* out, const T* dout, int64_t 
   if (lane == 0) delta[(b * Hq + h) * Tlen + t] = s;
 }
 
-// dq of 64 query rows: dq = scale * sum over key tiles of dS K, dS = P (dO V^T - delta).
+// dq of 64 query rows: dq = scale * sum over key tiles of dS K, dS = P (dO V^T - delta). K and V
+// tiles double-buffered as in the forward.
 template <typename T, int DQK, int DV>
 __global__ void __launch_bounds__(kThreads) dq_kernel(Params p) {
   extern __shared__ __align__(16) unsigned char smem[];
+  constexpr int kKs = kKv * (DQK + kPad), kVs = kKv * (DV + kPad);
   T* qs = reinterpret_cast<T*>(smem);  // [kQ][DQK + kPad]
   T* dos = qs + kQ * (DQK + kPad);      // [kQ][DV + kPad]
-  T* ks = dos + kQ * (DV + kPad);       // [kKv][DQK + kPad]
-  T* vs = ks + kKv * (DQK + kPad);      // [kKv][DV + kPad]
-  T* kt = vs + kKv * (DV + kPad);       // [DQK][kKv + kPad]
+  T* ks = dos + kQ * (DV + kPad);       // [2][kKv][DQK + kPad]
+  T* vs = ks + 2 * kKs;                 // [2][kKv][DV + kPad]
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = 2 * (lane % 4);
   const int64_t b = blockIdx.z, h = blockIdx.y, grp = h / p.group_size();
   const int64_t q0 = (gridDim.x - 1 - blockIdx.x) * int64_t{kQ};
+  const int64_t r0 = q0 + 16 * warp;
   const T* q = static_cast<const T*>(p.q);
   const T* k = static_cast<const T*>(p.k);
   const T* v = static_cast<const T*>(p.v);
   const T* dout = static_cast<const T*>(p.dout);
-  stage<T, kQ, DQK>(qs, nullptr, [&](int r) { return q0 + r < p.Tlen ? q + p.q_index(b, q0 + r, h) : nullptr; });
-  stage<T, kQ, DV>(dos, nullptr, [&](int r) { return q0 + r < p.Tlen ? dout + p.out_index(b, q0 + r, h) : nullptr; });
+  const int tiles = static_cast<int>((min(q0 + kQ, p.Tlen) + kKv - 1) / kKv);
+  const auto load = [&](int tile) {
+    const int64_t k0 = int64_t{tile} * kKv;
+    stage<T, kKv, DQK>(ks + (tile & 1) * kKs, k,
+                       [&](int r) { return k0 + r < p.Tlen ? k + p.kv_index(b, k0 + r, grp) : nullptr; });
+    stage<T, kKv, DV>(vs + (tile & 1) * kVs, v,
+                      [&](int r) { return k0 + r < p.Tlen ? v + p.kv_index(b, k0 + r, grp) : nullptr; });
+    cp_async_commit();
+  };
+  stage<T, kQ, DQK>(qs, q, [&](int r) { return q0 + r < p.Tlen ? q + p.q_index(b, q0 + r, h) : nullptr; });
+  stage<T, kQ, DV>(dos, dout, [&](int r) { return q0 + r < p.Tlen ? dout + p.out_index(b, q0 + r, h) : nullptr; });
+  load(0);  // one group with q and dO
   float lse2[2], delta[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const int64_t row = q0 + 16 * warp + g + 8 * r;
+    const int64_t row = r0 + g + 8 * r;
     lse2[r] = row < p.Tlen ? p.lse[p.lse_index(b, row, h)] * kLog2e : 0.0f;
     delta[r] = row < p.Tlen ? p.delta[p.lse_index(b, row, h)] : 0.0f;
   }
   float dq[DQK / 8][4] = {};
-  const int64_t key_end = min(q0 + kQ, p.Tlen);
-  for (int64_t k0 = 0; k0 < key_end; k0 += kKv) {
+  for (int tile = 0; tile < tiles; ++tile) {
+    if (tile + 1 < tiles) {
+      load(tile + 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
     __syncthreads();
-    stage<T, kKv, DQK>(ks, kt, [&](int r) { return k0 + r < p.Tlen ? k + p.kv_index(b, k0 + r, grp) : nullptr; });
-    stage<T, kKv, DV>(vs, nullptr, [&](int r) { return k0 + r < p.Tlen ? v + p.kv_index(b, k0 + r, grp) : nullptr; });
-    __syncthreads();
+    const T* kb = ks + (tile & 1) * kKs;
+    const T* vb = vs + (tile & 1) * kVs;
+    const int64_t k0 = int64_t{tile} * kKv;
     float s[kKv / 8][4] = {}, dp[kKv / 8][4] = {};
 #pragma unroll
     for (int kc = 0; kc < DQK / 16; ++kc) {
       uint32_t a[4];
       load_a(a, qs, DQK + kPad, 16 * warp, kc * 16, lane);
 #pragma unroll
-      for (int nt = 0; nt < kKv / 8; ++nt) mma_bt(s[nt], a, ks, DQK + kPad, nt * 8, kc * 16, lane);
+      for (int nt = 0; nt < kKv / 8; nt += 2) mma_nk(s[nt], s[nt + 1], a, kb, DQK + kPad, nt * 8, kc * 16, lane);
     }
 #pragma unroll
     for (int kc = 0; kc < DV / 16; ++kc) {
       uint32_t a[4];
       load_a(a, dos, DV + kPad, 16 * warp, kc * 16, lane);
 #pragma unroll
-      for (int nt = 0; nt < kKv / 8; ++nt) mma_bt(dp[nt], a, vs, DV + kPad, nt * 8, kc * 16, lane);
+      for (int nt = 0; nt < kKv / 8; nt += 2) mma_nk(dp[nt], dp[nt + 1], a, vb, DV + kPad, nt * 8, kc * 16, lane);
     }
 #pragma unroll
     for (int nt = 0; nt < kKv / 8; ++nt)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int r = i >> 1;
-        const int64_t row = q0 + 16 * warp + g + 8 * r, key = k0 + nt * 8 + c + (i & 1);
+        const int64_t row = r0 + g + 8 * r, key = k0 + nt * 8 + c + (i & 1);
         const float prob = key <= row && row < p.Tlen ? exp2f(s[nt][i] * p.scale_log2 - lse2[r]) : 0.0f;
         s[nt][i] = prob * (dp[nt][i] - delta[r]);  // dS
       }
@@ -301,13 +369,14 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(Params p) {
       uint32_t a[4];
       pack_a<T>(a, s[2 * kc], s[2 * kc + 1]);
 #pragma unroll
-      for (int dn = 0; dn < DQK / 8; ++dn) mma_bt(dq[dn], a, kt, kKv + kPad, dn * 8, kc * 16, lane);
+      for (int dn = 0; dn < DQK / 8; dn += 2) mma_kn(dq[dn], dq[dn + 1], a, kb, DQK + kPad, kc * 16, dn * 8, lane);
     }
+    __syncthreads();
   }
   T* dq_out = static_cast<T*>(p.dq);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const int64_t row = q0 + 16 * warp + g + 8 * r;
+    const int64_t row = r0 + g + 8 * r;
     if (row >= p.Tlen) continue;
     T* d = dq_out + p.q_index(b, row, h);
 #pragma unroll
@@ -318,75 +387,95 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(Params p) {
 }
 
 // dk and dv of 64 keys of kv head grp (16 per warp), summed over the group's query heads and the
-// query rows at or after each key, KQ rows a step. Works on transposes: S^T = K Q^T, dP^T = V dO^T,
-// dv += P^T dO, dk += dS^T Q, so each warp's 16 keys are the rows of every product.
+// query rows at or after each key, KQ rows a step (double-buffered). Works on transposes:
+// S^T = K Q^T, dP^T = V dO^T, dv += P^T dO, dk += dS^T Q, so each warp's 16 keys are the rows of
+// every product.
 template <typename T, int DQK, int DV, int KQ>
 __global__ void __launch_bounds__(kThreads) dkv_kernel(Params p) {
   extern __shared__ __align__(16) unsigned char smem[];
+  constexpr int kQs = KQ * (DQK + kPad), kDos = KQ * (DV + kPad);
   T* ks = reinterpret_cast<T*>(smem);  // [kKv][DQK + kPad]
   T* vs = ks + kKv * (DQK + kPad);      // [kKv][DV + kPad]
-  T* qs = vs + kKv * (DV + kPad);       // [KQ][DQK + kPad]
-  T* dos = qs + KQ * (DQK + kPad);      // [KQ][DV + kPad]
-  T* qt = dos + KQ * (DV + kPad);       // [DQK][KQ + kPad]
-  T* dot = qt + DQK * (KQ + kPad);      // [DV][KQ + kPad]
-  float* lse2 = reinterpret_cast<float*>(dot + DV * (KQ + kPad));  // [KQ]
-  float* delta = lse2 + KQ;                                          // [KQ]
+  T* qs = vs + kKv * (DV + kPad);       // [2][KQ][DQK + kPad]
+  T* dos = qs + 2 * kQs;                // [2][KQ][DV + kPad]
+  float* lse2 = reinterpret_cast<float*>(dos + 2 * kDos);  // [2][KQ]
+  float* delta = lse2 + 2 * KQ;                            // [2][KQ]
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = 2 * (lane % 4);
   const int64_t b = blockIdx.z, grp = blockIdx.y, k0 = blockIdx.x * int64_t{kKv};
   const T* q = static_cast<const T*>(p.q);
   const T* k = static_cast<const T*>(p.k);
   const T* v = static_cast<const T*>(p.v);
   const T* dout = static_cast<const T*>(p.dout);
-  stage<T, kKv, DQK>(ks, nullptr, [&](int r) { return k0 + r < p.Tlen ? k + p.kv_index(b, k0 + r, grp) : nullptr; });
-  stage<T, kKv, DV>(vs, nullptr, [&](int r) { return k0 + r < p.Tlen ? v + p.kv_index(b, k0 + r, grp) : nullptr; });
-  float dk[DQK / 8][4] = {}, dv[DV / 8][4] = {};
-  for (int64_t h = grp * p.group_size(); h < (grp + 1) * p.group_size(); ++h)
-    for (int64_t t0 = k0; t0 < p.Tlen; t0 += KQ) {
-      __syncthreads();
-      stage<T, KQ, DQK>(qs, qt, [&](int r) { return t0 + r < p.Tlen ? q + p.q_index(b, t0 + r, h) : nullptr; });
-      stage<T, KQ, DV>(dos, dot, [&](int r) { return t0 + r < p.Tlen ? dout + p.out_index(b, t0 + r, h) : nullptr; });
-      if (threadIdx.x < KQ) {
-        const int64_t row = t0 + threadIdx.x;
-        lse2[threadIdx.x] = row < p.Tlen ? p.lse[p.lse_index(b, row, h)] * kLog2e : 0.0f;
-        delta[threadIdx.x] = row < p.Tlen ? p.delta[p.lse_index(b, row, h)] : 0.0f;
-      }
-      __syncthreads();
-      float st[KQ / 8][4] = {}, dpt[KQ / 8][4] = {};
-#pragma unroll
-      for (int kc = 0; kc < DQK / 16; ++kc) {
-        uint32_t a[4];
-        load_a(a, ks, DQK + kPad, 16 * warp, kc * 16, lane);
-#pragma unroll
-        for (int nt = 0; nt < KQ / 8; ++nt) mma_bt(st[nt], a, qs, DQK + kPad, nt * 8, kc * 16, lane);
-      }
-#pragma unroll
-      for (int kc = 0; kc < DV / 16; ++kc) {
-        uint32_t a[4];
-        load_a(a, vs, DV + kPad, 16 * warp, kc * 16, lane);
-#pragma unroll
-        for (int nt = 0; nt < KQ / 8; ++nt) mma_bt(dpt[nt], a, dos, DV + kPad, nt * 8, kc * 16, lane);
-      }
-#pragma unroll
-      for (int nt = 0; nt < KQ / 8; ++nt)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int col = nt * 8 + c + (i & 1);
-          const int64_t key = k0 + 16 * warp + g + (i >> 1) * 8, row = t0 + col;
-          const float prob = row >= key && row < p.Tlen ? exp2f(st[nt][i] * p.scale_log2 - lse2[col]) : 0.0f;
-          st[nt][i] = prob;
-          dpt[nt][i] = prob * (dpt[nt][i] - delta[col]);  // dS^T
-        }
-#pragma unroll
-      for (int kc = 0; kc < KQ / 16; ++kc) {
-        uint32_t pa[4], da[4];
-        pack_a<T>(pa, st[2 * kc], st[2 * kc + 1]);
-        pack_a<T>(da, dpt[2 * kc], dpt[2 * kc + 1]);
-#pragma unroll
-        for (int dn = 0; dn < DV / 8; ++dn) mma_bt(dv[dn], pa, dot, KQ + kPad, dn * 8, kc * 16, lane);
-#pragma unroll
-        for (int dn = 0; dn < DQK / 8; ++dn) mma_bt(dk[dn], da, qt, KQ + kPad, dn * 8, kc * 16, lane);
-      }
+  // Steps: the group's query heads, and for each the tiles of KQ query rows from k0 on.
+  const int per_head = static_cast<int>((p.Tlen - k0 + KQ - 1) / KQ);
+  const int steps = static_cast<int>(p.group_size()) * per_head;
+  const auto load = [&](int step) {
+    const int64_t h = grp * p.group_size() + step / per_head, t0 = k0 + int64_t{step % per_head} * KQ;
+    const int buf = step & 1;
+    stage<T, KQ, DQK>(qs + buf * kQs, q, [&](int r) { return t0 + r < p.Tlen ? q + p.q_index(b, t0 + r, h) : nullptr; });
+    stage<T, KQ, DV>(dos + buf * kDos, dout,
+                     [&](int r) { return t0 + r < p.Tlen ? dout + p.out_index(b, t0 + r, h) : nullptr; });
+    cp_async_commit();
+    if (threadIdx.x < KQ) {
+      const int64_t row = t0 + threadIdx.x;
+      lse2[buf * KQ + threadIdx.x] = row < p.Tlen ? p.lse[p.lse_index(b, row, h)] * kLog2e : 0.0f;
+      delta[buf * KQ + threadIdx.x] = row < p.Tlen ? p.delta[p.lse_index(b, row, h)] : 0.0f;
     }
+  };
+  stage<T, kKv, DQK>(ks, k, [&](int r) { return k0 + r < p.Tlen ? k + p.kv_index(b, k0 + r, grp) : nullptr; });
+  stage<T, kKv, DV>(vs, v, [&](int r) { return k0 + r < p.Tlen ? v + p.kv_index(b, k0 + r, grp) : nullptr; });
+  load(0);  // one group with K and V
+  float dk[DQK / 8][4] = {}, dv[DV / 8][4] = {};
+  for (int step = 0; step < steps; ++step) {
+    if (step + 1 < steps) {
+      load(step + 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const int buf = step & 1;
+    const T* qb = qs + buf * kQs;
+    const T* dob = dos + buf * kDos;
+    const int64_t t0 = k0 + int64_t{step % per_head} * KQ;
+    float st[KQ / 8][4] = {}, dpt[KQ / 8][4] = {};
+#pragma unroll
+    for (int kc = 0; kc < DQK / 16; ++kc) {
+      uint32_t a[4];
+      load_a(a, ks, DQK + kPad, 16 * warp, kc * 16, lane);
+#pragma unroll
+      for (int nt = 0; nt < KQ / 8; nt += 2) mma_nk(st[nt], st[nt + 1], a, qb, DQK + kPad, nt * 8, kc * 16, lane);
+    }
+#pragma unroll
+    for (int kc = 0; kc < DV / 16; ++kc) {
+      uint32_t a[4];
+      load_a(a, vs, DV + kPad, 16 * warp, kc * 16, lane);
+#pragma unroll
+      for (int nt = 0; nt < KQ / 8; nt += 2) mma_nk(dpt[nt], dpt[nt + 1], a, dob, DV + kPad, nt * 8, kc * 16, lane);
+    }
+#pragma unroll
+    for (int nt = 0; nt < KQ / 8; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int col = nt * 8 + c + (i & 1);
+        const int64_t key = k0 + 16 * warp + g + (i >> 1) * 8, row = t0 + col;
+        const float prob =
+            row >= key && row < p.Tlen ? exp2f(st[nt][i] * p.scale_log2 - lse2[buf * KQ + col]) : 0.0f;
+        st[nt][i] = prob;
+        dpt[nt][i] = prob * (dpt[nt][i] - delta[buf * KQ + col]);  // dS^T
+      }
+#pragma unroll
+    for (int kc = 0; kc < KQ / 16; ++kc) {
+      uint32_t pa[4], da[4];
+      pack_a<T>(pa, st[2 * kc], st[2 * kc + 1]);
+      pack_a<T>(da, dpt[2 * kc], dpt[2 * kc + 1]);
+#pragma unroll
+      for (int dn = 0; dn < DV / 8; dn += 2) mma_kn(dv[dn], dv[dn + 1], pa, dob, DV + kPad, kc * 16, dn * 8, lane);
+#pragma unroll
+      for (int dn = 0; dn < DQK / 8; dn += 2) mma_kn(dk[dn], dk[dn + 1], da, qb, DQK + kPad, kc * 16, dn * 8, lane);
+    }
+    __syncthreads();
+  }
   T* dk_out = static_cast<T*>(p.dk);
   T* dv_out = static_cast<T*>(p.dv);
 #pragma unroll
