@@ -1,5 +1,6 @@
 #include "megaton/kernels/flash_attention_plan.h"
 
+#include <algorithm>
 #include <sstream>
 
 namespace megaton::kernels {
@@ -46,8 +47,9 @@ FlashAttentionPlan flash_attention_plan(HeadDim D, int64_t Tlen, int64_t Tk) {
   p.dv = static_cast<int>(D.v);
   p.kv_q_tile = flash_kv_q_tile(D.qk, D.v);
   const int64_t q = kFlashQTile, kv = kFlashKvTile, kq = p.kv_q_tile;
-  // Forward: K and V tiles, double-buffered (the next loads while this one is multiplied).
-  p.forward_smem = 2 * (tile_bytes(kv, D.qk) + tile_bytes(kv, D.v));
+  // Forward: K and V tiles, double-buffered (the next loads while this one is multiplied), and the
+  // block's Q rows (later its output rows).
+  p.forward_smem = 2 * (tile_bytes(kv, D.qk) + tile_bytes(kv, D.v)) + tile_bytes(q, std::max(D.qk, D.v));
   // dq: this block's Q and dO, and double-buffered K and V tiles.
   p.dq_smem = tile_bytes(q, D.qk) + tile_bytes(q, D.v) + 2 * (tile_bytes(kv, D.qk) + tile_bytes(kv, D.v));
   // dk / dv: this block's K and V, and double-buffered Q and dO tiles with their rows' lse and delta (floats).

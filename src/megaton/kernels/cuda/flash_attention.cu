@@ -119,6 +119,14 @@ __device__ __forceinline__ void pack_a(uint32_t (&a)[4], const float (&lo)[4], c
   a[3] = Half<T>::pack(hi[2], hi[3]);
 }
 
+// 2^x by the SFU (ex2.approx: 2 ulp, subnormal results flushed to zero), what FlashAttention's
+// --use_fast_math exp2f compiles to; -inf gives 0.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 __device__ __forceinline__ float quad_max(float v) {
   v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
   return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
@@ -128,16 +136,16 @@ __device__ __forceinline__ float quad_sum(float v) {
   return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
-// Starts copying a ROWS x COLS tile into shared memory (row-major, COLS + kPad a row) as 16-byte
+// Starts copying a ROWS x COLS tile into shared memory (row-major, STRIDE elements a row) as 16-byte
 // cp.async transfers; row r comes from src(r), or is zeros where src(r) is nullptr (a zero-byte
 // source; `any` is some valid address for it). Completes with cp_async_wait.
-template <typename T, int ROWS, int COLS, typename Src>
+template <typename T, int ROWS, int COLS, int STRIDE = COLS + kPad, typename Src>
 __device__ __forceinline__ void stage(T* dst, const T* any, Src src) {
   constexpr int kVec = 8, kPerRow = COLS / kVec;
   for (int i = threadIdx.x; i < ROWS * kPerRow; i += kThreads) {
     const int r = i / kPerRow, c = i % kPerRow * kVec;
     const T* p = src(r);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(dst + r * (COLS + kPad) + c)),
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(dst + r * STRIDE + c)),
                  "l"(p ? p + c : any), "r"(p ? 16 : 0));
   }
 }
@@ -170,13 +178,15 @@ struct Params {
 };
 
 // Forward: block (query tile, head h, batch row b), warp w owns query rows q0 + 16w .. +15. The K and
-// V tiles are double-buffered: the next one loads (cp.async) while this one is multiplied.
+// V tiles are double-buffered: the next one loads (cp.async) while this one is multiplied. Q comes
+// in, and the output goes out, through shared memory as whole rows (coalesced).
 template <typename T, int DQK, int DV>
 __global__ void __launch_bounds__(kThreads) forward_kernel(Params p) {
   extern __shared__ __align__(16) unsigned char smem[];
-  constexpr int kKs = kKv * (DQK + kPad), kVs = kKv * (DV + kPad);
+  constexpr int kKs = kKv * (DQK + kPad), kVs = kKv * (DV + kPad), kOs = (DQK > DV ? DQK : DV) + kPad;
   T* ks = reinterpret_cast<T*>(smem);  // [2][kKv][DQK + kPad]
   T* vs = ks + 2 * kKs;                 // [2][kKv][DV + kPad]
+  T* qs = vs + 2 * kVs;                 // [kQ][kOs]: Q, later the output
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = 2 * (lane % 4);
   const int64_t b = blockIdx.z, h = blockIdx.y, grp = h / p.group_size();
   const int64_t q0 = (gridDim.x - 1 - blockIdx.x) * int64_t{kQ};  // the longest causal rows first
@@ -195,16 +205,10 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(Params p) {
     stage<T, kKv, DV>(vb, v, [&](int r) { return k0 + r < p.Tk ? v + p.kv_index(b, k0 + r, grp) : nullptr; });
     cp_async_commit();
   };
-  load(0);
+  stage<T, kQ, DQK, kOs>(qs, q, [&](int r) { return q0 + r < p.Tlen ? q + p.q_index(b, q0 + r, h) : nullptr; });
+  load(0);  // one group with Q
 
   uint32_t qa[DQK / 16][4];  // this warp's 16 query rows, as A tiles; rows past Tlen are zeros
-#pragma unroll
-  for (int kc = 0; kc < DQK / 16; ++kc)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int64_t row = r0 + g + (i & 1) * 8;
-      qa[kc][i] = row < p.Tlen ? word(q + p.q_index(b, row, h) + kc * 16 + c + (i >> 1) * 8) : 0u;
-    }
   float o[DV / 8][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows g and g + 8, base 2
   for (int tile = 0; tile < tiles; ++tile) {
@@ -215,6 +219,9 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(Params p) {
       cp_async_wait<0>();
     }
     __syncthreads();
+    if (tile == 0)
+#pragma unroll
+      for (int kc = 0; kc < DQK / 16; ++kc) load_a(qa[kc], qs, kOs, 16 * warp, kc * 16, lane);
     const T* kb = ks + (tile & 1) * kKs;
     const T* vb = vs + (tile & 1) * kVs;
     const int64_t k0 = int64_t{tile} * kKv;
@@ -223,15 +230,24 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(Params p) {
     for (int kc = 0; kc < DQK / 16; ++kc)
 #pragma unroll
       for (int nt = 0; nt < kKv / 8; nt += 2) mma_nk(s[nt], s[nt + 1], qa[kc], kb, DQK + kPad, nt * 8, kc * 16, lane);
-    // Tiles wholly below the diagonal and inside Tk need no mask.
-    const bool masked = k0 + kKv > p.pos_offset + r0 + 1 || k0 + kKv > p.Tk;
+    // Only tiles that cross the diagonal or Tk are masked (a branch the whole warp takes alike):
+    // key k0 + j is seen by row r0 + i when j <= pos_offset + r0 - k0 + i.
+    if (k0 + kKv > p.pos_offset + r0 + 1 || k0 + kKv > p.Tk) {
+      const int64_t seen = p.pos_offset + r0 + g - k0, inside = p.Tk - k0;
+#pragma unroll
+      for (int nt = 0; nt < kKv / 8; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int j = nt * 8 + c + (i & 1);
+          if (j > seen + (i >> 1) * 8 || j >= inside) s[nt][i] = -INFINITY;
+        }
+    }
     float mx[2] = {m[0], m[1]};
 #pragma unroll
     for (int nt = 0; nt < kKv / 8; ++nt)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const int64_t row = r0 + g + (i >> 1) * 8, key = k0 + nt * 8 + c + (i & 1);
-        s[nt][i] = !masked || (key <= p.pos_offset + row && key < p.Tk) ? s[nt][i] * p.scale_log2 : -INFINITY;
+        s[nt][i] *= p.scale_log2;
         mx[i >> 1] = fmaxf(mx[i >> 1], s[nt][i]);
       }
     float base[2];
@@ -239,7 +255,7 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(Params p) {
     for (int r = 0; r < 2; ++r) {
       mx[r] = quad_max(mx[r]);
       base[r] = mx[r] == -INFINITY ? 0.0f : mx[r];  // a row that has seen no key yet stays at zero
-      const float correction = exp2f(m[r] - base[r]);
+      const float correction = fast_exp2(m[r] - base[r]);
       m[r] = mx[r];
       l[r] *= correction;
 #pragma unroll
@@ -252,7 +268,7 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(Params p) {
     for (int nt = 0; nt < kKv / 8; ++nt)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        s[nt][i] = exp2f(s[nt][i] - base[i >> 1]);
+        s[nt][i] = fast_exp2(s[nt][i] - base[i >> 1]);
         l[i >> 1] += s[nt][i];
       }
 #pragma unroll
@@ -264,17 +280,25 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(Params p) {
     }
     __syncthreads();  // this buffer is reloaded two tiles on
   }
-  T* out = static_cast<T*>(p.out);
+  // The warp's own rows of the output into shared memory (over its own Q rows, which only it read),
+  // then out as whole rows.
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const int64_t row = r0 + g + 8 * r;
+    const int row = 16 * warp + g + 8 * r;
     const float sum = quad_sum(l[r]);
-    if (row >= p.Tlen) continue;
-    T* orow = out + p.out_index(b, row, h);
 #pragma unroll
     for (int dn = 0; dn < DV / 8; ++dn)
-      *reinterpret_cast<uint32_t*>(orow + dn * 8 + c) = Half<T>::pack(o[dn][2 * r] / sum, o[dn][2 * r + 1] / sum);
-    if (c == 0) p.lse[p.lse_index(b, row, h)] = (m[r] + log2f(sum)) * kLn2;
+      *reinterpret_cast<uint32_t*>(qs + row * kOs + dn * 8 + c) =
+          Half<T>::pack(o[dn][2 * r] / sum, o[dn][2 * r + 1] / sum);
+    if (c == 0 && r0 + g + 8 * r < p.Tlen) p.lse[p.lse_index(b, r0 + g + 8 * r, h)] = (m[r] + log2f(sum)) * kLn2;
+  }
+  __syncthreads();
+  T* out = static_cast<T*>(p.out);
+  for (int i = threadIdx.x; i < kQ * (DV / 8); i += kThreads) {
+    const int r = i / (DV / 8), col = i % (DV / 8) * 8;
+    if (q0 + r < p.Tlen)
+      *reinterpret_cast<uint4*>(out + p.out_index(b, q0 + r, h) + col) =
+          *reinterpret_cast<const uint4*>(qs + r * kOs + col);
   }
 }
 
@@ -355,13 +379,17 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(Params p) {
 #pragma unroll
       for (int nt = 0; nt < kKv / 8; nt += 2) mma_nk(dp[nt], dp[nt + 1], a, vb, DV + kPad, nt * 8, kc * 16, lane);
     }
+    // Masked only where the tile crosses the diagonal or the warp's rows pass Tlen (warp-uniform):
+    // key k0 + j is seen by row r0 + i when j <= r0 - k0 + i.
+    const bool masked = k0 + kKv > r0 + 1 || r0 + 16 > p.Tlen;
+    const int64_t seen = r0 + g - k0, rows_left = p.Tlen - r0 - g;
 #pragma unroll
     for (int nt = 0; nt < kKv / 8; ++nt)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const int r = i >> 1;
-        const int64_t row = r0 + g + 8 * r, key = k0 + nt * 8 + c + (i & 1);
-        const float prob = key <= row && row < p.Tlen ? exp2f(s[nt][i] * p.scale_log2 - lse2[r]) : 0.0f;
+        const int r = i >> 1, j = nt * 8 + c + (i & 1);
+        const bool visible = !masked || (j <= seen + 8 * r && 8 * r < rows_left);
+        const float prob = visible ? fast_exp2(s[nt][i] * p.scale_log2 - lse2[r]) : 0.0f;
         s[nt][i] = prob * (dp[nt][i] - delta[r]);  // dS
       }
 #pragma unroll
@@ -453,14 +481,18 @@ __global__ void __launch_bounds__(kThreads) dkv_kernel(Params p) {
 #pragma unroll
       for (int nt = 0; nt < KQ / 8; nt += 2) mma_nk(dpt[nt], dpt[nt + 1], a, dob, DV + kPad, nt * 8, kc * 16, lane);
     }
+    // Masked only where the step's rows reach back to the warp's keys or pass Tlen (warp-uniform):
+    // row t0 + j sees key k0 + 16 w + i when j >= k0 + 16 w + i - t0.
+    const int64_t first_key = k0 + 16 * warp - t0;
+    const bool masked = first_key + 15 > 0 || t0 + KQ > p.Tlen;
+    const int64_t rows_left = p.Tlen - t0;
 #pragma unroll
     for (int nt = 0; nt < KQ / 8; ++nt)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int col = nt * 8 + c + (i & 1);
-        const int64_t key = k0 + 16 * warp + g + (i >> 1) * 8, row = t0 + col;
-        const float prob =
-            row >= key && row < p.Tlen ? exp2f(st[nt][i] * p.scale_log2 - lse2[buf * KQ + col]) : 0.0f;
+        const bool visible = !masked || (col >= first_key + g + (i >> 1) * 8 && col < rows_left);
+        const float prob = visible ? fast_exp2(st[nt][i] * p.scale_log2 - lse2[buf * KQ + col]) : 0.0f;
         st[nt][i] = prob;
         dpt[nt][i] = prob * (dpt[nt][i] - delta[buf * KQ + col]);  // dS^T
       }
