@@ -379,18 +379,24 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(Params p) {
 #pragma unroll
       for (int nt = 0; nt < kKv / 8; nt += 2) mma_nk(dp[nt], dp[nt + 1], a, vb, DV + kPad, nt * 8, kc * 16, lane);
     }
-    // Masked only where the tile crosses the diagonal or the warp's rows pass Tlen (warp-uniform):
-    // key k0 + j is seen by row r0 + i when j <= r0 - k0 + i.
-    const bool masked = k0 + kKv > r0 + 1 || r0 + 16 > p.Tlen;
-    const int64_t seen = r0 + g - k0, rows_left = p.Tlen - r0 - g;
+    // Masked (S = -inf, P = 0) only where the tile crosses the diagonal or the warp's rows pass Tlen,
+    // a branch the whole warp takes alike: key k0 + j is seen by row r0 + i when j <= r0 - k0 + i.
+    if (k0 + kKv > r0 + 1 || r0 + 16 > p.Tlen) {
+      const int64_t seen = r0 + g - k0, rows_left = p.Tlen - r0 - g;
+#pragma unroll
+      for (int nt = 0; nt < kKv / 8; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int r = i >> 1, j = nt * 8 + c + (i & 1);
+          if (j > seen + 8 * r || 8 * r >= rows_left) s[nt][i] = -INFINITY;
+        }
+    }
 #pragma unroll
     for (int nt = 0; nt < kKv / 8; ++nt)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const int r = i >> 1, j = nt * 8 + c + (i & 1);
-        const bool visible = !masked || (j <= seen + 8 * r && 8 * r < rows_left);
-        const float prob = visible ? fast_exp2(s[nt][i] * p.scale_log2 - lse2[r]) : 0.0f;
-        s[nt][i] = prob * (dp[nt][i] - delta[r]);  // dS
+        const int r = i >> 1;
+        s[nt][i] = fast_exp2(s[nt][i] * p.scale_log2 - lse2[r]) * (dp[nt][i] - delta[r]);  // dS = P (dP - delta)
       }
 #pragma unroll
     for (int kc = 0; kc < kKv / 16; ++kc) {
@@ -481,18 +487,24 @@ __global__ void __launch_bounds__(kThreads) dkv_kernel(Params p) {
 #pragma unroll
       for (int nt = 0; nt < KQ / 8; nt += 2) mma_nk(dpt[nt], dpt[nt + 1], a, dob, DV + kPad, nt * 8, kc * 16, lane);
     }
-    // Masked only where the step's rows reach back to the warp's keys or pass Tlen (warp-uniform):
-    // row t0 + j sees key k0 + 16 w + i when j >= k0 + 16 w + i - t0.
-    const int64_t first_key = k0 + 16 * warp - t0;
-    const bool masked = first_key + 15 > 0 || t0 + KQ > p.Tlen;
-    const int64_t rows_left = p.Tlen - t0;
+    // Masked (S = -inf, P = 0) only where the step's rows reach back to the warp's keys or pass Tlen,
+    // a branch the whole warp takes alike: row t0 + j sees key k0 + 16 w + i when j >= k0 + 16 w + i - t0.
+    if (k0 + 16 * warp + 15 > t0 || t0 + KQ > p.Tlen) {
+      const int64_t first_key = k0 + 16 * warp + g - t0, rows_left = p.Tlen - t0;
+#pragma unroll
+      for (int nt = 0; nt < KQ / 8; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int j = nt * 8 + c + (i & 1);
+          if (j < first_key + (i >> 1) * 8 || j >= rows_left) st[nt][i] = -INFINITY;
+        }
+    }
 #pragma unroll
     for (int nt = 0; nt < KQ / 8; ++nt)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int col = nt * 8 + c + (i & 1);
-        const bool visible = !masked || (col >= first_key + g + (i >> 1) * 8 && col < rows_left);
-        const float prob = visible ? fast_exp2(st[nt][i] * p.scale_log2 - lse2[buf * KQ + col]) : 0.0f;
+        const float prob = fast_exp2(st[nt][i] * p.scale_log2 - lse2[buf * KQ + col]);
         st[nt][i] = prob;
         dpt[nt][i] = prob * (dpt[nt][i] - delta[buf * KQ + col]);  // dS^T
       }
