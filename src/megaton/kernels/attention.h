@@ -3,8 +3,10 @@
 // e.g. inside one fused QKV tensor, or q there and k / v in a KV cache: each is a tensor plus the
 // element at which its heads start, addressed by HeadStrides (head_strides.h). Dispatches to
 // kernels::cpu (f32 / f64; bf16 training computes attention on an f32 copy of its qkv, see
-// nn/attention.cpp) or, for attention_forward / attention_backward, kernels::cuda (f32; a plain
-// warp-per-row kernel for now, cuda/attention.h); decoding is CPU only.
+// nn/attention.cpp) or, for attention_forward / attention_backward, kernels::cuda: bf16 / fp16 by
+// the tiled flash kernels (cuda/flash_attention.h, flash_attention_plan.h: the head sizes they take,
+// 16-byte aligned heads), f32 by a plain warp-per-row kernel (cuda/attention.h); decoding is CPU
+// only. lse is f32 when q is bf16 / fp16, else q's dtype.
 #pragma once
 #include <cstdint>
 
@@ -30,7 +32,7 @@ struct TensorAt {
 // keys 0..pos_offset+t, so k / v hold Tk = pos_offset + Tlen tokens per batch row (the KV cache;
 // training passes 0). kv_batch_stride: elements between the batch rows of k / v; -1 means
 // Tk * kv_at.row (a KV cache with room for more tokens passes capacity * kv_at.row).
-// Every tensor must hold the elements its layout reaches; all share one dtype.
+// Every tensor must hold the elements its layout reaches; all share one dtype (lse: see above).
 void attention_forward(const ExecContext& ctx, const Tensor& out, const Tensor& lse, TensorAt q, TensorAt k, TensorAt v,
                        int64_t B, int64_t Tlen, int64_t Hq, int64_t Hkv, HeadDim D, HeadStrides q_at, HeadStrides kv_at,
                        double scale, int64_t pos_offset = 0, int64_t kv_batch_stride = -1);
