@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <mutex>
 
+#include "megaton/core/caching_pool.h"
 #include "megaton/core/error.h"
 #ifdef MEGATON_WITH_CUDA
 #include "megaton/core/cuda/cuda_memory.h"
@@ -17,6 +18,38 @@ std::string_view mem_category_name(MemCategory c) {
   static constexpr std::string_view names[] = {"params",      "grads",     "optimizer",
                                                "activations", "workspace", "other"};
   return names[static_cast<size_t>(c)];
+}
+
+namespace {
+
+#ifdef MEGATON_WITH_CUDA
+// cudaMalloc / cudaFree of one device behind the caching pool.
+class CudaMemory final : public MemorySource {
+ public:
+  explicit CudaMemory(int device) : device_(device) {}
+  void* acquire(size_t bytes) override { return cuda::device_try_malloc(device_, bytes); }
+  void release(void* p, size_t) override { cuda::device_free(device_, p); }
+
+ private:
+  int device_;
+};
+
+// The pool is on unless MEGATON_CUDA_CACHING is "0".
+bool caching_enabled() {
+  const char* v = std::getenv("MEGATON_CUDA_CACHING");
+  return !(v && std::string_view(v) == "0");
+}
+#endif
+
+}  // namespace
+
+Allocator::Allocator(Device device) : device_(device) {
+#ifdef MEGATON_WITH_CUDA
+  if (device.is_cuda() && caching_enabled()) {
+    source_ = std::make_unique<CudaMemory>(device.index);
+    pool_ = std::make_unique<CachingPool>(*source_);
+  }
+#endif
 }
 
 Allocator& Allocator::host() {
@@ -72,7 +105,13 @@ void* Allocator::allocate(size_t bytes, MemCategory cat, std::string_view what) 
       fail("out of host memory allocating ", bytes, " bytes for '", what, "' (", mem_category_name(cat), ")");
   } else {
 #ifdef MEGATON_WITH_CUDA
-    p = cuda::device_malloc(device_.index, bytes, what);
+    p = pool_ ? pool_->allocate(bytes) : cuda::device_try_malloc(device_.index, bytes);
+    if (!p && bytes > 0) {
+      const PoolStats ps = pool_ ? pool_->stats() : PoolStats{};
+      fail("out of memory on ", device_.str(), " allocating ", bytes, " bytes for '", what, "' (",
+           mem_category_name(cat), "): ", total_live_.load(), " bytes live in tensors, ", ps.reserved,
+           " reserved by the caching pool (its cache already handed back)");
+    }
 #endif
   }
   auto i = static_cast<size_t>(cat);
@@ -87,7 +126,10 @@ void Allocator::deallocate(void* p, size_t bytes, MemCategory cat) {
     std::free(p);
   } else {
 #ifdef MEGATON_WITH_CUDA
-    cuda::device_free(device_.index, p);
+    if (pool_)
+      pool_->free(p);
+    else
+      cuda::device_free(device_.index, p);
 #endif
   }
   live_[static_cast<size_t>(cat)].fetch_sub(bytes, std::memory_order_relaxed);
@@ -103,7 +145,17 @@ MemStats Allocator::stats() const {
   }
   s.total_live = total_live_.load();
   s.total_peak = total_peak_.load();
+  s.reserved = s.total_live;
+  if (pool_) {
+    const PoolStats ps = pool_->stats();
+    s.reserved = ps.reserved;
+    s.cached = ps.cached;
+  }
   return s;
+}
+
+void Allocator::empty_cache() {
+  if (pool_) pool_->empty_cache();
 }
 
 void Allocator::reset_peaks() {

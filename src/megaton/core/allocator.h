@@ -1,10 +1,14 @@
 // One allocator per device (the host, each CUDA device), each counting live and peak bytes per
 // category. The planner's memory model is checked against these counters, so every Tensor
-// allocation goes through here.
+// allocation goes through here. A CUDA device's memory comes through a caching pool
+// (core/caching_pool.h): freed blocks are kept for reuse instead of going back to cudaFree;
+// MEGATON_CUDA_CACHING=0 in the environment turns it off (each tensor its own cudaMalloc, as
+// compute-sanitizer wants to see out-of-bounds accesses).
 #pragma once
 #include <array>
 #include <atomic>
 #include <cstddef>
+#include <memory>
 #include <string_view>
 
 #include "megaton/core/device.h"
@@ -23,7 +27,14 @@ struct MemStats {
   // Bytes allocated since the last reset_peaks(), whatever was freed since: how much an op writes
   // into fresh tensors (a fused op's saving shows here even where the peak does not move).
   std::array<size_t, kNumMemCategories> allocated{};
+  // Bytes held from the device: live tensors (rounded to their blocks) plus the cache; on the host
+  // and without the pool equal to total_live. cached: the pool's free blocks.
+  size_t reserved = 0;
+  size_t cached = 0;
 };
+
+class CachingPool;
+class MemorySource;
 
 class Allocator {
  public:
@@ -38,10 +49,14 @@ class Allocator {
   void deallocate(void* p, size_t bytes, MemCategory cat);
   MemStats stats() const;
   void reset_peaks();  // also restarts the `allocated` counts
+  // Hands the caching pool's free blocks back to the device (nothing on the host).
+  void empty_cache();
 
  private:
-  explicit Allocator(Device device) : device_(device) {}
+  explicit Allocator(Device device);
   Device device_;
+  std::unique_ptr<MemorySource> source_;  // CUDA devices with caching on
+  std::unique_ptr<CachingPool> pool_;
   std::array<std::atomic<size_t>, kNumMemCategories> live_{};
   std::array<std::atomic<size_t>, kNumMemCategories> peak_{};
   std::array<std::atomic<size_t>, kNumMemCategories> allocated_{};

@@ -7,13 +7,16 @@
 
 namespace megaton::cuda {
 
-void* device_malloc(int device, size_t bytes, std::string_view what) {
+void* device_try_malloc(int device, size_t bytes) {
   if (bytes == 0) return nullptr;
   MEGATON_CUDA_CHECK(cudaSetDevice(device));
   void* p = nullptr;
   const cudaError_t err = cudaMalloc(&p, bytes);
-  if (err != cudaSuccess)
-    fail("out of memory on cuda:", device, " allocating ", bytes, " bytes for '", what, "': ", cudaGetErrorString(err));
+  if (err == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  MEGATON_CUDA_CHECK(err);
   return p;
 }
 

@@ -2,13 +2,13 @@
 // CUDA runtime call is checked; a failure throws megaton::Error naming the call, file and line.
 #pragma once
 #include <cstddef>
-#include <string_view>
 
 #include "megaton/core/device.h"
 
 namespace megaton::cuda {
 
-void* device_malloc(int device, size_t bytes, std::string_view what);
+// cudaMalloc, or nullptr when the device is out of memory (the error cleared); other failures throw.
+void* device_try_malloc(int device, size_t bytes);
 void device_free(int device, void* p);
 // Copies bytes between any two of host and CUDA memory (synchronously on the default stream).
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
