@@ -4,11 +4,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <tuple>
 
 #include "../support/tiny_model.h"
+#include "megaton/kernels/decode_rows.h"
 #include "megaton/kernels/linear.h"
 #include "megaton/kernels/quantized_linear.h"
+#include "megaton/nn/paged_kv_cache.h"
 
 using namespace megaton;
 
@@ -214,6 +217,66 @@ TEST_P(GreedyDecode, EqualsTheTrainingForwardsArgmaxAtEveryPosition) {
     for (int64_t v = 0; v < V; ++v) ASSERT_TRUE(std::isfinite(row[v])) << "position " << i << " id " << v;
     EXPECT_EQ(generated[i], std::max_element(row, row + V) - row) << "generated token " << i;
   }
+}
+
+// A forward of up to kernels::kDecodeRows new tokens runs the one-token kernels row by row (GEMV,
+// decode attention over each row's causal prefix), so its rows carry exactly the bits of one-token
+// steps: speculative verification then reproduces greedy decoding in bf16 as in f32. Contiguous
+// cache (every row's hidden state) and paged cache (two sequences of different lengths, their last
+// rows' logits). Planted: the GEMV reading every row's x from row 0, and the decode kernel letting
+// every new token see all the others (no causal offset), each caught.
+TEST_P(GreedyDecode, AFewTokensAtOnceHaveTheBitsOfOneTokenSteps) {
+  const auto [preset, dtype] = GetParam();
+  auto c = tiny(preset);
+  c.max_position_embeddings = 128;
+  models::TransformerModel m(c);
+  m.init_weights(9);
+  m.set_compute_dtype(dtype);
+  const std::vector<int32_t> prompt = {72, 101, 108, 108, 111, 44, 32, 119, 111, 114, 108};  // 11: the GEMM path
+  std::vector<int32_t> more;
+  for (int64_t i = 0; i < kernels::kDecodeRows; ++i) more.push_back(static_cast<int32_t>((i * 53 + 7) % 257));
+  const int64_t C = c.hidden_size, T = kernels::kDecodeRows;
+
+  auto together = m.new_kv_caches(1, 64), apart = m.new_kv_caches(1, 64);
+  m.forward_cached_hidden(together, ids(prompt));
+  m.forward_cached_hidden(apart, ids(prompt));
+  const Tensor rows = m.forward_cached_hidden(together, ids(more));
+  ASSERT_EQ(rows.size(0), T);
+  const size_t row_bytes = static_cast<size_t>(C) * dtype_size(rows.dtype());
+  for (int64_t t = 0; t < T; ++t) {
+    const Tensor one = m.forward_cached_hidden(apart, ids({more[static_cast<size_t>(t)]}));
+    EXPECT_EQ(std::memcmp(static_cast<const std::byte*>(rows.raw()) + static_cast<size_t>(t) * row_bytes, one.raw(),
+                          row_bytes),
+              0)
+        << "row " << t;
+  }
+
+  // Paged: sequence a has the prompt, b the prompt's first 6 tokens; both then take P = T / 2 tokens
+  // at once in one cache (2P rows: the linears' GEMV too), one at a time in the other.
+  nn::PagedKVCache joint = m.new_paged_kv_cache(8, 16, DType::F32), steps = m.new_paged_kv_cache(8, 16, DType::F32);
+  nn::PagedSequence ja, jb, sa, sb;
+  for (auto* s : {&ja, &jb}) ASSERT_TRUE(joint.reserve(*s, 64));
+  for (auto* s : {&sa, &sb}) ASSERT_TRUE(steps.reserve(*s, 64));
+  const std::vector<int32_t> head(prompt.begin(), prompt.begin() + 6);
+  for (auto [cache, a, b] : {std::tuple{&joint, &ja, &jb}, std::tuple{&steps, &sa, &sb}}) {
+    m.forward_paged(*cache, {a}, ids(prompt));
+    m.forward_paged(*cache, {b}, ids(head));
+  }
+  const int64_t P = T / 2;
+  std::vector<int32_t> two_rows(more.begin(), more.begin() + P);
+  two_rows.insert(two_rows.end(), more.rbegin(), more.rbegin() + P);
+  Tensor two = Tensor::empty({2, P}, DType::I32);
+  std::copy(two_rows.begin(), two_rows.end(), two.data<int32_t>());
+  const Tensor last = m.forward_paged(joint, {&ja, &jb}, two);
+  Tensor want;
+  for (int64_t t = 0; t < P; ++t) {
+    Tensor pair = Tensor::empty({2, 1}, DType::I32);
+    pair.data<int32_t>()[0] = two_rows[static_cast<size_t>(t)];
+    pair.data<int32_t>()[1] = two_rows[static_cast<size_t>(P + t)];
+    want = m.forward_paged(steps, {&sa, &sb}, pair);
+  }
+  ASSERT_EQ(last.nbytes(), want.nbytes());
+  EXPECT_EQ(std::memcmp(last.raw(), want.raw(), want.nbytes()), 0) << "paged rows differ from one-token steps";
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, GreedyDecode,

@@ -378,7 +378,7 @@ TEST(Attention, TensorApiOnCudaRefusesWhatItLacks) {
   const AttnShape s{.B = 1, .T = 3, .Hq = 2, .Hkv = 1, .D = 8};
   const Tensor qkv = on_gpu({s.T, s.stride()}, "qkv", DType::F32);
   EXPECT_ERROR_CONTAINS(decode_attention(gpu, on_gpu({1, s.Hq * s.D}, "decode_out", DType::F32), {qkv, 0},
-                                         {qkv, s.k_offset()}, {qkv, s.v_offset()}, 1, s.Hq, s.Hkv, s.D, s.fused(),
+                                         {qkv, s.k_offset()}, {qkv, s.v_offset()}, 1, 1, s.Hq, s.Hkv, s.D, s.fused(),
                                          s.fused(), s.scale(), s.T, s.T * s.stride()),
                         "kernel decode_attention has no implementation for cuda:0");
   // bf16 runs the flash kernels (flash_attention_cuda_test): lse in f32, the instantiated head sizes.

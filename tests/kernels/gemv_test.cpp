@@ -10,6 +10,7 @@
 
 #include "finite_diff.h"
 #include "megaton/kernels/cpu/linear.h"
+#include "megaton/kernels/decode_rows.h"
 
 using namespace megaton;
 using namespace megaton::kernels::cpu;
@@ -51,7 +52,7 @@ void expect_matches_double(GemvPath path) {
     const auto bias = random_as<B>(out, 3);
     const auto w = random_as<W>(in * out, 2);
     std::vector<T> y(out);
-    gemv(y.data(), x.data(), w.data(), bias.data(), in, out, path);
+    gemv(y.data(), x.data(), w.data(), bias.data(), 1, in, out, path);
     for (int64_t r = 0; r < out; ++r) {
       double want = widen(bias[r]), mag = std::abs(want);
       for (int64_t i = 0; i < in; ++i) {
@@ -84,9 +85,9 @@ TEST(Gemv, BitwiseIndependentOfTheThreadCount) {
   std::vector<float> one(out), two(out);
   const int saved = omp_get_max_threads();
   omp_set_num_threads(1);
-  gemv(one.data(), x.data(), w.data(), static_cast<const float*>(nullptr), in, out);
+  gemv(one.data(), x.data(), w.data(), static_cast<const float*>(nullptr), 1, in, out);
   omp_set_num_threads(2);
-  gemv(two.data(), x.data(), w.data(), static_cast<const float*>(nullptr), in, out);
+  gemv(two.data(), x.data(), w.data(), static_cast<const float*>(nullptr), 1, in, out);
   omp_set_num_threads(saved);
   EXPECT_EQ(std::memcmp(one.data(), two.data(), sizeof(float) * out), 0);
 }
@@ -100,24 +101,28 @@ TEST(Gemv, NonFiniteInputsPropagate) {
       std::vector<float> y(out);
       w[3 * in + 44] = bad;  // the scalar tail of row 3
       w[4 * in + 9] = bad;   // the vector body of row 4
-      gemv(y.data(), x.data(), w.data(), static_cast<const float*>(nullptr), in, out, p);
+      gemv(y.data(), x.data(), w.data(), static_cast<const float*>(nullptr), 1, in, out, p);
       for (int64_t r = 0; r < out; ++r) EXPECT_EQ(std::isfinite(y[r]), r != 3 && r != 4) << r;
       x[40] = std::numeric_limits<float>::quiet_NaN();
-      gemv(y.data(), x.data(), w.data(), static_cast<const float*>(nullptr), in, out, p);
+      gemv(y.data(), x.data(), w.data(), static_cast<const float*>(nullptr), 1, in, out, p);
       for (int64_t r = 0; r < out; ++r) EXPECT_TRUE(std::isnan(y[r])) << r;
     }
   }
 }
 
-// linear_forward of one row is the GEMV (batch-1 decode), of several rows the GEMM: both agree.
-TEST(Gemv, LinearForwardOfOneRowAgreesWithTheGemm) {
-  const int64_t in = 96, out = 70;
-  const auto x = fd::random_vector<float>(2 * in, 8), w = fd::random_vector<float>(in * out, 9);
+// linear_forward of up to kDecodeRows rows is the GEMV, each row with the bits of a one-row call
+// (what speculative verification relies on); of more rows the GEMM, which agrees within rounding.
+// Planted: the GEMV's x offset per row left at row 0 (caught).
+TEST(Gemv, LinearForwardOfAFewRowsIsTheOneRowGemvOfEach) {
+  const int64_t in = 96, out = 70, many = kernels::kDecodeRows + 1;
+  const auto x = fd::random_vector<float>(many * in, 8), w = fd::random_vector<float>(in * out, 9);
   const auto bias = fd::random_vector<float>(out, 10);
-  std::vector<float> one(out), two(2 * out), direct(out);
-  linear_forward(one.data(), x.data(), w.data(), bias.data(), 1, in, out);
-  linear_forward(two.data(), x.data(), w.data(), bias.data(), 2, in, out);
-  gemv(direct.data(), x.data(), w.data(), bias.data(), in, out);
-  EXPECT_EQ(std::memcmp(one.data(), direct.data(), sizeof(float) * out), 0);
-  for (int64_t r = 0; r < out; ++r) EXPECT_NEAR(one[r], two[r], 1e-5) << r;
+  std::vector<float> few(kernels::kDecodeRows * out), gemm(many * out), one(out);
+  linear_forward(few.data(), x.data(), w.data(), bias.data(), kernels::kDecodeRows, in, out);
+  linear_forward(gemm.data(), x.data(), w.data(), bias.data(), many, in, out);
+  for (int64_t n = 0; n < kernels::kDecodeRows; ++n) {
+    gemv(one.data(), x.data() + n * in, w.data(), bias.data(), 1, in, out);
+    EXPECT_EQ(std::memcmp(one.data(), few.data() + n * out, sizeof(float) * out), 0) << "row " << n;
+    for (int64_t r = 0; r < out; ++r) EXPECT_NEAR(one[r], gemm[n * out + r], 1e-5) << n << "," << r;
+  }
 }

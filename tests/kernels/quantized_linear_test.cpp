@@ -14,6 +14,7 @@
 #include "finite_diff.h"
 #include "megaton/core/fp8_format.h"
 #include "megaton/kernels/cpu/gemv_quantized.h"
+#include "megaton/kernels/decode_rows.h"
 #include "megaton/kernels/fp8_quantize.h"
 
 using namespace megaton;
@@ -111,7 +112,7 @@ TEST(QuantizedGemv, EveryFiniteE4M3CodeIsWidenedExactly) {
     for (int64_t k = 0; k < in; ++k) {
       std::vector<float> x(static_cast<size_t>(in), 0.0f), y(1);
       x[static_cast<size_t>(k)] = 1.0f;
-      cpu::gemv_quantized(y.data(), x.data(), w, static_cast<const float*>(nullptr), in, 1, p);
+      cpu::gemv_quantized(y.data(), x.data(), w, static_cast<const float*>(nullptr), 1, in, 1, p);
       ASSERT_EQ(y[0], fp8::decode(codes[static_cast<size_t>(k)], fp8::Format::E4M3))
           << path_name(p) << " code " << int(codes[static_cast<size_t>(k)]);
     }
@@ -137,8 +138,8 @@ TEST(QuantizedGemv, MatchesTheDoubleReferenceOnOddShapes) {
                      " out " + std::to_string(out));
         std::vector<float> y(out);
         std::vector<BFloat16> yb(out);
-        cpu::gemv_quantized(y.data(), x.data(), rows_of(q), bias.data(), in, out, p);
-        cpu::gemv_quantized(yb.data(), xb.data(), rows_of(q), static_cast<const float*>(nullptr), in, out, p);
+        cpu::gemv_quantized(y.data(), x.data(), rows_of(q), bias.data(), 1, in, out, p);
+        cpu::gemv_quantized(yb.data(), xb.data(), rows_of(q), static_cast<const float*>(nullptr), 1, in, out, p);
         for (int64_t r = 0; r < out; ++r) {
           double want, mag;
           reference(wd, x.data(), bias.data(), r, want, mag);
@@ -159,18 +160,18 @@ TEST(QuantizedGemv, BitwiseIndependentOfTheThreadCount) {
   std::vector<float> one(out), two(out);
   const int saved = omp_get_max_threads();
   omp_set_num_threads(1);
-  cpu::gemv_quantized(one.data(), x.data(), rows_of(q), static_cast<const float*>(nullptr), in, out);
+  cpu::gemv_quantized(one.data(), x.data(), rows_of(q), static_cast<const float*>(nullptr), 1, in, out);
   omp_set_num_threads(2);
-  cpu::gemv_quantized(two.data(), x.data(), rows_of(q), static_cast<const float*>(nullptr), in, out);
+  cpu::gemv_quantized(two.data(), x.data(), rows_of(q), static_cast<const float*>(nullptr), 1, in, out);
   omp_set_num_threads(saved);
   EXPECT_EQ(std::memcmp(one.data(), two.data(), sizeof(float) * out), 0);
 }
 
-// Several rows (prefill) run band-wise GEMMs over dequantised rows: equal to the reference and to
-// the GEMV of each row, across more than one band (out 640 > 256; planted: the band's bias offset
-// left at 0, caught).
+// More than kDecodeRows rows (prefill) run band-wise GEMMs over dequantised rows: equal to the
+// reference and to the GEMV of each row, across more than one band (out 640 > 256; planted: the
+// band's bias offset left at 0, caught).
 TEST(QuantizedLinear, PrefillBandsAgreeWithTheGemvAndTheReference) {
-  const int64_t in = 96, out = 640, N = 5;
+  const int64_t in = 96, out = 640, N = kDecodeRows + 3;
   for (WeightQuant kind : {WeightQuant::Int8Row, WeightQuant::Fp8Block}) {
     const QuantizedWeight q = quantize_weight(from(fd::random_vector<float>(in * out, 8), {out, in}), kind);
     const Tensor wd = dequantize_weight(q);
@@ -187,6 +188,25 @@ TEST(QuantizedLinear, PrefillBandsAgreeWithTheGemvAndTheReference) {
         ASSERT_NEAR(y.data<float>()[i * out + r], want, 1e-6 * mag) << weight_quant_name(kind) << " " << i << "," << r;
         ASSERT_NEAR(yi.data<float>()[r], want, 1e-6 * mag) << weight_quant_name(kind) << " " << i << "," << r;
       }
+    }
+  }
+}
+
+// Up to kDecodeRows rows run the GEMV, each row with the bits of a one-row call, with per-row and
+// 128 x 128 block scales (planted: the block-scaled x rows all taken from row 0, caught).
+TEST(QuantizedLinear, AFewRowsAreTheOneRowGemvOfEach) {
+  const int64_t in = 300, out = 260, N = kDecodeRows;
+  for (WeightQuant kind : {WeightQuant::Int8Row, WeightQuant::Fp8Block}) {
+    const QuantizedWeight q = quantize_weight(from(fd::random_vector<float>(in * out, 12), {out, in}), kind);
+    const Tensor x = from(fd::random_vector<float>(N * in, 13), {N, in}, "x");
+    const Tensor bias = from(fd::random_vector<float>(out, 14), {out}, "b");
+    Tensor y = Tensor::empty({N, out}, DType::F32, MemCategory::Other, "y");
+    Tensor yi = Tensor::empty({1, out}, DType::F32, MemCategory::Other, "yi");
+    quantized_linear_forward(ExecContext{}, y, x, q, bias);
+    for (int64_t i = 0; i < N; ++i) {
+      quantized_linear_forward(ExecContext{}, yi, x.slice_rows(i, i + 1), q, bias);
+      EXPECT_EQ(std::memcmp(yi.data<float>(), y.data<float>() + i * out, sizeof(float) * out), 0)
+          << weight_quant_name(kind) << " row " << i;
     }
   }
 }

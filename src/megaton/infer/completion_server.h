@@ -1,7 +1,7 @@
 // `megaton serve`: an OpenAI-compatible HTTP server over one loaded model (cpp-httplib).
 // Endpoints: POST /v1/completions and /v1/chat/completions (streaming as server-sent events),
-// GET /v1/models, /health and /metrics (Prometheus text). Sequences run one at a time on a single
-// generation thread in arrival order (the model and its KV cache are not shared between threads);
+// GET /v1/models, /health and /metrics (Prometheus text). Sequences run on a single generation
+// thread (sequence_queue.h: continuous batching; the model and its KV cache are not shared between threads);
 // up to `max_sequences` wait or run at once and more are refused with 429, so memory stays bounded.
 // A client that disconnects mid-stream cancels its sequence. Every error is a JSON body
 // {"error": {"message", "type", "param", "code"}} with a 4xx/5xx status; no request input can stop

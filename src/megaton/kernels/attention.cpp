@@ -1,5 +1,7 @@
 #include "megaton/kernels/attention.h"
 
+#include <algorithm>
+
 #include "megaton/kernels/cpu/attention.h"
 #include "megaton/kernels/cpu/decode_attention.h"
 #include "megaton/kernels/flash_attention_plan.h"
@@ -103,43 +105,45 @@ void attention_forward(const ExecContext& ctx, const Tensor& out, const Tensor& 
 }
 
 void decode_attention(const ExecContext& ctx, const Tensor& out, TensorAt q, TensorAt k, TensorAt v, int64_t B,
-                      int64_t Hq, int64_t Hkv, int64_t D, HeadStrides q_at, HeadStrides kv_at, double scale,
+                      int64_t Tq, int64_t Hq, int64_t Hkv, HeadDim D, HeadStrides q_at, HeadStrides kv_at, double scale,
                       int64_t Tk, int64_t kv_batch_stride) {
   constexpr std::string_view op = "decode_attention";
   expect_on_device(ctx, op, {&out, &q.t, &k.t, &v.t});
-  const AttentionDims d{B, 1, Hq, Hkv, D};
+  const AttentionDims d{B, Tq, Hq, Hkv, D};
   check_dims(op, d, 0);
-  if (Tk <= 0 || kv_batch_stride < 0)
-    fail("kernel ", op, ": ", Tk, " cached tokens and kv_batch_stride ", kv_batch_stride,
-         " (at least the new token, a stride >= 0)");
-  const int64_t cols = checked_mul(op, Hq, D);
-  checked_mul(op, B, cols);
-  expect_matrix(op, out, B, cols);
+  if (Tq < 1 || Tk < Tq || kv_batch_stride < 0)
+    fail("kernel ", op, ": ", Tq, " new tokens, ", Tk, " cached tokens and kv_batch_stride ", kv_batch_stride,
+         " (at least one new token, all of them cached, a stride >= 0)");
+  const int64_t rows = checked_mul(op, B, Tq), cols = checked_mul(op, Hq, D.v);
+  checked_mul(op, rows, cols);
+  expect_matrix(op, out, rows, cols);
   expect_q_heads(op, q, d, q_at);
-  expect_kv_heads(op, k, d, Tk, kv_batch_stride, kv_at, D);
-  expect_kv_heads(op, v, d, Tk, kv_batch_stride, kv_at, D);
+  expect_kv_heads(op, k, d, Tk, kv_batch_stride, kv_at, D.qk);
+  expect_kv_heads(op, v, d, Tk, kv_batch_stride, kv_at, D.v);
   if (!ctx.device.is_cpu()) fail_no_backend(ctx, op);
   expect_dtype(q.t.dtype(), op, {&out, &k.t, &v.t});
   dispatch_cpu_float(q.t.dtype(), op, [&]<typename T>(T) {
     cpu::decode_attention(out.data<T>(), q.t.data<T>() + q.offset, k.t.data<T>() + k.offset, v.t.data<T>() + v.offset,
-                          B, Hq, Hkv, D, q_at, kv_at, scale, Tk, kv_batch_stride);
+                          B, Tq, Hq, Hkv, D, q_at, kv_at, scale, Tk, kv_batch_stride);
   });
 }
 
 void paged_decode_attention(const ExecContext& ctx, const Tensor& out, TensorAt q, const Tensor& k_pages,
-                            const Tensor& v_pages, const Tensor& pages, const Tensor& lens, int64_t B, int64_t Hq,
-                            int64_t Hkv, int64_t D, HeadStrides q_at, HeadStrides kv_at, double scale,
+                            const Tensor& v_pages, const Tensor& pages, const Tensor& lens, int64_t B, int64_t Tq,
+                            int64_t Hq, int64_t Hkv, HeadDim D, HeadStrides q_at, HeadStrides kv_at, double scale,
                             const Tensor& k_scale, const Tensor& v_scale) {
   constexpr std::string_view op = "paged_decode_attention";
   expect_on_device(ctx, op, {&out, &q.t, &k_pages, &v_pages, &pages, &lens});
-  const AttentionDims d{B, 1, Hq, Hkv, D};
+  const AttentionDims d{B, Tq, Hq, Hkv, D};
   check_dims(op, d, 0);
+  if (Tq < 1) fail("kernel ", op, ": ", Tq, " new tokens per row (at least one)");
   if (k_pages.dim() != 3 || v_pages.shape() != k_pages.shape())
     fail("kernel ", op, ": k and v pages must be [pages, page_size, cols] alike, got ", shape_str(k_pages.shape()),
          " and ", shape_str(v_pages.shape()));
   const int64_t num_pages = k_pages.size(0), page_size = k_pages.size(1);
-  if (kv_at.row != k_pages.size(2) || (Hkv - 1) * kv_at.group + D > kv_at.row)
-    fail("kernel ", op, ": ", Hkv, " kv heads of ", D, " at stride ", kv_at.group, " do not fit rows of ",
+  const int64_t widest = std::max(D.qk, D.v);
+  if (kv_at.row != k_pages.size(2) || (Hkv - 1) * kv_at.group + widest > kv_at.row)
+    fail("kernel ", op, ": ", Hkv, " kv heads of ", widest, " at stride ", kv_at.group, " do not fit rows of ",
          k_pages.size(2), " (kv_at.row ", kv_at.row, ")");
   if (pages.dim() != 2 || pages.size(0) != B || pages.dtype() != DType::I32)
     fail("kernel ", op, ": pages must be I32 [", B, ", max_pages], got ", dtype_name(pages.dtype()), " ",
@@ -149,24 +153,24 @@ void paged_decode_attention(const ExecContext& ctx, const Tensor& out, TensorAt 
   const int64_t max_pages = pages.size(1);
   for (int64_t b = 0; b < B; ++b) {
     const int64_t n = lens.data<int64_t>()[b];
-    if (n < 1 || n > checked_mul(op, max_pages, page_size))
-      fail("kernel ", op, ": row ", b, " attends over ", n, " tokens; its ", max_pages, " pages of ", page_size,
-           " hold 1 to ", max_pages * page_size);
+    if (n < Tq || n > checked_mul(op, max_pages, page_size))
+      fail("kernel ", op, ": row ", b, " attends over ", n, " tokens; its ", Tq, " new ones and ", max_pages,
+           " pages of ", page_size, " need ", Tq, " to ", max_pages * page_size);
     for (int64_t i = 0; i < (n + page_size - 1) / page_size; ++i) {
       const int32_t page = pages.data<int32_t>()[b * max_pages + i];
       if (page < 0 || page >= num_pages)
         fail("kernel ", op, ": row ", b, " page ", i, " is ", page, ", outside the pool's ", num_pages, " pages");
     }
   }
-  expect_matrix(op, out, B, checked_mul(op, Hq, D));
+  expect_matrix(op, out, checked_mul(op, B, Tq), checked_mul(op, Hq, D.v));
   expect_q_heads(op, q, d, q_at);
   if (!ctx.device.is_cpu()) fail_no_backend(ctx, op);
   expect_dtype(q.t.dtype(), op, {&out});
   expect_dtype(k_pages.dtype(), op, {&v_pages});
   const auto run = [&]<typename T, typename KV>(T, KV) {
-    cpu::paged_decode_attention(out.data<T>(), q.t.data<T>() + q.offset, k_pages.data<KV>(), v_pages.data<KV>(), B,
-                                Hq, Hkv, D, q_at, kv_at, scale, pages.data<int32_t>(), max_pages,
-                                lens.data<int64_t>(), page_size);
+    cpu::paged_decode_attention(out.data<T>(), q.t.data<T>() + q.offset, k_pages.data<KV>(), v_pages.data<KV>(), B, Tq,
+                                Hq, Hkv, D, q_at, kv_at, scale, pages.data<int32_t>(), max_pages, lens.data<int64_t>(),
+                                page_size);
   };
   if (k_pages.dtype() == DType::BF16 && q.t.dtype() == DType::F32) return run(float{}, BFloat16{});
   if (k_pages.dtype() == DType::F8E4M3 && q.t.dtype() == DType::F32) {
@@ -176,7 +180,7 @@ void paged_decode_attention(const ExecContext& ctx, const Tensor& out, TensorAt 
         fail("kernel ", op, ": F8E4M3 pages need F32 scales ", shape_str(want), ", got ",
              s->defined() ? std::string(dtype_name(s->dtype())) + " " + shape_str(s->shape()) : "none");
     cpu::paged_decode_attention(out.data<float>(), q.t.data<float>() + q.offset, k_pages.data<Float8E4M3>(),
-                                v_pages.data<Float8E4M3>(), B, Hq, Hkv, D, q_at, kv_at, scale,
+                                v_pages.data<Float8E4M3>(), B, Tq, Hq, Hkv, D, q_at, kv_at, scale,
                                 pages.data<int32_t>(), max_pages, lens.data<int64_t>(), page_size,
                                 k_scale.data<float>(), v_scale.data<float>());
     return;

@@ -10,6 +10,7 @@
 #pragma once
 #include <cstdint>
 
+#include "megaton/kernels/decode_rows.h"
 #include "megaton/kernels/exec_context.h"
 #include "megaton/kernels/head_strides.h"
 
@@ -37,26 +38,30 @@ void attention_forward(const ExecContext& ctx, const Tensor& out, const Tensor& 
                        int64_t B, int64_t Tlen, int64_t Hq, int64_t Hkv, HeadDim D, HeadStrides q_at, HeadStrides kv_at,
                        double scale, int64_t pos_offset = 0, int64_t kv_batch_stride = -1);
 
-// Decode: one new query token per batch row (Tlen = 1) against the Tk tokens of its KV cache, the
-// new token's key and value already appended (cpu/decode_attention.h: one pass over k and v with an
-// online softmax, each kv head read once for all the query heads of its group). out [B, Hq*D] is
+// Decode: Tq new query tokens per batch row (1 for a decode step, up to kDecodeRows for a
+// speculative verification; decode_rows.h) against the Tk tokens of its KV cache, the new tokens'
+// keys and values already appended (cpu/decode_attention.h: one pass over k and v with an online
+// softmax, each kv head read once for all the query heads of its group). out [B*Tq, Hq*D] is
 // written; q by q_at, k and v by kv_at with batch rows kv_batch_stride elements apart. Equal to
-// attention_forward with Tlen 1 and pos_offset Tk - 1, without the lse; f32 / f64.
+// attention_forward with Tlen Tq and pos_offset Tk - Tq, without the lse; each query has the bits
+// it would have as the only one (Tq 1, Tk its prefix); f32 / f64. D as in attention_forward: out
+// is [B*Tq, Hq*D.v] (MLA's absorbed decoding: D {R + r, R}, v = k).
 void decode_attention(const ExecContext& ctx, const Tensor& out, TensorAt q, TensorAt k, TensorAt v, int64_t B,
-                      int64_t Hq, int64_t Hkv, int64_t D, HeadStrides q_at, HeadStrides kv_at, double scale,
+                      int64_t Tq, int64_t Hq, int64_t Hkv, HeadDim D, HeadStrides q_at, HeadStrides kv_at, double scale,
                       int64_t Tk, int64_t kv_batch_stride);
 
 // decode_attention over a paged KV cache (vLLM's PagedAttention layout; nn/paged_kv_cache.h):
 // k_pages / v_pages [num_pages, page_size, kv cols] with token rows kv_at.row = kv cols apart;
-// pages I32 [B, max_pages], row b's page ids in token order; lens I64 [B], the tokens row b attends
-// over (its new one, already written, included), covered by its first ceil(lens[b] / page_size)
-// pages. Pages of a multiple of 64 tokens give decode_attention's result bitwise. The pages are q's
+// pages I32 [B, max_pages], row b's page ids in token order; lens I64 [B], the tokens the last of
+// row b's Tq queries attends over (its Tq new ones, already written, included), covered by its first
+// ceil(lens[b] / page_size) pages. Pages of a multiple of 64 tokens give decode_attention's result
+// bitwise. The pages are q's
 // dtype, or bf16 or F8E4M3 with f32 q and out (a bf16 / FP8 KV cache: f32 math on the widened
 // elements); F8E4M3 pages need k_scale / v_scale, F32 [pages, page_size, Hkv]: every token's head
 // is its codes times its scale (cpu/kv_fp8.h).
 void paged_decode_attention(const ExecContext& ctx, const Tensor& out, TensorAt q, const Tensor& k_pages,
-                            const Tensor& v_pages, const Tensor& pages, const Tensor& lens, int64_t B, int64_t Hq,
-                            int64_t Hkv, int64_t D, HeadStrides q_at, HeadStrides kv_at, double scale,
+                            const Tensor& v_pages, const Tensor& pages, const Tensor& lens, int64_t B, int64_t Tq,
+                            int64_t Hq, int64_t Hkv, HeadDim D, HeadStrides q_at, HeadStrides kv_at, double scale,
                             const Tensor& k_scale = {}, const Tensor& v_scale = {});
 
 // dq, dk, dv are written in the layouts of q, k, v (dq by q_at, dk / dv by kv_at), so that they land

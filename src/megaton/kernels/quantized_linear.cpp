@@ -7,6 +7,7 @@
 #include "megaton/kernels/cpu/element.h"
 #include "megaton/kernels/cpu/gemm.h"
 #include "megaton/kernels/cpu/gemv_quantized.h"
+#include "megaton/kernels/decode_rows.h"
 #include "megaton/kernels/fp8_quantize.h"
 #include "megaton/kernels/linear_shape.h"
 
@@ -93,10 +94,10 @@ void quantized_linear_forward(const ExecContext& ctx, const Tensor& out, const T
   if (x.dtype() != DType::F32 && x.dtype() != DType::BF16)
     fail("kernel ", op, ": input '", x.name(), "' holds ", dtype_name(x.dtype()), ", expected f32 or bf16");
   const cpu::QuantizedRows rows = rows_of(w);
-  if (s.rows == 1) {
+  if (s.rows <= kDecodeRows) {
     return with_activation_type(x.dtype(), [&]<typename T>(T) {
       const auto run = [&]<typename B>(B) {
-        cpu::gemv_quantized(out.data<T>(), x.data<T>(), rows, data_or_null<B>(bias), s.in, s.out);
+        cpu::gemv_quantized(out.data<T>(), x.data<T>(), rows, data_or_null<B>(bias), s.rows, s.in, s.out);
       };
       if (bias.defined()) return dispatch_cpu_param<T>(op, bias, run);
       run(float{});

@@ -148,7 +148,7 @@ class TransformerModel {
   // page_size tokens for every layer, and the last-position logits [S, V] of tokens [S, T], row s
   // continuing seqs[s] (whose pages must already hold its len + T tokens; len advances by T).
   nn::PagedKVCache new_paged_kv_cache(int64_t num_pages, int64_t page_size, DType dtype = DType::F32) const;
-  bool supports_paged_kv() const;  // every layer's attention has a paged form (not MLA)
+  bool supports_paged_kv() const;  // unsharded, and every layer's attention has a paged form
   Tensor forward_paged(nn::PagedKVCache& cache, const std::vector<nn::PagedSequence*>& seqs, const Tensor& tokens);
   // The same pass returning the final-norm hidden state of every new position, [B*T, hidden]
   // (speculative decoding verifies several positions at once), and the logits of such rows.

@@ -152,9 +152,9 @@ Tensor SelfAttention::forward_cached(KVCache& cache, const Tensor& x, int64_t B,
   kernels::copy_rows(on, {k_heads, cache.len * G, 0}, {groups, 0, shape_.k_offset()}, T * G, D);
   kernels::copy_rows(on, {v_heads, cache.len * G, 0}, {groups, 0, shape_.v_offset()}, T * G, D);
   Tensor out = new_activation({B * T, shape_.q_size()}, qkv.weight.name + ".attn_out");
-  if (T == 1) {  // a decode step: one pass over the cache, no lse (nothing runs backward)
-    kernels::decode_attention(on, out, qkv_buf, cache.k, cache.v, B, shape_.heads, G, D, fused_strides(), {ks, D},
-                              scale_, cache.len + 1, max_len * ks);
+  if (T <= kernels::kDecodeRows) {  // decode steps: one pass over the cache, no lse (nothing runs backward)
+    kernels::decode_attention(on, out, qkv_buf, cache.k, cache.v, B, T, shape_.heads, G, D, fused_strides(), {ks, D},
+                              scale_, cache.len + T, max_len * ks);
   } else {
     Tensor lse = new_activation({B, shape_.heads, T}, qkv.weight.name + ".lse");
     kernels::attention_forward(on, out, lse, qkv_buf, cache.k, cache.v, B, T, shape_.heads, G, D, fused_strides(),
@@ -200,9 +200,9 @@ Tensor SelfAttention::forward_paged(PagedKVCache::Layer& layer, const PagedBatch
     }
   }
   Tensor out = new_activation({S * T, shape_.q_size()}, qkv.weight.name + ".attn_out");
-  if (T == 1) {  // a decode step of every sequence at once, each over its own pages
-    kernels::paged_decode_attention(on, out, qkv_buf, layer.k, layer.v, batch.page_table, batch.lens, S, shape_.heads,
-                                    G, D, fused_strides(), {ks, D}, scale_, layer.k_scale, layer.v_scale);
+  if (T <= kernels::kDecodeRows) {  // decode steps of every sequence at once, each over its own pages
+    kernels::paged_decode_attention(on, out, qkv_buf, layer.k, layer.v, batch.page_table, batch.lens, S, T,
+                                    shape_.heads, G, D, fused_strides(), {ks, D}, scale_, layer.k_scale, layer.v_scale);
   } else {  // a prefill chunk: the sequence's keys gathered from its pages, then causal attention
     for (int64_t s = 0; s < S; ++s) {
       const PagedSequence& seq = *batch.seqs[static_cast<size_t>(s)];

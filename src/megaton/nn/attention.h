@@ -65,7 +65,7 @@ class SelfAttention final : public AttentionLayer {
   void backward_weight(SublayerCtx& ctx) override;
   Tensor forward_cached(KVCache& cache, const Tensor& x, int64_t B, int64_t T) override;
   bool paged() const override { return true; }
-  int64_t kv_cols() const override { return shape_.kv_size(); }
+  PagedLayerSpec paged_layer() const override { return {shape_.kv_size(), shape_.head_dim}; }
   Tensor forward_paged(PagedKVCache::Layer& layer, const PagedBatch& batch, const Tensor& x) override;
   KVCache new_cache(int64_t B, int64_t max_len) const override;
   void set_recompute_core(bool on) override { recompute_core_ = on; }

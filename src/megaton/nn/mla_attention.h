@@ -61,6 +61,14 @@ class MultiLatentAttention final : public AttentionLayer {
   Tensor forward_cached_naive(KVCache& cache, const Tensor& x, int64_t B, int64_t T);
   // forward_cached runs the naive form from now on (megaton generate --mla-decode naive).
   void set_naive_decode(bool on) { naive_decode_ = on; }
+  // The paged cache keeps the latent alone, [c | k_rope] per token (no values: they are its first
+  // kv_lora_rank columns), one FP8 scale per token; decoding is the absorbed form over the pages.
+  bool paged() const override { return true; }
+  PagedLayerSpec paged_layer() const override {
+    const int64_t width = config_.kv_lora_rank + config_.qk_pos_emb_head_dim;
+    return {width, width, true};
+  }
+  Tensor forward_paged(PagedKVCache::Layer& layer, const PagedBatch& batch, const Tensor& x) override;
   void set_recompute_core(bool on) override { recompute_core_ = on; }
   void parameters(ParameterList& out) override;
   void gemm_weights(ParameterList& out) override;
@@ -89,9 +97,15 @@ class MultiLatentAttention final : public AttentionLayer {
   // rope_col (the latent rows [c | k_rope], or the rope keys alone), copied as they are there (the
   // caller rotates them where they are not yet).
   Tensor expand_keys(const Tensor& kv_up_out, const Tensor& rope_keys, int64_t rope_col) const;
-  // Decoding: appends the latent of x's T tokens per sequence to the cache at cache.len (the
-  // normalised c and the rotated k_rope), leaving cache.len as it was.
+  // Decoding: the latent rows of x's T tokens per sequence, f32 [B*T, R + r]: the normalised c and
+  // k_rope rotated at positions pos[b] ... for sequence b.
+  Tensor latent_rows(const Tensor& x, int64_t B, int64_t T, const std::vector<int64_t>& pos);
+  // Appends them to the cache at cache.len, leaving cache.len as it was.
   void append_latent(KVCache& cache, const Tensor& x, int64_t B, int64_t T);
+  // The absorbed queries [N, heads * (R + r)] of x's T tokens per sequence, rope parts rotated at pos[b] ...
+  Tensor absorbed_query(const Tensor& x, int64_t B, int64_t T, const std::vector<int64_t>& pos);
+  // The attention's latent output [N, heads * R] through the absorbed output projection, in x's dtype.
+  Tensor absorbed_output(const Tensor& out, const Tensor& x);
   Tensor core_forward(MlaCtx& ctx, int64_t B, int64_t T) const;
   // The current absorbed weights, remade when a weight's version moved.
   const MlaAbsorbed& absorbed();

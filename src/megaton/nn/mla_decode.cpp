@@ -1,5 +1,8 @@
 // MultiLatentAttention's decoding (mla_attention.h): the latent cache, the absorbed form and the
 // naive form it must equal.
+#include <algorithm>
+#include <vector>
+
 #include "megaton/kernels/attention.h"
 #include "megaton/kernels/copy.h"
 #include "megaton/kernels/linear.h"
@@ -23,45 +26,121 @@ KVCache MultiLatentAttention::new_cache(int64_t B, int64_t max_len) const {
   return c;
 }
 
-void MultiLatentAttention::append_latent(KVCache& cache, const Tensor& x, int64_t B, int64_t T) {
+Tensor MultiLatentAttention::latent_rows(const Tensor& x, int64_t B, int64_t T, const std::vector<int64_t>& pos) {
   const int64_t N = B * T, R = config_.kv_lora_rank, r = config_.qk_pos_emb_head_dim;
-  expect_room(cache, T);
   LinearCtx down_ctx;
   NormCtx norm_ctx;
   // f32 latent rows [c | k_rope]: k_rope rotated in place (an f32 linear output no one else keeps).
   const Tensor latent = as_dtype(kv_down.forward(down_ctx, x), DType::F32);
-  rotate(latent, B, T, 1, R + r, R, cache.len, false);
+  for (int64_t b = 0; b < B; ++b) rotate(latent.slice_rows(b * T, (b + 1) * T), 1, T, 1, R + r, R, pos[b], false);
   Tensor c = new_activation({N, R}, kv_down.weight.name + ".latent", x.dtype());
   const auto on = ExecContext::on(latent);
   const Tensor x_latent = as_dtype(latent, x.dtype());
   kernels::copy_rows(on, {c.view({1, N, R}), 0, 0}, {x_latent.view({1, N, R + r}), 0, 0}, N, R);
   const Tensor c_n = as_dtype(kv_norm.forward(norm_ctx, c), DType::F32);
-  kernels::copy_rows(on, {cache.k, cache.len, 0}, {c_n.view({B, T, R}), 0, 0}, T, R);
-  kernels::copy_rows(on, {cache.k, cache.len, R}, {latent.view({B, T, R + r}), 0, R}, T, r);
+  kernels::copy_rows(on, {latent.view({1, N, R + r}), 0, 0}, {c_n.view({1, N, R}), 0, 0}, N, R);
+  return latent;
+}
+
+void MultiLatentAttention::append_latent(KVCache& cache, const Tensor& x, int64_t B, int64_t T) {
+  const int64_t W = config_.kv_lora_rank + config_.qk_pos_emb_head_dim;
+  expect_room(cache, T);
+  const Tensor latent = latent_rows(x, B, T, std::vector<int64_t>(static_cast<size_t>(B), cache.len));
+  kernels::copy_rows(ExecContext::on(latent), {cache.k, cache.len, 0}, {latent.view({B, T, W}), 0, 0}, T, W);
+}
+
+Tensor MultiLatentAttention::absorbed_query(const Tensor& x, int64_t B, int64_t T, const std::vector<int64_t>& pos) {
+  const int64_t R = config_.kv_lora_rank, r = config_.qk_pos_emb_head_dim;
+  // The query latent (or x itself), then each head's absorbed query [W_uk^T q_nope | q_rope].
+  MlaCtx scratch;
+  const Tensor q_in = query_input(scratch, x);
+  Tensor q = new_activation({B * T, heads_ * (R + r)}, proj.weight.name + ".absorbed_q");
+  kernels::linear_forward(ExecContext::on(x), q, as_dtype(q_in, DType::F32), absorbed().q_weight, {});
+  for (int64_t b = 0; b < B; ++b) rotate(q.slice_rows(b * T, (b + 1) * T), 1, T, heads_, R + r, R, pos[b], false);
+  return q;
+}
+
+Tensor MultiLatentAttention::absorbed_output(const Tensor& out, const Tensor& x) {
+  Tensor y = new_activation({out.size(0), hidden_}, proj.weight.name + ".out");
+  kernels::linear_forward(ExecContext::on(out), y, out, absorbed().proj_weight, proj.bias.value);
+  return as_dtype(y, x.dtype());
 }
 
 Tensor MultiLatentAttention::forward_cached(KVCache& cache, const Tensor& x, int64_t B, int64_t T) {
   if (naive_decode_) return forward_cached_naive(cache, x, B, T);
-  const int64_t N = B * T, R = config_.kv_lora_rank, r = config_.qk_pos_emb_head_dim, max_len = cache.k.size(1);
+  const int64_t N = B * T, R = config_.kv_lora_rank, r = config_.qk_pos_emb_head_dim, W = R + r,
+                max_len = cache.k.size(1);
   append_latent(cache, x, B, T);
-  const MlaAbsorbed& a = absorbed();
-  // The query latent (or x itself), then each head's absorbed query [W_uk^T q_nope | q_rope].
-  MlaCtx scratch;
-  const Tensor q_in = query_input(scratch, x);
+  const Tensor q = absorbed_query(x, B, T, std::vector<int64_t>(static_cast<size_t>(B), cache.len));
   const auto on = ExecContext::on(x);
-  Tensor q = new_activation({N, heads_ * (R + r)}, proj.weight.name + ".absorbed_q");
-  kernels::linear_forward(on, q, as_dtype(q_in, DType::F32), a.q_weight, {});
-  rotate(q, B, T, heads_, R + r, R, cache.len, false);
   // Multi-query attention over the latent: one kv head, keys [c | k_rope], values c.
   Tensor out = new_activation({N, heads_ * R}, proj.weight.name + ".latent_out");
-  Tensor lse = new_activation({B, heads_, T}, proj.weight.name + ".lse");
-  kernels::attention_forward(on, out, lse, q, {cache.k, 0}, {cache.k, 0}, B, T, heads_, 1, kernels::HeadDim{R + r, R},
-                             {heads_ * (R + r), heads_ * (R + r)}, {R + r, R + r}, scale_, cache.len,
-                             max_len * (R + r));
+  const kernels::HeadDim D{W, R};
+  if (T <= kernels::kDecodeRows) {  // decode steps: the latent read once for all heads (as the paged cache does)
+    kernels::decode_attention(on, out, q, {cache.k, 0}, {cache.k, 0}, B, T, heads_, 1, D, {heads_ * W, heads_ * W},
+                              {W, W}, scale_, cache.len + T, max_len * W);
+  } else {
+    Tensor lse = new_activation({B, heads_, T}, proj.weight.name + ".lse");
+    kernels::attention_forward(on, out, lse, q, {cache.k, 0}, {cache.k, 0}, B, T, heads_, 1, D,
+                               {heads_ * W, heads_ * W}, {W, W}, scale_, cache.len, max_len * W);
+  }
   cache.len += T;
-  Tensor y = new_activation({N, hidden_}, proj.weight.name + ".out");
-  kernels::linear_forward(on, y, out, a.proj_weight, proj.bias.value);
-  return as_dtype(y, x.dtype());
+  return absorbed_output(out, x);
+}
+
+Tensor MultiLatentAttention::forward_paged(PagedKVCache::Layer& layer, const PagedBatch& batch, const Tensor& x) {
+  const int64_t S = static_cast<int64_t>(batch.seqs.size()), T = batch.tokens, N = S * T;
+  const int64_t R = config_.kv_lora_rank, W = R + config_.qk_pos_emb_head_dim, P = layer.k.size(1);
+  const int64_t pool_rows = layer.k.size(0) * P;
+  if (layer.k.size(2) != W) fail("paged KV layer of ", layer.k.size(2), " columns for a latent of ", W);
+  std::vector<int64_t> pos;
+  for (const PagedSequence* seq : batch.seqs) pos.push_back(seq->len);
+  const Tensor latent = latent_rows(x, S, T, pos);
+  const auto on = ExecContext::on(latent);
+  // The latent rows into the pages (rounded to bf16 for a bf16 cache, each row encoded with its own
+  // scale for an FP8 one), one block per run of tokens inside one page.
+  const bool fp8 = layer.k.dtype() == DType::F8E4M3;
+  const Tensor rows = as_dtype(latent, fp8 ? DType::F32 : layer.k.dtype()).view({1, N, W});
+  const Tensor pages = layer.k.view({1, pool_rows, W});
+  const Tensor scales = fp8 ? layer.k_scale.view({1, pool_rows, 1}) : Tensor();
+  for (int64_t s = 0; s < S; ++s) {
+    const PagedSequence& seq = *batch.seqs[static_cast<size_t>(s)];
+    for (int64_t t = 0; t < T;) {
+      const int64_t at = seq.len + t, slot = at % P, run = std::min(T - t, P - slot);
+      const int64_t dst = seq.pages.at(static_cast<size_t>(at / P)) * P + slot;
+      if (fp8)
+        kernels::encode_fp8_rows(on, pages, scales, dst, {rows, s * T + t, 0}, run);
+      else
+        kernels::copy_rows(on, {pages, dst, 0}, {rows, s * T + t, 0}, run, W);
+      t += run;
+    }
+  }
+  const Tensor q = absorbed_query(x, S, T, pos);
+  Tensor out = new_activation({N, heads_ * R}, proj.weight.name + ".latent_out");
+  const kernels::HeadDim D{W, R};
+  const kernels::HeadStrides q_at{heads_ * W, heads_ * W}, kv_at{W, W};
+  if (T <= kernels::kDecodeRows) {  // decode steps of every sequence at once, each over its own pages
+    kernels::paged_decode_attention(on, out, q, layer.k, layer.k, batch.page_table, batch.lens, S, T, heads_, 1, D,
+                                    q_at, kv_at, scale_, layer.k_scale, layer.k_scale);
+  } else {  // a prefill chunk: the sequence's latent gathered from its pages, then causal attention
+    for (int64_t s = 0; s < S; ++s) {
+      const PagedSequence& seq = *batch.seqs[static_cast<size_t>(s)];
+      const int64_t Tk = seq.len + T;
+      Tensor keys = new_activation({Tk, W}, "paged_latent", fp8 ? DType::F32 : layer.k.dtype());
+      for (int64_t t = 0; t < Tk; t += P) {
+        const int64_t n = std::min(P, Tk - t), page = seq.pages.at(static_cast<size_t>(t / P));
+        if (fp8)
+          kernels::decode_fp8_rows(on, {keys.view({1, Tk, W}), t, 0}, pages, scales, page * P, n);
+        else
+          kernels::copy_rows(on, {keys.view({1, Tk, W}), t, 0}, {pages, page * P, 0}, n, W);
+      }
+      const Tensor k = as_dtype(keys, DType::F32);
+      Tensor lse = new_activation({heads_, T}, proj.weight.name + ".lse");
+      kernels::attention_forward(on, out.slice_rows(s * T, (s + 1) * T), lse, {q, s * T * heads_ * W}, k, k, 1, T,
+                                 heads_, 1, D, q_at, kv_at, scale_, seq.len, Tk * W);
+    }
+  }
+  return absorbed_output(out, x);
 }
 
 Tensor MultiLatentAttention::forward_cached_naive(KVCache& cache, const Tensor& x, int64_t B, int64_t T) {

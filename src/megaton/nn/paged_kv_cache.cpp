@@ -7,26 +7,25 @@
 
 namespace megaton::nn {
 
-PagedKVCache::PagedKVCache(const std::vector<int64_t>& kv_cols, int64_t num_pages, int64_t page_size, DType dtype,
-                           int64_t head_dim)
+PagedKVCache::PagedKVCache(const std::vector<PagedLayerSpec>& specs, int64_t num_pages, int64_t page_size, DType dtype)
     : num_pages_(num_pages), page_size_(page_size), dtype_(dtype) {
   if (page_size < 1 || page_size > (1 << 20)) fail("KV cache page size ", page_size, " outside 1 .. 2^20 tokens");
   if (num_pages < 1 || num_pages > INT32_MAX) fail("KV cache of ", num_pages, " pages outside 1 .. 2^31 - 1");
   if (dtype != DType::F32 && dtype != DType::BF16 && dtype != DType::F8E4M3)
     fail("KV cache dtype ", dtype_name(dtype), " is not supported (f32, bf16 or f8e4m3)");
   const bool fp8 = dtype == DType::F8E4M3;
-  for (const int64_t cols : kv_cols) {
-    if (cols < 1) fail("KV cache layer of ", cols, " columns");
-    if (fp8 && (head_dim < 1 || cols % head_dim != 0))
-      fail("FP8 KV cache: head_dim ", head_dim, " does not divide a layer's ", cols, " columns");
-    const Shape shape{num_pages, page_size, cols};
+  for (const PagedLayerSpec& spec : specs) {
+    if (spec.cols < 1) fail("KV cache layer of ", spec.cols, " columns");
+    if (fp8 && (spec.head_dim < 1 || spec.cols % spec.head_dim != 0))
+      fail("FP8 KV cache: head_dim ", spec.head_dim, " does not divide a layer's ", spec.cols, " columns");
+    const Shape shape{num_pages, page_size, spec.cols};
     Layer l;
     l.k = Tensor::zeros(shape, dtype, MemCategory::Activations, "paged_kv.k");
-    l.v = Tensor::zeros(shape, dtype, MemCategory::Activations, "paged_kv.v");
+    if (!spec.keys_only) l.v = Tensor::zeros(shape, dtype, MemCategory::Activations, "paged_kv.v");
     if (fp8) {
-      const Shape scales{num_pages, page_size, cols / head_dim};
+      const Shape scales{num_pages, page_size, spec.cols / spec.head_dim};
       l.k_scale = Tensor::zeros(scales, DType::F32, MemCategory::Activations, "paged_kv.k_scale");
-      l.v_scale = Tensor::zeros(scales, DType::F32, MemCategory::Activations, "paged_kv.v_scale");
+      if (!spec.keys_only) l.v_scale = Tensor::zeros(scales, DType::F32, MemCategory::Activations, "paged_kv.v_scale");
     }
     layers_.push_back(std::move(l));
   }

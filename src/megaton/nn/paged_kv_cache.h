@@ -17,19 +17,29 @@ struct PagedSequence {
   int64_t len = 0;
 };
 
+// What one layer keeps per token in its pages: `cols` columns of keys (and of values unless
+// keys_only: MLA caches the latent [c | k_rope] alone, its values being the first columns), with one
+// FP8 scale per head_dim columns in an FP8 cache.
+struct PagedLayerSpec {
+  PagedLayerSpec(int64_t kv_cols, int64_t head = 0, bool only_keys = false)  // NOLINT: a width alone is a spec
+      : cols(kv_cols), head_dim(head), keys_only(only_keys) {}
+  int64_t cols, head_dim;
+  bool keys_only;
+};
+
 class PagedKVCache {
  public:
   struct Layer {
-    Tensor k, v;  // [num_pages, page_size, kv_cols], f32, bf16 or f8e4m3
-    // FP8 pages only: each token's per-head scale, F32 [num_pages, page_size, kv_cols / head_dim].
+    Tensor k, v;  // [num_pages, page_size, cols], f32, bf16 or f8e4m3; v undefined for keys-only layers
+    // FP8 pages only: each token's per-head scale, F32 [num_pages, page_size, cols / head_dim].
     Tensor k_scale, v_scale;
   };
-  // kv_cols per layer (a model's layers may differ); every count range-checked. dtype: f32; bf16
+  // One spec per layer (a model's layers may differ); every count range-checked. dtype: f32; bf16
   // (half the bytes per token: keys and values rounded to nearest even as they are written); or
   // f8e4m3 (a quarter, plus a 4-byte scale per head_dim values: each token's head encoded with its
-  // own scale, cpu/kv_fp8.h; head_dim must divide every kv_cols). The attention's math stays f32.
-  PagedKVCache(const std::vector<int64_t>& kv_cols, int64_t num_pages, int64_t page_size, DType dtype = DType::F32,
-               int64_t head_dim = 0);
+  // own scale, cpu/kv_fp8.h; head_dim must divide the layer's cols). The attention's math stays f32.
+  PagedKVCache(const std::vector<PagedLayerSpec>& layers, int64_t num_pages, int64_t page_size,
+               DType dtype = DType::F32);
 
   Layer& layer(size_t i) { return layers_.at(i); }
   size_t num_layers() const { return layers_.size(); }

@@ -71,19 +71,17 @@ class AttentionLayer : public Sublayer {
   virtual Tensor forward_cached(KVCache& cache, const Tensor& x, int64_t B, int64_t T) = 0;
   // The same over a paged cache (paged_kv_cache.h): x holds batch.tokens new tokens of each of
   // batch.seqs (its rows in sequence order), sequence s's at positions seqs[s]->len ...; writes
-  // their keys and values into the sequences' pages of `layer`. kv_cols: what one token takes in
-  // a page. Kinds without a paged form (MLA, whose latent cache is contiguous for now) refuse.
+  // their keys and values into the sequences' pages of `layer`. paged_layer: what one token takes
+  // in a page. Kinds without a paged form refuse.
   virtual bool paged() const { return false; }
-  virtual int64_t kv_cols() const { no_paged_cache(); }
+  virtual PagedLayerSpec paged_layer() const { no_paged_cache(); }
   virtual Tensor forward_paged(PagedKVCache::Layer&, const PagedBatch&, const Tensor&) { no_paged_cache(); }
   // Selective recompute's "core_attn": the core's output and softmax statistics are dropped after
   // F and computed again from q, k, v before B.
   virtual void set_recompute_core(bool on) = 0;
 
  private:
-  [[noreturn]] static void no_paged_cache() {
-    fail("this attention kind has no paged KV cache (MLA decodes with a contiguous one)");
-  }
+  [[noreturn]] static void no_paged_cache() { fail("this attention kind has no paged KV cache"); }
 };
 
 using MlpLayer = Sublayer;

@@ -35,12 +35,12 @@ constexpr bool kScaled = std::is_same_v<KV, Float8E4M3>;
 
 // One (batch row, kv group): the R = Hq / Hkv query heads of the group against its Tk keys, found
 // by at(t0) -> KeyRun. A block never crosses a run, so pages of a multiple of kBlock tokens give
-// the contiguous cache's blocks, and its sums, exactly. s [R, kBlock], acc [R, D], m and l [R] are
+// the contiguous cache's blocks, and its sums, exactly. s [R, kBlock], acc [R, D.v], m and l [R] are
 // the caller's scratch.
 template <typename T, typename KV, typename At>
-void group_attention(T* out, const T* q, At at, int64_t R, int64_t D, int64_t kv_row, T scale, int64_t Tk, T* s,
-                     T* acc, T* m, T* l) {
-  std::fill(acc, acc + R * D, T(0));
+void group_attention(T* out, const T* q, At at, int64_t R, HeadDim D, int64_t kv_row, T scale, int64_t Tk, T* s, T* acc,
+                     T* m, T* l) {
+  std::fill(acc, acc + R * D.v, T(0));
   std::fill(m, m + R, -std::numeric_limits<T>::infinity());
   std::fill(l, l + R, T(0));
   for (int64_t t0 = 0, n = 0; t0 < Tk; t0 += n) {
@@ -51,48 +51,50 @@ void group_attention(T* out, const T* q, At at, int64_t R, int64_t D, int64_t kv
       T key_scale = scale;
       if constexpr (kScaled<KV>) key_scale *= r.k_scale[j * r.scale_row];
       for (int64_t i = 0; i < R; ++i) {
-        const T* qi = q + i * D;
+        const T* qi = q + i * D.qk;
         T dot = 0;
 #pragma omp simd reduction(+ : dot)
-        for (int64_t d = 0; d < D; ++d) dot += qi[d] * gemv_detail::load(kj[d]);
+        for (int64_t d = 0; d < D.qk; ++d) dot += qi[d] * gemv_detail::load(kj[d]);
         s[i * kBlock + j] = dot * key_scale;
       }
     }
-    online_softmax_step(s, kBlock, n, m, l, acc, R, D);
+    online_softmax_step(s, kBlock, n, m, l, acc, R, D.v);
     for (int64_t j = 0; j < n; ++j) {
       const KV* vj = r.v + j * kv_row;
       T value_scale = 1;
       if constexpr (kScaled<KV>) value_scale = r.v_scale[j * r.scale_row];
       for (int64_t i = 0; i < R; ++i) {
         const T p = s[i * kBlock + j] * value_scale;
-        T* ai = acc + i * D;
+        T* ai = acc + i * D.v;
 #pragma omp simd
-        for (int64_t d = 0; d < D; ++d) ai[d] += p * gemv_detail::load(vj[d]);
+        for (int64_t d = 0; d < D.v; ++d) ai[d] += p * gemv_detail::load(vj[d]);
       }
     }
   }
   for (int64_t i = 0; i < R; ++i) {
     const T inv = T(1) / l[i];
 #pragma omp simd
-    for (int64_t d = 0; d < D; ++d) out[i * D + d] = acc[i * D + d] * inv;
+    for (int64_t d = 0; d < D.v; ++d) out[i * D.v + d] = acc[i * D.v + d] * inv;
   }
 }
 
-// Every (batch row, kv group) spread over threads, each with its own scratch: keys(b, g) gives the
-// group's KeyRun accessor and how many tokens it attends over.
+// Every (query row, kv group) spread over threads, each with its own scratch: keys(b, g) gives the
+// group's KeyRun accessor and how many tokens the last of batch row b's Tq queries attends over;
+// query t sees Tq - 1 - t tokens fewer (causal).
 template <typename T, typename KV, typename Keys>
-void attend_groups(T* out, const T* q, int64_t B, int64_t Hq, int64_t Hkv, int64_t D, HeadStrides q_at, int64_t kv_row,
-                   double scale, Keys keys) {
+void attend_groups(T* out, const T* q, int64_t B, int64_t Tq, int64_t Hq, int64_t Hkv, HeadDim D, HeadStrides q_at,
+                   int64_t kv_row, double scale, Keys keys) {
   const int64_t R = Hq / Hkv;
 #pragma omp parallel
   {
-    std::vector<T> s(static_cast<size_t>(R * kBlock)), acc(static_cast<size_t>(R * D)), m(R), l(R);
+    std::vector<T> s(static_cast<size_t>(R * kBlock)), acc(static_cast<size_t>(R * D.v)), m(R), l(R);
 #pragma omp for collapse(2) schedule(static)
-    for (int64_t b = 0; b < B; ++b)
+    for (int64_t row = 0; row < B * Tq; ++row)
       for (int64_t g = 0; g < Hkv; ++g) {
-        const auto group = keys(b, g);  // no structured binding: clang 14 refuses them in OpenMP regions
-        group_attention<T, KV>(out + (b * Hq + g * R) * D, q + b * q_at.row + g * q_at.group, group.first, R, D, kv_row,
-                        static_cast<T>(scale), group.second, s.data(), acc.data(), m.data(), l.data());
+        const auto group = keys(row / Tq, g);  // no structured binding: clang 14 refuses them in OpenMP regions
+        const int64_t Tk = group.second - (Tq - 1 - row % Tq);
+        group_attention<T, KV>(out + (row * Hq + g * R) * D.v, q + row * q_at.row + g * q_at.group, group.first, R, D,
+                               kv_row, static_cast<T>(scale), Tk, s.data(), acc.data(), m.data(), l.data());
       }
   }
 }
@@ -100,9 +102,10 @@ void attend_groups(T* out, const T* q, int64_t B, int64_t Hq, int64_t Hkv, int64
 }  // namespace
 
 template <typename T>
-void decode_attention(T* out, const T* q, const T* k, const T* v, int64_t B, int64_t Hq, int64_t Hkv, int64_t D,
-                      HeadStrides q_at, HeadStrides kv_at, double scale, int64_t Tk, int64_t kv_batch_stride) {
-  attend_groups<T, T>(out, q, B, Hq, Hkv, D, q_at, kv_at.row, scale, [=](int64_t b, int64_t g) {
+void decode_attention(T* out, const T* q, const T* k, const T* v, int64_t B, int64_t Tq, int64_t Hq, int64_t Hkv,
+                      HeadDim D, HeadStrides q_at, HeadStrides kv_at, double scale, int64_t Tk,
+                      int64_t kv_batch_stride) {
+  attend_groups<T, T>(out, q, B, Tq, Hq, Hkv, D, q_at, kv_at.row, scale, [=](int64_t b, int64_t g) {
     const int64_t kv = b * kv_batch_stride + g * kv_at.group;
     const auto at = [=](int64_t t0) { return KeyRun<T>{k + kv + t0 * kv_at.row, v + kv + t0 * kv_at.row, Tk - t0}; };
     return std::pair{at, Tk};
@@ -110,11 +113,11 @@ void decode_attention(T* out, const T* q, const T* k, const T* v, int64_t B, int
 }
 
 template <typename T, typename KV>
-void paged_decode_attention(T* out, const T* q, const KV* k_pages, const KV* v_pages, int64_t B, int64_t Hq,
-                            int64_t Hkv, int64_t D, HeadStrides q_at, HeadStrides kv_at, double scale,
+void paged_decode_attention(T* out, const T* q, const KV* k_pages, const KV* v_pages, int64_t B, int64_t Tq, int64_t Hq,
+                            int64_t Hkv, HeadDim D, HeadStrides q_at, HeadStrides kv_at, double scale,
                             const int32_t* pages, int64_t max_pages, const int64_t* lens, int64_t page_size,
                             const float* k_scale, const float* v_scale) {
-  attend_groups<T, KV>(out, q, B, Hq, Hkv, D, q_at, kv_at.row, scale, [=](int64_t b, int64_t g) {
+  attend_groups<T, KV>(out, q, B, Tq, Hq, Hkv, D, q_at, kv_at.row, scale, [=](int64_t b, int64_t g) {
     const int32_t* table = pages + b * max_pages;
     const auto at = [=](int64_t t0) {
       const int64_t slot = table[t0 / page_size] * page_size + t0 % page_size;
@@ -131,12 +134,12 @@ void paged_decode_attention(T* out, const T* q, const KV* k_pages, const KV* v_p
 }
 
 template void decode_attention<float>(float*, const float*, const float*, const float*, int64_t, int64_t, int64_t,
-                                      int64_t, HeadStrides, HeadStrides, double, int64_t, int64_t);
+                                      int64_t, HeadDim, HeadStrides, HeadStrides, double, int64_t, int64_t);
 template void decode_attention<double>(double*, const double*, const double*, const double*, int64_t, int64_t, int64_t,
-                                       int64_t, HeadStrides, HeadStrides, double, int64_t, int64_t);
-#define MEGATON_PAGED_DECODE(T, KV)                                                                            \
+                                       int64_t, HeadDim, HeadStrides, HeadStrides, double, int64_t, int64_t);
+#define MEGATON_PAGED_DECODE(T, KV)                                                                                   \
   template void paged_decode_attention<T, KV>(T*, const T*, const KV*, const KV*, int64_t, int64_t, int64_t, int64_t, \
-                                              HeadStrides, HeadStrides, double, const int32_t*, int64_t,               \
+                                              HeadDim, HeadStrides, HeadStrides, double, const int32_t*, int64_t,     \
                                               const int64_t*, int64_t, const float*, const float*);
 MEGATON_PAGED_DECODE(float, float)
 MEGATON_PAGED_DECODE(double, double)

@@ -12,11 +12,15 @@ namespace {
 // Below this many weight elements one thread finishes before a parallel region would start.
 constexpr int64_t kParallelMin = 1 << 15;
 
+// x [rows, in_f]: each weight row is read from memory once, for all the x rows.
 template <typename T, typename W, typename B, typename X>
-void gemv_rows(T* y, const X* x, const W* w, const B* bias, int64_t in_f, int64_t out_f, bool simd) {
+void gemv_rows(T* y, const X* x, const W* w, const B* bias, int64_t rows, int64_t in_f, int64_t out_f, bool simd) {
 #pragma omp parallel for schedule(static) if (out_f * in_f >= kParallelMin)
-  for (int64_t r = 0; r < out_f; ++r)
-    y[r] = store<T>(gemv_detail::dot(w + r * in_f, x, in_f, simd) + (bias ? static_cast<float>(load(bias[r])) : 0.0f));
+  for (int64_t r = 0; r < out_f; ++r) {
+    const float b = bias ? static_cast<float>(load(bias[r])) : 0.0f;
+    for (int64_t n = 0; n < rows; ++n)
+      y[n * out_f + r] = store<T>(gemv_detail::dot(w + r * in_f, x + n * in_f, in_f, simd) + b);
+  }
 }
 
 }  // namespace
@@ -24,26 +28,26 @@ void gemv_rows(T* y, const X* x, const W* w, const B* bias, int64_t in_f, int64_
 bool gemv_simd_compiled() { return gemv_detail::simd_compiled(); }
 
 template <typename T, typename W, typename B>
-void gemv(T* y, const T* x, const W* w, const B* bias, int64_t in_f, int64_t out_f, GemvPath path) {
+void gemv(T* y, const T* x, const W* w, const B* bias, int64_t rows, int64_t in_f, int64_t out_f, GemvPath path) {
   if (path == GemvPath::Simd && !gemv_simd_compiled())
     fail("gemv: the AVX2/FMA path was not compiled in (build for a CPU with AVX2, MEGATON_NATIVE=ON)");
   const bool simd = path != GemvPath::Portable && gemv_simd_compiled();
   if constexpr (std::is_same_v<T, BFloat16> && std::is_same_v<W, BFloat16> && gemv_detail::bf16_pairs_compiled()) {
     // bf16 x bf16 on a CPU with AVX512-BF16: both stay 16-bit (cpu/gemv_dot.h, dot of BFloat16 pairs).
-    if (simd) return gemv_rows(y, x, w, bias, in_f, out_f, true);
+    if (simd) return gemv_rows(y, x, w, bias, rows, in_f, out_f, true);
   }
-  // x is read by every row: widen it once (a bf16 x) so the inner loops load fp32 from L1.
-  std::vector<float> xf(static_cast<size_t>(in_f));
-  for (int64_t i = 0; i < in_f; ++i) xf[static_cast<size_t>(i)] = load(x[i]);
-  gemv_rows(y, xf.data(), w, bias, in_f, out_f, simd);
+  // x is read by every weight row: widen it once (a bf16 x) so the inner loops load fp32 from L1.
+  std::vector<float> xf(static_cast<size_t>(rows * in_f));
+  for (int64_t i = 0; i < rows * in_f; ++i) xf[static_cast<size_t>(i)] = load(x[i]);
+  gemv_rows(y, xf.data(), w, bias, rows, in_f, out_f, simd);
 }
 
-template void gemv<float, float, float>(float*, const float*, const float*, const float*, int64_t, int64_t, GemvPath);
-template void gemv<float, BFloat16, float>(float*, const float*, const BFloat16*, const float*, int64_t, int64_t,
-                                           GemvPath);
-template void gemv<BFloat16, BFloat16, BFloat16>(BFloat16*, const BFloat16*, const BFloat16*, const BFloat16*, int64_t,
-                                                 int64_t, GemvPath);
-template void gemv<BFloat16, BFloat16, float>(BFloat16*, const BFloat16*, const BFloat16*, const float*, int64_t,
-                                              int64_t, GemvPath);
+#define MEGATON_GEMV(T, W, B) \
+  template void gemv<T, W, B>(T*, const T*, const W*, const B*, int64_t, int64_t, int64_t, GemvPath);
+MEGATON_GEMV(float, float, float)
+MEGATON_GEMV(float, BFloat16, float)
+MEGATON_GEMV(BFloat16, BFloat16, BFloat16)
+MEGATON_GEMV(BFloat16, BFloat16, float)
+#undef MEGATON_GEMV
 
 }  // namespace megaton::kernels::cpu

@@ -14,30 +14,32 @@ int64_t scale_cols(const QuantizedRows& w, int64_t in_f) { return (in_f + w.bloc
 
 // With one scale per row band (int8 per row, per-tensor) the scale multiplies the row's dot
 // product. With blocks along the row (128 x 128), x is multiplied by the band's block scales once per
-// band instead (each thread keeps its own scaled copy, remade when its rows enter the next band), so
-// the inner loop stays the plain dot product of the codes.
+// band instead (each thread keeps its own scaled copy of the x rows, remade when its weight rows
+// enter the next band), so the inner loop stays the plain dot product of the codes. Each weight row
+// is read once for all the x rows [rows, in_f].
 template <typename C, typename T, typename B>
-void gemv_rows(T* y, const float* x, const C* codes, const QuantizedRows& w, const B* bias, int64_t in_f,
+void gemv_rows(T* y, const float* x, const C* codes, const QuantizedRows& w, const B* bias, int64_t rows, int64_t in_f,
                int64_t out_f, bool simd) {
   const int64_t sc = scale_cols(w, in_f);
 #pragma omp parallel if (out_f * in_f >= kParallelMin)
   {
-    std::vector<float> xs(sc == 1 ? 0 : static_cast<size_t>(in_f));
+    std::vector<float> xs(sc == 1 ? 0 : static_cast<size_t>(rows * in_f));
     int64_t band = -1;
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < out_f; ++r) {
       const float* s = w.scale_inv + (r / w.block_rows) * sc;
-      float v;
-      if (sc == 1) {
-        v = s[0] * gemv_detail::dot(codes + r * in_f, x, in_f, simd);
-      } else {
-        if (r / w.block_rows != band) {
-          band = r / w.block_rows;
-          for (int64_t c = 0; c < in_f; ++c) xs[static_cast<size_t>(c)] = x[c] * s[c / w.block_cols];
-        }
-        v = gemv_detail::dot(codes + r * in_f, xs.data(), in_f, simd);
+      if (sc != 1 && r / w.block_rows != band) {
+        band = r / w.block_rows;
+        for (int64_t n = 0; n < rows; ++n)
+          for (int64_t c = 0; c < in_f; ++c)
+            xs[static_cast<size_t>(n * in_f + c)] = x[n * in_f + c] * s[c / w.block_cols];
       }
-      y[r] = store<T>(v + (bias ? static_cast<float>(load(bias[r])) : 0.0f));
+      const float b = bias ? static_cast<float>(load(bias[r])) : 0.0f;
+      for (int64_t n = 0; n < rows; ++n) {
+        const float v = sc == 1 ? s[0] * gemv_detail::dot(codes + r * in_f, x + n * in_f, in_f, simd)
+                                : gemv_detail::dot(codes + r * in_f, xs.data() + n * in_f, in_f, simd);
+        y[n * out_f + r] = store<T>(v + b);
+      }
     }
   }
 }
@@ -53,15 +55,15 @@ void with_codes(const QuantizedRows& w, F&& f) {
 }  // namespace
 
 template <typename T, typename B>
-void gemv_quantized(T* y, const T* x, const QuantizedRows& w, const B* bias, int64_t in_f, int64_t out_f,
+void gemv_quantized(T* y, const T* x, const QuantizedRows& w, const B* bias, int64_t rows, int64_t in_f, int64_t out_f,
                     GemvPath path) {
   if (path == GemvPath::Simd && !gemv_simd_compiled())
     fail("quantized gemv: the AVX2/FMA path was not compiled in (build for such a CPU, MEGATON_NATIVE=ON)");
   if (w.block_rows < 1 || w.block_cols < 1) fail("quantized gemv: block sizes must be positive");
   const bool simd = path != GemvPath::Portable && gemv_simd_compiled();
-  std::vector<float> xf(static_cast<size_t>(in_f));  // x widened once: every row reads it
-  for (int64_t i = 0; i < in_f; ++i) xf[static_cast<size_t>(i)] = load(x[i]);
-  with_codes(w, [&](const auto* codes) { gemv_rows(y, xf.data(), codes, w, bias, in_f, out_f, simd); });
+  std::vector<float> xf(static_cast<size_t>(rows * in_f));  // x widened once: every weight row reads it
+  for (int64_t i = 0; i < rows * in_f; ++i) xf[static_cast<size_t>(i)] = load(x[i]);
+  with_codes(w, [&](const auto* codes) { gemv_rows(y, xf.data(), codes, w, bias, rows, in_f, out_f, simd); });
 }
 
 void dequantize_rows(float* out, const QuantizedRows& w, int64_t in_f, int64_t r0, int64_t r1) {
@@ -76,11 +78,11 @@ void dequantize_rows(float* out, const QuantizedRows& w, int64_t in_f, int64_t r
   });
 }
 
-template void gemv_quantized<float, float>(float*, const float*, const QuantizedRows&, const float*, int64_t, int64_t,
-                                           GemvPath);
-template void gemv_quantized<BFloat16, float>(BFloat16*, const BFloat16*, const QuantizedRows&, const float*, int64_t,
-                                              int64_t, GemvPath);
-template void gemv_quantized<BFloat16, BFloat16>(BFloat16*, const BFloat16*, const QuantizedRows&, const BFloat16*,
-                                                 int64_t, int64_t, GemvPath);
+#define MEGATON_GEMV_QUANTIZED(T, B) \
+  template void gemv_quantized<T, B>(T*, const T*, const QuantizedRows&, const B*, int64_t, int64_t, int64_t, GemvPath);
+MEGATON_GEMV_QUANTIZED(float, float)
+MEGATON_GEMV_QUANTIZED(BFloat16, float)
+MEGATON_GEMV_QUANTIZED(BFloat16, BFloat16)
+#undef MEGATON_GEMV_QUANTIZED
 
 }  // namespace megaton::kernels::cpu

@@ -10,6 +10,7 @@
 #include "megaton/kernels/cpu/element.h"
 #include "megaton/kernels/cpu/gemm.h"
 #include "megaton/kernels/cpu/gemv.h"
+#include "megaton/kernels/decode_rows.h"
 
 namespace megaton::kernels::cpu {
 
@@ -38,10 +39,10 @@ void bias_backward(G* dbias, const T* dout, int64_t N, int64_t C) {
 
 template <typename T, typename B>
 void linear_forward(T* out, const T* x, const T* w, const B* bias, int64_t N, int64_t in_f, int64_t out_f) {
-  // One row (batch-1 decode) is a stream over W: a GEMM would first pack all of W for one use
-  // (f32 and bf16 weights; fp16 decode keeps the GEMM for now).
+  // A few rows (decode, speculative verification) are a stream over W: a GEMM would first pack all
+  // of W for them (f32 and bf16 weights; fp16 decode keeps the GEMM for now).
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, BFloat16>)
-    if (N == 1) return gemv(out, x, w, bias, in_f, out_f);
+    if (N <= kDecodeRows) return gemv(out, x, w, bias, N, in_f, out_f);
   gemm({.M = N, .N = out_f, .K = in_f, .in = dtype_of<T>(), .a = {x, false}, .b = {w, true}, .c = out,
         .c_dtype = dtype_of<T>(), .bias = bias, .bias_dtype = dtype_of<B>()});
 }
