@@ -28,7 +28,7 @@ std::unique_ptr<models::TransformerModel> draft_model;
 // Greedy generation, with the model's MTP draft when --speculative asks or a draft model's proposals
 // with --draft-model (the same tokens, fewer main-model steps); spec counts the drafts.
 std::vector<int32_t> run(models::TransformerModel& model, const std::vector<int32_t>& input,
-                         const std::function<bool(int32_t)>& on_token, infer::GenerateStats* stats,
+                         const infer::TokenCallback& on_token, infer::GenerateStats* stats,
                          infer::SpeculativeStats* spec) {
   if (speculative) return infer::generate_speculative(model, input, opts, on_token, stats, spec);
   if (draft_model)
@@ -46,7 +46,15 @@ void print_json(models::TransformerModel& model, const data::Tokenizer& tok, con
                 double load_s) {
   infer::GenerateStats stats;
   infer::SpeculativeStats spec;
-  const std::vector<int32_t> ids = run(model, input, {}, &stats, &spec);
+  nlohmann::json logprobs = nlohmann::json::array();
+  const auto log = [&](const infer::GeneratedToken& t) {
+    nlohmann::json top = nlohmann::json::array();
+    for (const infer::TokenLogprob& alt : t.top) top.push_back({{"id", alt.id}, {"logprob", alt.logprob}});
+    logprobs.push_back({{"id", t.id}, {"logprob", t.logprob}, {"top", top}});
+    return true;
+  };
+  const std::vector<int32_t> ids =
+      run(model, input, opts.logprobs >= 0 ? infer::TokenCallback(log) : nullptr, &stats, &spec);
   nlohmann::json out = {{"load_s", load_s},
                               {"prompt_tokens", stats.prefill_tokens},
                               {"prefill_s", stats.prefill_s},
@@ -59,6 +67,7 @@ void print_json(models::TransformerModel& model, const data::Tokenizer& tok, con
                               {"weights_dtype", weights_dtype},
                               {"text", tok.decode(ids)},
                               {"ids", ids}};
+  if (opts.logprobs >= 0) out["logprobs"] = logprobs;
   if (speculative || draft_model)
     out["speculative"] = {{"drafted", spec.drafted},
                           {"accepted", spec.accepted},
@@ -99,6 +108,9 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--frequency-penalty", opts.frequency_penalty,
                   "Subtract this times the count from the logits of tokens generated (0 = off)")
       ->capture_default_str()->check(in_range(-2.0, 2.0));
+  cmd->add_option("--logprobs", opts.logprobs,
+                  "With --json: each generated token's log-probability and the N most likely ids' (0 .. 20)")
+      ->check(in_range<int64_t>(0, infer::kMaxTopLogprobs));
   cmd->add_option("--seed", opts.seed, "Sampling seed")->capture_default_str()->check(in_range<uint64_t>(0));
   cmd->add_option("--threads", threads, "CPU threads")->check(in_range(0, 4096));
   add_inference_dtype_options(cmd, precision, weights_dtype);
@@ -147,10 +159,14 @@ void add_generate_command(CLI::App& app) {
       std::fwrite(text.data(), 1, text.size(), stdout);
       std::fflush(stdout);
     };
-    run(*model, input, [&](int32_t id) {
-      show(stream.push(id));
-      return true;
-    }, nullptr, nullptr);
+    if (opts.logprobs >= 0) fail("--logprobs is printed with --json");
+    run(
+        *model, input,
+        [&](const infer::GeneratedToken& t) {
+          show(stream.push(t.id));
+          return true;
+        },
+        nullptr, nullptr);
     show(stream.finish());
     std::fputc('\n', stdout);
   });

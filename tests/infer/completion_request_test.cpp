@@ -99,10 +99,32 @@ TEST(CompletionRequest, RefusesOutOfRangeAndMistypedValuesByName) {
   EXPECT_EQ(refused(R"({"prompt":"x","stop":[1]})"), "stop");
 }
 
+// Completions ask for logprobs with an integer (0 .. 5 alternatives), chat with logprobs: true and
+// top_logprobs (0 .. 20, only with logprobs); absent or null: none (-1).
+TEST(CompletionRequest, LogprobsAsCompletionsAndChatAskForThem) {
+  EXPECT_EQ(parse(R"({"prompt":"x"})").logprobs, -1);
+  EXPECT_EQ(parse(R"({"prompt":"x","logprobs":null})").logprobs, -1);
+  EXPECT_EQ(parse(R"({"prompt":"x","logprobs":0})").logprobs, 0);
+  EXPECT_EQ(parse(R"({"prompt":"x","logprobs":5})").logprobs, 5);
+  EXPECT_EQ(refused(R"({"prompt":"x","logprobs":-1})"), "logprobs");
+  EXPECT_EQ(refused(R"({"prompt":"x","logprobs":true})"), "logprobs");
+  EXPECT_EQ(refused(R"({"prompt":"x","top_logprobs":2})"), "top_logprobs");  // a chat field
+  const char* msg = R"("messages":[{"role":"user","content":"hi"}])";
+  const auto chat = [&](const std::string& rest) { return "{" + std::string(msg) + rest + "}"; };
+  EXPECT_EQ(parse(chat("").c_str(), true).logprobs, -1);
+  EXPECT_EQ(parse(chat(R"(,"logprobs":false)").c_str(), true).logprobs, -1);
+  EXPECT_EQ(parse(chat(R"(,"logprobs":true)").c_str(), true).logprobs, 0);
+  EXPECT_EQ(parse(chat(R"(,"logprobs":true,"top_logprobs":20)").c_str(), true).logprobs, 20);
+  EXPECT_EQ(refused(chat(R"(,"logprobs":true,"top_logprobs":21)").c_str(), true), "top_logprobs");
+  EXPECT_EQ(refused(chat(R"(,"top_logprobs":2)").c_str(), true), "top_logprobs");
+  EXPECT_EQ(refused(chat(R"(,"logprobs":false,"top_logprobs":2)").c_str(), true), "top_logprobs");
+  EXPECT_EQ(refused(chat(R"(,"logprobs":3)").c_str(), true), "logprobs");
+}
+
 TEST(CompletionRequest, RefusesUnknownAndUnsupportedFields) {
   EXPECT_EQ(refused(R"({"prompt":"x","temprature":0})"), "temprature");
   EXPECT_EQ(refused(R"({"prompt":"x","n":2})"), "n");
-  EXPECT_EQ(refused(R"({"prompt":"x","logprobs":5})"), "logprobs");
+  EXPECT_EQ(refused(R"({"prompt":"x","logprobs":6})"), "logprobs");
   EXPECT_EQ(refused(R"({"prompt":"x","echo":true})"), "echo");
   EXPECT_THROW(parse("[1,2]"), RequestError);
 }

@@ -318,7 +318,8 @@ TEST(ContinuousBatcher, JoinsLeavesAndFreesItsPages) {
   const int64_t second = b.submit(prompt_of(30, 2), o);  // 70 tokens: 5 pages, waits for the first
   int stopped_at = -1;
   o.max_new_tokens = 50;
-  const int64_t third = b.submit(prompt_of(5, 3), o, [&](int32_t) { return ++stopped_at < 4; });  // stops itself
+  const int64_t third =
+      b.submit(prompt_of(5, 3), o, [&](const infer::GeneratedToken&) { return ++stopped_at < 4; });  // stops itself
   EXPECT_TRUE(b.step());
   EXPECT_EQ(b.running(), 1);
   EXPECT_EQ(b.waiting(), 2);

@@ -194,6 +194,76 @@ TEST_F(Serve, ChatWholeAndStreamedAgree) {
   EXPECT_EQ(streamed_text(res->body, true, &finish), r["choices"][0]["message"]["content"].get<std::string>());
 }
 
+// logprobs: completions (an integer) and chat (true + top_logprobs), whole and streamed, report every
+// generated token once, with the in-process model's log-probabilities (planted: the stream's
+// text_offset not counted on from chunk to chunk, caught).
+TEST_F(Serve, LogprobsEveryTokenOnceWholeAndStreamed) {
+  Server s({"--model", model_dir()});
+  auto c = s.client();
+  const auto tok = data::make_tokenizer("byte");
+  infer::SamplingOptions o;
+  o.temperature = 0;
+  o.max_new_tokens = 10;
+  o.stop_token = tok->eod();
+  o.vocab_size = tok->vocab_size();
+  o.logprobs = 2;
+  std::vector<infer::GeneratedToken> want;
+  infer::generate(*model_, tok->encode("Hello"), o, [&](const infer::GeneratedToken& t) {
+    want.push_back(t);
+    return true;
+  });
+  const json req = {{"prompt", "Hello"}, {"max_tokens", 10}, {"temperature", 0}, {"logprobs", 2}};
+  const json r = post(c, "/v1/completions", req, 200);
+  const json& lp = r["choices"][0]["logprobs"];
+  ASSERT_EQ(lp["token_logprobs"].size(), want.size()) << lp.dump();
+  EXPECT_EQ(r["usage"]["completion_tokens"], want.size());
+  int64_t offset = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_NEAR(lp["token_logprobs"][i].get<double>(), want[i].logprob, 1e-5) << "token " << i;
+    EXPECT_EQ(lp["text_offset"][i], offset);
+    offset += static_cast<int64_t>(tok->decode(std::vector<int32_t>{want[i].id}).size());
+    EXPECT_EQ(lp["tokens"][i], as_served(tok->decode(std::vector<int32_t>{want[i].id})));
+    EXPECT_GE(lp["top_logprobs"][i].size(), 1u);  // two ids, one text when both decode to U+FFFD
+    EXPECT_LE(lp["top_logprobs"][i].size(), 2u);
+  }
+  // Streamed: the chunks' logprobs together are the whole response's, offsets counting on.
+  json sreq = req;
+  sreq["stream"] = true;
+  auto res = c.Post("/v1/completions", sreq.dump(), "application/json");
+  ASSERT_TRUE(res);
+  json streamed = json::array(), offsets = json::array();
+  for (size_t at, from = 0; (at = res->body.find("\n\n", from)) != std::string::npos; from = at + 2) {
+    const std::string event = res->body.substr(from, at - from);
+    if (event == "data: [DONE]") continue;
+    const json chunk_lp = json::parse(event.substr(6))["choices"][0]["logprobs"];
+    for (size_t i = 0; i < chunk_lp["token_logprobs"].size(); ++i) {
+      streamed.push_back(chunk_lp["token_logprobs"][i]);
+      offsets.push_back(chunk_lp["text_offset"][i]);
+    }
+  }
+  EXPECT_EQ(streamed, lp["token_logprobs"]);
+  EXPECT_EQ(offsets, lp["text_offset"]);
+
+  // Chat: content[] entries with bytes and top_logprobs; greedy: the token is its own first alternative.
+  const json chat = {{"messages", {{{"role", "user"}, {"content", "Hi"}}}},
+                     {"max_tokens", 6},
+                     {"temperature", 0},
+                     {"logprobs", true},
+                     {"top_logprobs", 3}};
+  const json cr = post(c, "/v1/chat/completions", chat, 200);
+  const json& content = cr["choices"][0]["logprobs"]["content"];
+  EXPECT_EQ(content.size(), cr["usage"]["completion_tokens"]);
+  for (const json& t : content) {
+    ASSERT_EQ(t["top_logprobs"].size(), 3u);
+    EXPECT_EQ(t["bytes"], t["top_logprobs"][0]["bytes"]);
+    EXPECT_EQ(t["logprob"], t["top_logprobs"][0]["logprob"]);
+    EXPECT_LE(t["logprob"].get<double>(), 0.0);
+  }
+  // Without logprobs asked: null.
+  EXPECT_TRUE(
+      post(c, "/v1/completions", {{"prompt", "Hello"}, {"max_tokens", 2}}, 200)["choices"][0]["logprobs"].is_null());
+}
+
 TEST_F(Serve, BadRequestsGetJsonErrorsAndTheServerGoesOn) {
   Server s({"--model", model_dir(), "--max-tokens", "50", "--max-request-bytes", "4096"});
   auto c = s.client();

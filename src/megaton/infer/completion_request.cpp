@@ -91,6 +91,9 @@ CompletionRequest parse_completion_request(const nlohmann::json& body, bool chat
   r.chat = chat;
   if (chat) r.max_tokens = limits.max_completion_tokens;
   bool has_input = false;
+  // Chat asks with logprobs: true and the alternatives with top_logprobs (which needs it).
+  bool chat_logprobs = false;
+  std::optional<int64_t> top_logprobs;
   for (const auto& [key, v] : body.items()) {
     if (key == "model") r.model = text(v, key);
     else if (!chat && key == "prompt") parse_prompt(v, r), has_input = true;
@@ -118,12 +121,24 @@ CompletionRequest parse_completion_request(const nlohmann::json& body, bool chat
       if (!v.is_boolean()) refuse(key, "must be true or false");
       r.stream = v.get<bool>();
     } else if (key == "n") only_default(v, key, 1);
-    else if (key == "logprobs") only_default(v, key, chat ? nlohmann::json(false) : nlohmann::json(0));
-    else if (!chat && key == "echo") only_default(v, key, false);
+    else if (key == "logprobs") {
+      if (v.is_null()) continue;
+      if (!chat) {
+        r.logprobs = integer(v, key, 0, kMaxCompletionLogprobs);
+      } else {
+        if (!v.is_boolean()) refuse(key, "must be true or false");
+        chat_logprobs = v.get<bool>();
+      }
+    } else if (chat && key == "top_logprobs") {
+      if (!v.is_null()) top_logprobs = integer(v, key, 0, kMaxTopLogprobs);
+    } else if (!chat && key == "echo")
+      only_default(v, key, false);
     else if (key == "user") text(v, key);  // an end-user id for the caller's logs: nothing to do here
     else refuse(key, "is not a known field of a " + std::string(chat ? "chat completion" : "completion") + " request");
   }
   if (!has_input) refuse(chat ? "messages" : "prompt", "is required");
+  if (top_logprobs && !chat_logprobs) refuse("top_logprobs", "needs 'logprobs': true");
+  if (chat_logprobs) r.logprobs = top_logprobs.value_or(0);
   return r;
 }
 

@@ -1,15 +1,16 @@
 // OpenAI-compatible request bodies (/v1/completions, /v1/chat/completions) -> what generation needs,
 // validated strictly: every field is known, typed and in range, or the request is refused with a
-// RequestError naming the field (HTTP 400). Features Megaton does not have yet (logprobs, n > 1,
-// echo) are refused rather than silently ignored.
+// RequestError naming the field (HTTP 400). Features Megaton does not have yet (n > 1, echo) are
+// refused rather than silently ignored.
 #pragma once
 #include <cstdint>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
-#include <nlohmann/json_fwd.hpp>
+#include "megaton/infer/token_logprobs.h"
 
 namespace megaton::infer {
 
@@ -24,6 +25,10 @@ struct ChatMessage {
   std::string role;  // "system", "user" or "assistant"
   std::string content;
 };
+
+// Completions' logprobs asks for up to 5 alternatives (OpenAI's legacy limit); chat's top_logprobs
+// up to kMaxTopLogprobs.
+inline constexpr int64_t kMaxCompletionLogprobs = 5;
 
 struct RequestLimits {
   int64_t max_completion_tokens = 1024;  // the most a request may ask for (and chat's default)
@@ -47,6 +52,9 @@ struct CompletionRequest {
   std::optional<uint64_t> seed;
   std::vector<std::string> stop;
   bool stream = false;
+  // -1: no logprobs; n >= 0: each token's log-probability and n alternatives' (completions:
+  // logprobs: n; chat: logprobs: true, top_logprobs: n).
+  int64_t logprobs = -1;
 };
 
 // Throws RequestError (400) on any field that is unknown, mistyped or out of range.

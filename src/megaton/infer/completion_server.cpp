@@ -77,6 +77,7 @@ std::shared_ptr<Sequence> CompletionServer::Impl::sequence_for(const CompletionR
   s.max_new_tokens = r.max_tokens;
   s.stop_token = tokenizer.eod();
   s.vocab_size = tokenizer.vocab_size();
+  s.logprobs = r.logprobs;
   return seq;
 }
 
@@ -95,7 +96,7 @@ void CompletionServer::Impl::complete(const httplib::Request& req, httplib::Resp
     return send_error(res, 429, "too many sequences at once (" + std::to_string(options.max_sequences) +
                                     " wait or run); retry later");
   const ResponseHeader header{std::string(chat ? "chatcmpl-" : "cmpl-") + std::to_string(next_id++),
-                              static_cast<int64_t>(std::time(nullptr)), options.model_name, chat};
+                              static_cast<int64_t>(std::time(nullptr)), options.model_name, chat, r.logprobs};
   if (r.stream) return stream(res, seq, header);
   seq->wait_done();
   const auto elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - seq->queued_at).count();
@@ -103,24 +104,36 @@ void CompletionServer::Impl::complete(const httplib::Request& req, httplib::Resp
   if (!seq->error.empty()) return send_error(res, 500, "generation failed: " + seq->error);
   metrics.observe_sequence(static_cast<int64_t>(seq->prompt.size()), seq->completion_tokens, elapsed,
                            seq->first_token_s);
-  res.set_content(dump(completion_body(header, seq->text, seq->finish_reason,
-                                        {static_cast<int64_t>(seq->prompt.size()), seq->completion_tokens})),
-                  "application/json");
+  res.set_content(
+      dump(completion_body(header, seq->text, seq->finish_reason,
+                           {static_cast<int64_t>(seq->prompt.size()), seq->completion_tokens}, seq->logprobs)),
+      "application/json");
 }
 
 void CompletionServer::Impl::stream(httplib::Response& res, std::shared_ptr<Sequence> seq, const ResponseHeader& header) {
-  auto first = std::make_shared<bool>(true);
+  struct Sent {
+    bool first = true;
+    int64_t token_bytes = 0;  // token text sent with logprobs so far: the next chunk's text_offset
+  };
+  auto sent = std::make_shared<Sent>();
   res.set_chunked_content_provider(
       "text/event-stream",
-      [this, seq, header, first](size_t, httplib::DataSink& sink) {
+      [this, seq, header, sent](size_t, httplib::DataSink& sink) {
         const auto event = [&](const nlohmann::json& j) {
           const std::string line = "data: " + dump(j) + "\n\n";
           return sink.write(line.data(), line.size());
         };
-        for (const std::string& piece : seq->take_pieces()) {
-          if (!event(completion_chunk(header, piece, "", *first))) return false;  // the client is gone
-          *first = false;
-        }
+        // A chunk carries the logprobs of every token recorded since the last one.
+        const auto chunk = [&](const std::string& text, const std::string& finish_reason) {
+          const std::vector<LoggedToken> tokens = seq->take_logprobs();
+          const nlohmann::json j =
+              completion_chunk(header, text, finish_reason, sent->first, tokens, sent->token_bytes);
+          for (const LoggedToken& t : tokens) sent->token_bytes += static_cast<int64_t>(t.text.size());
+          sent->first = false;
+          return j;
+        };
+        for (const std::string& piece : seq->take_pieces())
+          if (!event(chunk(piece, ""))) return false;  // the client is gone
         std::unique_lock lock(seq->mutex);
         if (!seq->done) return true;  // called again for the next pieces
         if (!seq->pieces.empty()) return true;
@@ -130,7 +143,9 @@ void CompletionServer::Impl::stream(httplib::Response& res, std::shared_ptr<Sequ
         } else {
           metrics.observe_sequence(static_cast<int64_t>(seq->prompt.size()), seq->completion_tokens, elapsed,
                                    seq->first_token_s);
-          event(completion_chunk(header, "", seq->finish_reason, *first));
+          const std::string reason = seq->finish_reason;
+          lock.unlock();  // done: nothing changes the sequence any more, and take_logprobs locks it
+          event(chunk("", reason));
         }
         const std::string done = "data: [DONE]\n\n";
         sink.write(done.data(), done.size());

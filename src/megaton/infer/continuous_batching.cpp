@@ -7,7 +7,7 @@ namespace megaton::infer {
 struct ContinuousBatcher::Request {
   std::vector<int32_t> prompt;
   SamplingOptions sampling;
-  std::function<bool(int32_t)> on_token;
+  TokenCallback on_token;
   TokenHistory history;
   int64_t total;  // prompt + new tokens, capped by the model's positions
   nn::PagedSequence seq;
@@ -47,13 +47,12 @@ ContinuousBatcher::ContinuousBatcher(models::TransformerModel& model, const Batc
 ContinuousBatcher::~ContinuousBatcher() = default;
 
 int64_t ContinuousBatcher::submit(std::vector<int32_t> prompt, const SamplingOptions& sampling,
-                                  std::function<bool(int32_t)> on_token) {
+                                  TokenCallback on_token) {
   if (prompt.empty()) fail("continuous batching: a prompt of no tokens");
   const int64_t max_len = model_.config().max_position_embeddings;
   if (static_cast<int64_t>(prompt.size()) >= max_len)
     fail("continuous batching: prompt of ", prompt.size(), " tokens leaves no room in the model's ", max_len, " positions");
-  if (!(sampling.repetition_penalty > 0) || !(sampling.min_p >= 0 && sampling.min_p <= 1))
-    fail("continuous batching: repetition_penalty must be > 0 and min_p in [0, 1]");
+  check_sampling(sampling, "continuous batching");
   for (const int32_t id : prompt)
     if (id < 0 || id >= vocab_) fail("continuous batching: prompt id ", id, " outside the vocabulary of ", vocab_);
   const int64_t total = std::min<int64_t>(static_cast<int64_t>(prompt.size()) + sampling.max_new_tokens, max_len);
@@ -85,7 +84,7 @@ void ContinuousBatcher::emit(Request& r, float* logits) {
   const int32_t next = sample_token(logits, V, r.sampling, static_cast<uint64_t>(r.seq.len));
   r.history.add_generated(next);
   r.out.push_back(next);
-  const bool more = !r.on_token || r.on_token(next);
+  const bool more = !r.on_token || r.on_token(score_token(logits, V, next, r.sampling.logprobs));
   if (!more || next == r.sampling.stop_token || r.seq.len + 1 >= r.total) finish(r);
 }
 

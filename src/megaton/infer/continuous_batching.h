@@ -33,10 +33,10 @@ class ContinuousBatcher {
   ~ContinuousBatcher();
 
   // Queues a request; it is admitted when a slot and pages for its whole length are free (its
-  // pages are reserved up front: no preemption). on_token sees each new token and returns whether
-  // to go on. Returns the request's id.
-  int64_t submit(std::vector<int32_t> prompt, const SamplingOptions& sampling,
-                 std::function<bool(int32_t)> on_token = {});
+  // pages are reserved up front: no preemption). on_token sees each new token (with its
+  // log-probabilities when sampling.logprobs >= 0) and returns whether to go on. Returns the
+  // request's id.
+  int64_t submit(std::vector<int32_t> prompt, const SamplingOptions& sampling, TokenCallback on_token = {});
   // One step (a prefill chunk and a batched decode step); false when nothing is queued or running.
   bool step();
   void run_until_idle() { while (step()) {} }

@@ -77,12 +77,17 @@ void TokenHistory::penalize(float* logits) const {
   }
 }
 
-std::vector<int32_t> generate(models::TransformerModel& model, const std::vector<int32_t>& prompt,
-                              const SamplingOptions& opts, const std::function<bool(int32_t)>& on_token,
-                              GenerateStats* stats) {
-  if (prompt.empty()) fail("generate: the prompt encodes to no tokens");
+void check_sampling(const SamplingOptions& opts, const char* who) {
   if (!(opts.repetition_penalty > 0) || !(opts.min_p >= 0 && opts.min_p <= 1))
-    fail("generate: repetition_penalty must be > 0 and min_p in [0, 1]");
+    fail(who, ": repetition_penalty must be > 0 and min_p in [0, 1]");
+  if (opts.logprobs < -1 || opts.logprobs > kMaxTopLogprobs)
+    fail(who, ": logprobs ", opts.logprobs, " outside -1 (none) .. ", kMaxTopLogprobs);
+}
+
+std::vector<int32_t> generate(models::TransformerModel& model, const std::vector<int32_t>& prompt,
+                              const SamplingOptions& opts, const TokenCallback& on_token, GenerateStats* stats) {
+  if (prompt.empty()) fail("generate: the prompt encodes to no tokens");
+  check_sampling(opts, "generate");
   const int64_t max_len = model.config().max_position_embeddings;
   const int64_t total = std::min<int64_t>(static_cast<int64_t>(prompt.size()) + opts.max_new_tokens, max_len);
   if (static_cast<int64_t>(prompt.size()) >= max_len)
@@ -111,7 +116,7 @@ std::vector<int32_t> generate(models::TransformerModel& model, const std::vector
       timed.decode_s += seconds;
     }
     out.push_back(next);
-    if (on_token && !on_token(next)) break;
+    if (on_token && !on_token(score_token(logits.data<float>(), V, next, opts.logprobs))) break;
     if (next == opts.stop_token) break;
     input = Tensor::empty({1, 1}, DType::I32, MemCategory::Activations, "next_token");
     input.data<int32_t>()[0] = next;

@@ -6,6 +6,7 @@
 #include <functional>
 #include <vector>
 
+#include "megaton/infer/token_logprobs.h"
 #include "megaton/models/transformer_model.h"
 
 namespace megaton::infer {
@@ -28,7 +29,14 @@ struct SamplingOptions {
   // Only ids below this are drawn: the tokenizer's vocabulary, when the model's is larger (padded,
   // as Megatron pads it), so every generated id can be decoded. 0: every id of the model.
   int64_t vocab_size = 0;
+  // -1: no log-probabilities; n in 0 .. kMaxTopLogprobs: each token's, and the n most likely ids'
+  // (GeneratedToken).
+  int64_t logprobs = -1;
 };
+
+// Refuses options out of range (repetition_penalty <= 0, min_p outside [0, 1], logprobs outside
+// -1 .. kMaxTopLogprobs), naming `who`.
+void check_sampling(const SamplingOptions& opts, const char* who);
 
 // Picks the next token from one row of logits; `draw` indexes the RNG stream.
 int32_t sample_token(const float* logits, int64_t vocab, const SamplingOptions& opts, uint64_t draw);
@@ -61,11 +69,12 @@ struct GenerateStats {
   double decode_s = 0;
 };
 
-// Returns the new tokens only. on_token (optional) sees each one as it is produced (streaming) and
-// returns whether to go on: false ends generation after that token (a stop string, a client gone).
+// Returns the new tokens only. on_token (optional) sees each one as it is produced (streaming; with
+// its log-probabilities when opts.logprobs >= 0) and returns whether to go on: false ends
+// generation after that token (a stop string, a client gone).
 // stats (optional) receives the timings.
 std::vector<int32_t> generate(models::TransformerModel& model, const std::vector<int32_t>& prompt,
-                              const SamplingOptions& opts, const std::function<bool(int32_t)>& on_token = {},
+                              const SamplingOptions& opts, const TokenCallback& on_token = {},
                               GenerateStats* stats = nullptr);
 
 }  // namespace megaton::infer

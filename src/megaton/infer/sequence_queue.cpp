@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <exception>
 #include <list>
-
+#include <span>
 
 namespace megaton::infer {
 
@@ -12,6 +12,13 @@ std::vector<std::string> Sequence::take_pieces() {
   changed.wait(lock, [&] { return done || !pieces.empty(); });
   std::vector<std::string> out(std::make_move_iterator(pieces.begin()), std::make_move_iterator(pieces.end()));
   pieces.clear();
+  return out;
+}
+
+std::vector<LoggedToken> Sequence::take_logprobs() {
+  std::lock_guard lock(mutex);
+  std::vector<LoggedToken> out(logprobs.begin() + static_cast<std::ptrdiff_t>(logprobs_taken), logprobs.end());
+  logprobs_taken = logprobs.size();
   return out;
 }
 
@@ -86,11 +93,19 @@ void SequenceQueue::publish(Sequence& seq, std::string piece) {
   seq.changed.notify_all();
 }
 
-bool SequenceQueue::on_token(Sequence& seq, Output& out, int32_t id) {
+bool SequenceQueue::on_token(Sequence& seq, Output& out, const GeneratedToken& token) {
   ++generated_tokens_;
+  const int32_t id = token.id;
+  LoggedToken logged;
+  if (seq.sampling.logprobs >= 0) {
+    const auto text_of = [&](int32_t t) { return tokenizer_.decode(std::span<const int32_t>(&t, 1)); };
+    logged = {text_of(id), token.logprob, {}};
+    for (const TokenLogprob& alt : token.top) logged.top.emplace_back(text_of(alt.id), alt.logprob);
+  }
   {
     std::lock_guard lock(seq.mutex);
     ++seq.completion_tokens;
+    if (seq.sampling.logprobs >= 0) seq.logprobs.push_back(std::move(logged));
   }
   if (id == seq.sampling.stop_token) {  // the end of the document: no text of its own
     out.ended_by_model = true;
@@ -131,7 +146,7 @@ void SequenceQueue::run() {
 
 void SequenceQueue::generate_one(Sequence& seq) {
   Output out(tokenizer_, seq);
-  generate(model_, seq.prompt, seq.sampling, [&](int32_t id) { return on_token(seq, out, id); });
+  generate(model_, seq.prompt, seq.sampling, [&](const GeneratedToken& t) { return on_token(seq, out, t); });
   finish_text(seq, out);
 }
 
@@ -166,7 +181,8 @@ void SequenceQueue::run_batched() {
       }
       Active& a = active.emplace_back(Active{seq, Output(tokenizer_, *seq), -1});
       try {
-        a.id = batcher->submit(seq->prompt, seq->sampling, [this, &a](int32_t id) { return on_token(*a.seq, a.out, id); });
+        a.id = batcher->submit(seq->prompt, seq->sampling,
+                               [this, &a](const GeneratedToken& t) { return on_token(*a.seq, a.out, t); });
       } catch (const std::exception& e) {
         end(*seq, e.what());
         active.pop_back();

@@ -22,6 +22,7 @@
 #include "megaton/data/tokenizer.h"
 #include "megaton/infer/continuous_batching.h"
 #include "megaton/infer/generate.h"
+#include "megaton/infer/openai_response.h"
 #include "megaton/infer/text_stream.h"
 #include "megaton/models/transformer_model.h"
 
@@ -40,6 +41,8 @@ struct Sequence {
   std::condition_variable changed;
   std::deque<std::string> pieces;  // released text not yet taken
   std::string text;                // all released text
+  std::vector<LoggedToken> logprobs;  // per generated token, when sampling.logprobs >= 0
+  size_t logprobs_taken = 0;          // of them, handed to take_logprobs() already
   int64_t completion_tokens = 0;
   std::optional<double> first_token_s;  // from queued_at
   bool done = false;
@@ -49,6 +52,8 @@ struct Sequence {
   // Blocks until there is a piece or the sequence is done; returns the pieces taken (may be empty
   // when done).
   std::vector<std::string> take_pieces();
+  // The logprobs recorded since the last call (a token's are recorded before its text is released).
+  std::vector<LoggedToken> take_logprobs();
   void wait_done();
 };
 
@@ -82,7 +87,7 @@ class SequenceQueue {
   // Takes the queued sequences (counted running from then on).
   std::vector<std::shared_ptr<Sequence>> take_waiting(std::unique_lock<std::mutex>& lock);
   // A generated id: counted, its text released; whether the sequence goes on.
-  bool on_token(Sequence& seq, Output& out, int32_t id);
+  bool on_token(Sequence& seq, Output& out, const GeneratedToken& token);
   void publish(Sequence& seq, std::string piece);
   // The held-back tail released and the finish reason set.
   void finish_text(Sequence& seq, Output& out);

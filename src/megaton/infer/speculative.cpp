@@ -17,8 +17,8 @@ Tensor rows(const Tensor& h, int64_t first, int64_t n) { return h.slice_rows(fir
 
 void expect_greedy(const SamplingOptions& opts, const char* draft) {
   if (opts.temperature != 0.0 || opts.repetition_penalty != 1.0 || opts.presence_penalty != 0.0 ||
-      opts.frequency_penalty != 0.0)
-    fail("speculative decoding with ", draft, " is greedy: temperature 0 and no penalties");
+      opts.frequency_penalty != 0.0 || opts.logprobs >= 0)
+    fail("speculative decoding with ", draft, " is greedy: temperature 0, no penalties and no logprobs");
 }
 
 void drop_last(std::vector<nn::KVCache>& caches, int64_t n) {
@@ -28,7 +28,7 @@ void drop_last(std::vector<nn::KVCache>& caches, int64_t n) {
 }  // namespace
 
 std::vector<int32_t> generate_speculative(models::TransformerModel& model, const std::vector<int32_t>& prompt,
-                                          const SamplingOptions& opts, const std::function<bool(int32_t)>& on_token,
+                                          const SamplingOptions& opts, const TokenCallback& on_token,
                                           GenerateStats* stats, SpeculativeStats* spec) {
   if (prompt.empty()) fail("generate: the prompt encodes to no tokens");
   expect_greedy(opts, "the MTP draft");
@@ -50,7 +50,8 @@ std::vector<int32_t> generate_speculative(models::TransformerModel& model, const
   bool stopped = false;
   auto emit = [&](int32_t id) {
     out.push_back(id);
-    stopped = (on_token && !on_token(id)) || id == opts.stop_token || static_cast<int64_t>(out.size()) >= budget;
+    stopped = (on_token && !on_token(GeneratedToken(id))) || id == opts.stop_token ||
+              static_cast<int64_t>(out.size()) >= budget;
   };
   GenerateStats timed;
   SpeculativeStats counts;
@@ -104,8 +105,8 @@ std::vector<int32_t> generate_speculative(models::TransformerModel& model, const
 
 std::vector<int32_t> generate_with_draft(models::TransformerModel& model, models::TransformerModel& draft,
                                          const std::vector<int32_t>& prompt, const SamplingOptions& opts,
-                                         int64_t draft_tokens, const std::function<bool(int32_t)>& on_token,
-                                         GenerateStats* stats, SpeculativeStats* spec) {
+                                         int64_t draft_tokens, const TokenCallback& on_token, GenerateStats* stats,
+                                         SpeculativeStats* spec) {
   if (prompt.empty()) fail("generate: the prompt encodes to no tokens");
   expect_greedy(opts, "a draft model");
   if (draft_tokens < 1 || draft_tokens > 64) fail("draft tokens per step ", draft_tokens, " outside 1 .. 64");
@@ -131,7 +132,8 @@ std::vector<int32_t> generate_with_draft(models::TransformerModel& model, models
   auto emit = [&](int32_t id) {
     seq.push_back(id);
     out.push_back(id);
-    stopped = (on_token && !on_token(id)) || id == opts.stop_token || static_cast<int64_t>(out.size()) >= budget;
+    stopped = (on_token && !on_token(GeneratedToken(id))) || id == opts.stop_token ||
+              static_cast<int64_t>(out.size()) >= budget;
   };
   GenerateStats timed;
   SpeculativeStats counts;

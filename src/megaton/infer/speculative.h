@@ -18,10 +18,9 @@ struct SpeculativeStats {
   int64_t main_steps = 0;  // main-model forwards after the prompt's
 };
 
-// opts must ask for greedy decoding (temperature 0, no penalties); the model needs mtp_num_layers > 0.
+// opts must ask for greedy decoding (temperature 0, no penalties, no logprobs); the model needs mtp_num_layers > 0.
 std::vector<int32_t> generate_speculative(models::TransformerModel& model, const std::vector<int32_t>& prompt,
-                                          const SamplingOptions& opts,
-                                          const std::function<bool(int32_t)>& on_token = {},
+                                          const SamplingOptions& opts, const TokenCallback& on_token = {},
                                           GenerateStats* stats = nullptr, SpeculativeStats* spec = nullptr);
 
 // Greedy decoding with a separate, smaller draft model of the same vocabulary (speculative decoding,
@@ -33,7 +32,7 @@ std::vector<int32_t> generate_speculative(models::TransformerModel& model, const
 // Same requirements on opts as generate_speculative; draft_tokens in 1 .. 64.
 std::vector<int32_t> generate_with_draft(models::TransformerModel& model, models::TransformerModel& draft,
                                          const std::vector<int32_t>& prompt, const SamplingOptions& opts,
-                                         int64_t draft_tokens, const std::function<bool(int32_t)>& on_token = {},
+                                         int64_t draft_tokens, const TokenCallback& on_token = {},
                                          GenerateStats* stats = nullptr, SpeculativeStats* spec = nullptr);
 
 }  // namespace megaton::infer
