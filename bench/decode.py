@@ -14,7 +14,8 @@ Decode rate = (256 - 16) / (median wall time of a 256-step run - that of a 16-st
 for every tool, so start-up and prefill cancel. Fraction of the limit = weight bytes read per token
 x rate / bandwidth. Megaton's own decode_tokens_per_s (generate --json) and load_s are printed too.
 
-  /usr/bin/python3 bench/decode.py --megaton build-dev/megaton [--before OLD/megaton]
+  /usr/bin/python3 bench/decode.py --megaton build-dev/megaton [--before OLD/megaton] [--baseline MAIN/megaton]
+      [--weights fp32,bf16,int8,fp8-block]
       [--llama2c-run /tmp/llama2.c/run --llama2c-tokenizer /tmp/llama2.c/tokenizer.bin]
       [--sp-model /tmp/llama2.c/tokenizer.model] [--shapes 110m,15m,llama3-1b] [--threads 2] [--repeats 3]
       [--long 256]
@@ -156,7 +157,8 @@ def stream_read_gbps(work, threads):
 
 def timed(cmd, env):
     start = time.perf_counter()
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    # Random weights decode to arbitrary bytes under the byte tokenizer.
+    r = subprocess.run(cmd, capture_output=True, text=True, errors="replace", env=env)
     seconds = time.perf_counter() - start
     if r.returncode != 0:
         sys.exit(f"failed ({r.returncode}): {' '.join(cmd)}\n{r.stdout}\n{r.stderr}")
@@ -194,6 +196,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--megaton", required=True)
     ap.add_argument("--before", help="a megaton binary built without the decode kernels")
+    ap.add_argument("--baseline", help="another megaton build with this one's options (main before a change): "
+                    "the same rows, measured the same way in the same run")
+    ap.add_argument("--weights", default="fp32,bf16,int8,fp8-block", help="which megaton rows to measure")
     ap.add_argument("--llama2c-run")
     ap.add_argument("--llama2c-tokenizer")
     ap.add_argument("--sp-model", help="llama2.c's tokenizer.model, so megaton prints text too")
@@ -209,6 +214,12 @@ def main():
         sys.exit("--llama2c-run and --llama2c-tokenizer go together")
     if args.threads < 1 or args.repeats < 1:
         sys.exit("--threads and --repeats must be at least 1")
+    weights = args.weights.split(",")
+    for w in weights:
+        if w not in ("fp32", "bf16", "int8", "fp8-block"):
+            sys.exit(f"unknown --weights row '{w}' (fp32, bf16, int8, fp8-block)")
+    if args.sp_model and "fp32" not in weights:
+        sys.exit("--sp-model compares megaton's fp32 text with run.c's: keep fp32 in --weights")
     shapes = args.shapes.split(",")
     for s in shapes:
         if s not in SHAPES:
@@ -233,25 +244,19 @@ def main():
             print(f"{shape}: {bytes_per_token / 1e6:.1f} MB of fp32 weights per token, bandwidth limit "
                   f"{limit:.1f} tok/s (bf16: twice that)")
             row = {}
-            rate, out = measure("megaton", megaton_command(args.megaton, folder, tokenizer, args.threads), args.repeats,
-                                env)
-            j = json.loads(out[LONG])
-            print(f"    megaton --json: decode_tokens_per_s {j['decode_tokens_per_s']:.1f}, load_s {j['load_s']:.3f}")
-            row["megaton"] = {"rate": rate, "limit": limit}
-            rate, out = measure("megaton bf16", megaton_command(args.megaton, folder, tokenizer, args.threads,
-                                                                precision="bf16"), args.repeats, env)
-            j16 = json.loads(out[LONG])
-            print(f"    megaton bf16 --json: decode_tokens_per_s {j16['decode_tokens_per_s']:.1f}, "
-                  f"load_s {j16['load_s']:.3f}")
-            row["megaton bf16"] = {"rate": rate, "limit": 2 * limit}  # half the weight bytes
-            for kind in ("int8", "fp8-block"):
-                rate, out = measure(f"megaton {kind}", megaton_command(args.megaton, folder, tokenizer, args.threads,
-                                                                      weights=kind), args.repeats, env)
-                jq = json.loads(out[LONG])
-                print(f"    megaton {kind} --json: decode_tokens_per_s {jq['decode_tokens_per_s']:.1f}, "
-                      f"load_s {jq['load_s']:.3f}")
-                row[f"megaton {kind}"] = {"rate": rate,
-                                          "limit": bandwidth * 1e9 / weight_bytes_per_token(tensors, kind)}
+            builds = [("megaton", args.megaton)] + ([("baseline", args.baseline)] if args.baseline else [])
+            for kind in weights:
+                for label, binary in builds:
+                    name = label if kind == "fp32" else f"{label} {kind}"
+                    options = {"precision": "bf16"} if kind == "bf16" else {"weights": kind} if kind != "fp32" else {}
+                    rate, out = measure(name, megaton_command(binary, folder, tokenizer, args.threads, **options),
+                                        args.repeats, env)
+                    jm = json.loads(out[LONG])
+                    print(f"    {name} --json: decode_tokens_per_s {jm['decode_tokens_per_s']:.1f}, "
+                          f"load_s {jm['load_s']:.3f}")
+                    if label == "megaton" and kind == "fp32":
+                        j = jm
+                    row[name] = {"rate": rate, "limit": bandwidth * 1e9 / weight_bytes_per_token(tensors, kind)}
             if args.before:
                 rate, _ = measure("megaton before (GEMM path)",
                                   megaton_command(args.before, folder, tokenizer, args.threads, before=True), args.repeats, env)

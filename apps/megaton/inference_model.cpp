@@ -19,7 +19,7 @@ InferenceModel load_inference_model(const std::string& model_dir, const std::str
     m.model->quantize_weights(kernels::weight_quant_from_name(weights_dtype));
   else if (folder.quantization)
     m.model->install_quantized_weights(*folder.quantization, folder.quantized);
-  m.model->set_compute_dtype(precision == "bf16" ? DType::BF16 : DType::F32);
+  m.model->set_compute_dtype(precision == "bf16" ? DType::BF16 : DType::F32, folder.stored_compute);
   m.tokenizer = data::make_tokenizer(tokenizer_spec);
   m.load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (m.tokenizer->vocab_size() > m.model->config().vocab_size)

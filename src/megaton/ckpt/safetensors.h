@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "megaton/core/mapped_file.h"
 #include "megaton/core/tensor.h"
 
 namespace megaton::ckpt {
@@ -38,7 +39,16 @@ class SafetensorsReader {
   const Shape& shape(const std::string& name) const;
   std::vector<std::string> names() const;  // in data order
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  // A copy of the tensor's bytes in memory of its own.
   Tensor read(const std::string& name, MemCategory cat = MemCategory::Other) const;
+  // The tensor's bytes where they lie in the file, mapped copy-on-write (core/mapped_file.h): nothing
+  // read or cleared now, pages come in as they are first touched. A tensor whose bytes are not aligned
+  // to its element size (a file from another writer) comes back as a copy. The file must not be
+  // truncated while mapped tensors live (a touch past its new end is SIGBUS): for weights loaded to
+  // serve, not for checkpoints that training later overwrites.
+  Tensor map(const std::string& name, MemCategory cat = MemCategory::Other) const;
+  // The mapping map()'s tensors view (null before the first map()).
+  std::shared_ptr<const MappedFile> mapping() const { return mapping_; }
 
  private:
   struct Entry {
@@ -50,7 +60,8 @@ class SafetensorsReader {
 
   std::string path_;
   std::FILE* file_ = nullptr;
-  uint64_t data_start_ = 0;
+  uint64_t file_bytes_ = 0, data_start_ = 0;
+  mutable std::shared_ptr<MappedFile> mapping_;  // made on the first map()
   std::map<std::string, Entry> entries_;
   std::vector<std::string> order_;
   std::map<std::string, std::string> metadata_;

@@ -61,18 +61,37 @@ int64_t shape_numel(const Shape& s) {
 
 Storage::Storage(size_t bytes, MemCategory cat, std::string_view what, Device device)
     : device_(device), data_(Allocator::of(device).allocate(bytes, cat, what)), bytes_(bytes), cat_(cat) {}
-Storage::~Storage() { Allocator::of(device_).deallocate(data_, bytes_, cat_); }
+Storage::Storage(std::shared_ptr<const void> owner, void* data, size_t bytes, MemCategory cat)
+    : device_(Device::cpu()), data_(data), bytes_(bytes), cat_(cat), owner_(std::move(owner)) {}
+Storage::~Storage() {
+  if (!owner_) Allocator::of(device_).deallocate(data_, bytes_, cat_);
+}
 
-Tensor Tensor::empty(Shape shape, DType dtype, MemCategory cat, std::string name, Device device) {
+Tensor Tensor::without_storage(Shape shape, DType dtype, std::string name) {
   Tensor t;
   t.numel_ = shape_numel(shape);
   checked_mul("tensor '" + name + "' of shape " + shape_str(shape), t.numel_, static_cast<int64_t>(dtype_size(dtype)));
   t.shape_ = std::move(shape);
   t.dtype_ = dtype;
   t.name_ = std::move(name);
+  return t;
+}
+
+Tensor Tensor::empty(Shape shape, DType dtype, MemCategory cat, std::string name, Device device) {
+  Tensor t = without_storage(std::move(shape), dtype, std::move(name));
   t.storage_ = std::make_shared<Storage>(t.nbytes(), cat, t.name_, device);
   return t;
 }
+
+Tensor Tensor::borrowed(std::shared_ptr<const void> owner, void* data, Shape shape, DType dtype, MemCategory cat,
+                        std::string name) {
+  MEGATON_CHECK(owner != nullptr, "borrowed tensor '", name, "' has no owner keeping its bytes alive");
+  Tensor t = without_storage(std::move(shape), dtype, std::move(name));
+  t.storage_ = std::make_shared<Storage>(std::move(owner), data, t.nbytes(), cat);
+  return t;
+}
+
+bool Tensor::borrowed() const { return storage_ && storage_->borrowed(); }
 
 Tensor Tensor::zeros(Shape shape, DType dtype, MemCategory cat, std::string name, Device device) {
   Tensor t = empty(std::move(shape), dtype, cat, std::move(name), device);

@@ -22,6 +22,9 @@ int64_t shape_numel(const Shape& s);
 class Storage {
  public:
   Storage(size_t bytes, MemCategory cat, std::string_view what, Device device = Device::cpu());
+  // Host memory this storage does not own (a mapped file's pages): `owner` keeps it alive while any
+  // tensor views it, and the allocator neither hands it out nor counts it.
+  Storage(std::shared_ptr<const void> owner, void* data, size_t bytes, MemCategory cat);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -29,12 +32,14 @@ class Storage {
   size_t bytes() const { return bytes_; }
   MemCategory category() const { return cat_; }
   Device device() const { return device_; }
+  bool borrowed() const { return owner_ != nullptr; }
 
  private:
   Device device_;
   void* data_;
   size_t bytes_;
   MemCategory cat_;
+  std::shared_ptr<const void> owner_;
 };
 
 class Tensor {
@@ -44,6 +49,11 @@ class Tensor {
                       Device device = Device::cpu());
   static Tensor zeros(Shape shape, DType dtype, MemCategory cat = MemCategory::Other, std::string name = {},
                       Device device = Device::cpu());
+  // A host tensor over `data`, which `owner` keeps alive (see Storage); not counted by the allocator.
+  static Tensor borrowed(std::shared_ptr<const void> owner, void* data, Shape shape, DType dtype, MemCategory cat,
+                         std::string name);
+  // Whether the bytes belong to something else (a mapped file) rather than to the allocator.
+  bool borrowed() const;
 
   bool defined() const { return storage_ != nullptr; }
   const Shape& shape() const { return shape_; }
@@ -91,6 +101,9 @@ class Tensor {
   void expect_shape(const Shape& expected) const;
 
  private:
+  // Shape, dtype and name checked and set; the caller attaches the storage.
+  static Tensor without_storage(Shape shape, DType dtype, std::string name);
+
   std::shared_ptr<Storage> storage_;
   Shape shape_;
   int64_t numel_ = 0;

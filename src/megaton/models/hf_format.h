@@ -45,13 +45,18 @@ void save_hf_model(TransformerModel& model, const std::string& dir, DType dtype 
 void save_hf_config(const TransformerConfig& c, const std::string& dir, DType dtype = DType::F32,
                     std::optional<kernels::WeightQuant> quantization = {});
 // A folder's model (quantised weights loaded as their values), its quantisation format and the
-// stored codes, which TransformerModel::install_quantized_weights takes for inference.
+// stored codes, which TransformerModel::install_quantized_weights takes for inference; and the bf16
+// weights stored in the layout the model runs (mapped from the file), which set_compute_dtype(bf16)
+// takes as compute copies.
 struct HfFolder {
   std::unique_ptr<TransformerModel> model;
   std::optional<kernels::WeightQuant> quantization;
   TransformerModel::StoredQuantizedWeights quantized;
+  TransformerModel::StoredComputeWeights stored_compute;
 };
-// gradients false: the model is built without them (nn::NoGradients), for inference only.
+// The file is memory-mapped (core/mapped_file.h). gradients false: the model is built without them
+// (nn::NoGradients), for inference only, and every f32 weight stored in the layout the model runs is a
+// view of the mapped file rather than a copy (a write to it copies the page, never the file).
 HfFolder load_hf_folder(const std::string& dir, bool gradients = true);
 std::unique_ptr<TransformerModel> load_hf_model(const std::string& dir);
 TransformerConfig load_hf_config(const std::string& dir);

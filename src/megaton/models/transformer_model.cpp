@@ -204,7 +204,7 @@ void TransformerModel::update_moe_expert_bias(const std::vector<parallel::Commun
   for (nn::MoeLayer* m : moe_layers()) m->update_expert_bias(groups);
 }
 
-void TransformerModel::set_compute_dtype(DType dtype) {
+void TransformerModel::set_compute_dtype(DType dtype, const StoredComputeWeights& stored) {
   if (dtype != DType::F32 && dtype != DType::BF16 && dtype != DType::F16)
     fail("compute dtype ", dtype_name(dtype), " is not supported (f32, bf16 or f16)");
   compute_dtype_ = dtype;
@@ -214,8 +214,11 @@ void TransformerModel::set_compute_dtype(DType dtype) {
   for (auto& l : layers_) l->gemm_weights(gemm_weights);
   for (auto& d : mtp_) d->gemm_weights(gemm_weights);
   for (nn::Parameter* p : gemm_weights) {
+    const auto it = stored.find(p);
     if (dtype == DType::F32 || !keeps_compute_copy(*p))
       p->compute = {};
+    else if (it != stored.end() && it->second.dtype() == dtype && it->second.shape() == p->value.shape())
+      p->compute = it->second;
     else
       nn::add_compute_copy(*p, dtype);
   }

@@ -82,8 +82,11 @@ class TransformerModel {
 
   // Mixed precision (Megatron's --bf16): bf16 activations and GEMMs with fp32 main weights, grads
   // and optimizer state. Gives every weight a linear or the head reads a compute copy in `dtype`;
-  // f32 drops them.
-  void set_compute_dtype(DType dtype);
+  // f32 drops them. A weight among `stored` (a bf16 HF folder's tensors mapped from the file, keyed by
+  // parameter: models/hf_format.h) in `dtype` takes that tensor as its compute copy instead of a new
+  // rounding of its main weight (they hold the same bits: the main weight was widened from it).
+  using StoredComputeWeights = std::map<const nn::Parameter*, Tensor>;
+  void set_compute_dtype(DType dtype, const StoredComputeWeights& stored = {});
   // Activation recompute (nn/recompute.h) for training from now on: full recompute's units in each
   // model chunk, selective recompute's modules in each block.
   void set_recompute(const nn::RecomputeConfig& config);

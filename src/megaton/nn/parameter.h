@@ -72,6 +72,18 @@ class NoGradients {
   static bool active();
 };
 
+// While one is open on this thread, new Parameters' main weights are allocated but neither cleared nor
+// touched (their pages stay unbacked): for a loader that then writes every element or replaces the
+// tensor with a view of a mapped file (models/hf_format.cpp).
+class UnclearedValues {
+ public:
+  UnclearedValues();
+  ~UnclearedValues();
+  UnclearedValues(const UnclearedValues&) = delete;
+  UnclearedValues& operator=(const UnclearedValues&) = delete;
+  static bool active();
+};
+
 struct Parameter {
   std::string name;           // Megatron-style name, e.g. "decoder.layers.0.self_attention.linear_qkv.weight"
   Tensor value;               // fp32 main weight, MemCategory::Params
@@ -92,7 +104,8 @@ struct Parameter {
   std::function<void(Parameter&)> grad_hook;
 
   Parameter() = default;
-  // value zeroed; grad zeroed too, unless a NoGradients scope is open on this thread.
+  // value zeroed (unless an UnclearedValues scope is open); grad zeroed too, unless a NoGradients
+  // scope is open on this thread.
   Parameter(std::string n, Shape shape, bool decay, ShardSpec shard_spec = {});
   // The weight a kernel computing in `dtype` reads: the compute copy when there is one in that
   // dtype, else the main weight (a kernel then names any dtype mismatch).

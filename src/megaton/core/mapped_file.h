@@ -1,0 +1,37 @@
+// A regular file mapped into memory, copy-on-write: its pages are the page cache's (shared with
+// every process reading the file, never cleared or copied at start-up, dropped under memory pressure
+// and read back on demand), and a write into them makes a private copy of that page, so nothing a
+// process does to a mapped tensor reaches the file. Inference weights stored in the dtype and layout
+// the run uses are views of such a mapping (ckpt::SafetensorsReader::map), as llama.cpp and
+// safetensors' safe_open do.
+#pragma once
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <string_view>
+
+namespace megaton {
+
+class MappedFile {
+ public:
+  // Maps the whole of `path` (checked to be a non-empty regular file; `what` names it in errors) and
+  // asks the kernel to start reading it ahead.
+  static std::shared_ptr<MappedFile> open(const std::string& path, std::string_view what);
+  // Maps the file already open as `fd` (kept open by the caller; the mapping does not need it after).
+  static std::shared_ptr<MappedFile> of_descriptor(int fd, const std::string& path, std::string_view what);
+  ~MappedFile();
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+
+  char* data() const { return data_; }
+  size_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  MappedFile(std::string path, char* data, size_t size) : path_(std::move(path)), data_(data), size_(size) {}
+  std::string path_;
+  char* data_;
+  size_t size_;
+};
+
+}  // namespace megaton
