@@ -9,18 +9,12 @@
 #include <cstring>
 
 #include "megaton/core/error.h"
-#include "megaton/core/regular_file.h"
 
 namespace megaton {
 
 namespace {
 constexpr size_t kHugePage = size_t{2} << 20;
 }  // namespace
-
-std::shared_ptr<MappedFile> MappedFile::open(const std::string& path, std::string_view what) {
-  const FileDescriptor fd = open_regular_file(path, what);  // the mapping outlives the descriptor
-  return of_descriptor(fd.get(), path, what);
-}
 
 std::shared_ptr<MappedFile> MappedFile::of_descriptor(int fd, const std::string& path, std::string_view what) {
   struct stat st {};
@@ -50,7 +44,7 @@ std::shared_ptr<MappedFile> MappedFile::of_descriptor(int fd, const std::string&
   // Hints (failure changes nothing): read ahead in 2 MiB folios, and start reading now.
   madvise(p, size, MADV_HUGEPAGE);
   madvise(p, size, MADV_WILLNEED);
-  return std::shared_ptr<MappedFile>(new MappedFile(path, static_cast<char*>(p), size));
+  return std::shared_ptr<MappedFile>(new MappedFile(static_cast<char*>(p), size));
 }
 
 MappedFile::~MappedFile() { munmap(data_, size_); }

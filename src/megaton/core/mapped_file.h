@@ -14,10 +14,8 @@ namespace megaton {
 
 class MappedFile {
  public:
-  // Maps the whole of `path` (checked to be a non-empty regular file; `what` names it in errors) and
-  // asks the kernel to start reading it ahead.
-  static std::shared_ptr<MappedFile> open(const std::string& path, std::string_view what);
-  // Maps the file already open as `fd` (kept open by the caller; the mapping does not need it after).
+  // Maps the whole of the non-empty file open as `fd` (kept open by the caller; the mapping does not
+  // need it after) and asks the kernel to start reading it ahead; `what` and `path` name it in errors.
   static std::shared_ptr<MappedFile> of_descriptor(int fd, const std::string& path, std::string_view what);
   ~MappedFile();
   MappedFile(const MappedFile&) = delete;
@@ -25,11 +23,9 @@ class MappedFile {
 
   char* data() const { return data_; }
   size_t size() const { return size_; }
-  const std::string& path() const { return path_; }
 
  private:
-  MappedFile(std::string path, char* data, size_t size) : path_(std::move(path)), data_(data), size_(size) {}
-  std::string path_;
+  MappedFile(char* data, size_t size) : data_(data), size_(size) {}
   char* data_;
   size_t size_;
 };

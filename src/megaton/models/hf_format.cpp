@@ -613,7 +613,7 @@ class FileTensors final : public HfTensors {
  public:
   explicit FileTensors(const std::string& path) : reader_(path) {}
   bool has(const std::string& name) const override { return reader_.has(name); }
-  Tensor get(const std::string& name) const override { return reader_.map(name, MemCategory::Params); }
+  Tensor get(const std::string& name) const override { return reader_.map(name, MemCategory::Workspace); }
   std::vector<std::string> names() const override { return reader_.names(); }
   std::shared_ptr<const void> mapping() const override { return reader_.mapping(); }
 

@@ -55,8 +55,9 @@ struct HfFolder {
   TransformerModel::StoredComputeWeights stored_compute;
 };
 // The file is memory-mapped (core/mapped_file.h). gradients false: the model is built without them
-// (nn::NoGradients), for inference only, and every f32 weight stored in the layout the model runs is a
-// view of the mapped file rather than a copy (a write to it copies the page, never the file).
+// (nn::NoGradients), for inference only, and every f32 weight stored in the layout the model runs, on a
+// 64-byte boundary, is a view of the mapped file rather than a copy (a write to it copies the page,
+// never the file).
 HfFolder load_hf_folder(const std::string& dir, bool gradients = true);
 std::unique_ptr<TransformerModel> load_hf_model(const std::string& dir);
 TransformerConfig load_hf_config(const std::string& dir);

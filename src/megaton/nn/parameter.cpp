@@ -2,17 +2,6 @@
 
 namespace megaton::nn {
 
-namespace {
-thread_local int no_gradient_scopes = 0, uncleared_value_scopes = 0;
-}  // namespace
-
-NoGradients::NoGradients() { ++no_gradient_scopes; }
-NoGradients::~NoGradients() { --no_gradient_scopes; }
-bool NoGradients::active() { return no_gradient_scopes > 0; }
-UnclearedValues::UnclearedValues() { ++uncleared_value_scopes; }
-UnclearedValues::~UnclearedValues() { --uncleared_value_scopes; }
-bool UnclearedValues::active() { return uncleared_value_scopes > 0; }
-
 Parameter::Parameter(std::string n, Shape shape, bool decay, ShardSpec shard_spec)
     : name(std::move(n)),
       value(UnclearedValues::active() ? Tensor::empty(shape, DType::F32, MemCategory::Params, name)

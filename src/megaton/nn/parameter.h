@@ -60,29 +60,29 @@ struct ShardSpec {
   }
 };
 
+// A switch that is on on this thread while any Tag scope is open there (scopes nest).
+template <typename Tag>
+class ThreadScope {
+ public:
+  ThreadScope() { ++depth_; }
+  ~ThreadScope() { --depth_; }
+  ThreadScope(const ThreadScope&) = delete;
+  ThreadScope& operator=(const ThreadScope&) = delete;
+  static bool active() { return depth_ > 0; }
+
+ private:
+  static inline thread_local int depth_ = 0;
+};
+
 // While one is open on this thread, new Parameters get no gradient (grad stays undefined): a model
 // built to serve, whose fp32 gradients would double its memory and its start-up. Nothing may run
 // backward on such a model.
-class NoGradients {
- public:
-  NoGradients();
-  ~NoGradients();
-  NoGradients(const NoGradients&) = delete;
-  NoGradients& operator=(const NoGradients&) = delete;
-  static bool active();
-};
+class NoGradients : public ThreadScope<NoGradients> {};
 
 // While one is open on this thread, new Parameters' main weights are allocated but neither cleared nor
 // touched (their pages stay unbacked): for a loader that then writes every element or replaces the
 // tensor with a view of a mapped file (models/hf_format.cpp).
-class UnclearedValues {
- public:
-  UnclearedValues();
-  ~UnclearedValues();
-  UnclearedValues(const UnclearedValues&) = delete;
-  UnclearedValues& operator=(const UnclearedValues&) = delete;
-  static bool active();
-};
+class UnclearedValues : public ThreadScope<UnclearedValues> {};
 
 struct Parameter {
   std::string name;           // Megatron-style name, e.g. "decoder.layers.0.self_attention.linear_qkv.weight"
