@@ -167,7 +167,7 @@ Tensor SelfAttention::forward_cached(KVCache& cache, const Tensor& x, int64_t B,
 
 Tensor SelfAttention::forward_paged(PagedKVCache::Layer& layer, const PagedBatch& batch, const Tensor& x) {
   const int64_t S = static_cast<int64_t>(batch.seqs.size()), T = batch.tokens, ks = shape_.kv_size();
-  const int64_t G = shape_.groups, D = shape_.head_dim, P = layer.k.size(1), pool_rows = layer.k.size(0) * P;
+  const int64_t G = shape_.groups, D = shape_.head_dim;
   if (layer.k.size(2) != ks) fail("paged KV layer of ", layer.k.size(2), " columns for attention with ", ks);
   LinearCtx scratch;
   Tensor qkv_buf = as_dtype(qkv.forward(scratch, x), DType::F32);  // [S*T, qkv]
@@ -177,28 +177,11 @@ Tensor SelfAttention::forward_paged(PagedKVCache::Layer& layer, const PagedBatch
     rotate(rows, 1, T, batch.seqs[static_cast<size_t>(s)]->len, false);
   }
   // Their k and v heads into the pages (rounded to bf16 for a bf16 cache, each head encoded with its
-  // own scale for an FP8 one), one block per run of tokens inside one page (the fused rows and the
-  // pages viewed one group per row, as forward_cached appends).
+  // own scale for an FP8 one), the fused rows viewed one group per row as forward_cached appends.
   const bool fp8 = layer.k.dtype() == DType::F8E4M3;
   const Tensor groups = as_dtype(qkv_buf, fp8 ? DType::F32 : layer.k.dtype()).view({1, S * T * G, shape_.group_size()});
-  const Tensor k_heads = layer.k.view({1, pool_rows * G, D}), v_heads = layer.v.view({1, pool_rows * G, D});
-  const Tensor k_scales = fp8 ? layer.k_scale.view({1, pool_rows * G, 1}) : Tensor();
-  const Tensor v_scales = fp8 ? layer.v_scale.view({1, pool_rows * G, 1}) : Tensor();
-  for (int64_t s = 0; s < S; ++s) {
-    const PagedSequence& seq = *batch.seqs[static_cast<size_t>(s)];
-    for (int64_t t = 0; t < T;) {
-      const int64_t pos = seq.len + t, slot = pos % P, run = std::min(T - t, P - slot);
-      const int64_t dst = (seq.pages.at(static_cast<size_t>(pos / P)) * P + slot) * G, src = (s * T + t) * G;
-      if (fp8) {
-        kernels::encode_fp8_rows(on, k_heads, k_scales, dst, {groups, src, shape_.k_offset()}, run * G);
-        kernels::encode_fp8_rows(on, v_heads, v_scales, dst, {groups, src, shape_.v_offset()}, run * G);
-      } else {
-        kernels::copy_rows(on, {k_heads, dst, 0}, {groups, src, shape_.k_offset()}, run * G, D);
-        kernels::copy_rows(on, {v_heads, dst, 0}, {groups, src, shape_.v_offset()}, run * G, D);
-      }
-      t += run;
-    }
-  }
+  write_pages(on, batch, layer.k, layer.k_scale, G, groups, shape_.k_offset());
+  write_pages(on, batch, layer.v, layer.v_scale, G, groups, shape_.v_offset());
   Tensor out = new_activation({S * T, shape_.q_size()}, qkv.weight.name + ".attn_out");
   if (T <= kernels::kDecodeRows) {  // decode steps of every sequence at once, each over its own pages
     kernels::paged_decode_attention(on, out, qkv_buf, layer.k, layer.v, batch.page_table, batch.lens, S, T,
@@ -207,18 +190,8 @@ Tensor SelfAttention::forward_paged(PagedKVCache::Layer& layer, const PagedBatch
     for (int64_t s = 0; s < S; ++s) {
       const PagedSequence& seq = *batch.seqs[static_cast<size_t>(s)];
       const int64_t Tk = seq.len + T;
-      const DType kv_dtype = fp8 ? DType::F32 : layer.k.dtype();
-      Tensor k = new_activation({Tk, ks}, "paged_k", kv_dtype), v = new_activation({Tk, ks}, "paged_v", kv_dtype);
-      for (int64_t t = 0; t < Tk; t += P) {
-        const int64_t n = std::min(P, Tk - t), page = seq.pages.at(static_cast<size_t>(t / P));
-        if (fp8) {  // the page's heads decoded, one group per row
-          kernels::decode_fp8_rows(on, {k.view({1, Tk * G, D}), t * G, 0}, k_heads, k_scales, page * P * G, n * G);
-          kernels::decode_fp8_rows(on, {v.view({1, Tk * G, D}), t * G, 0}, v_heads, v_scales, page * P * G, n * G);
-          continue;
-        }
-        kernels::copy_rows(on, {k.view({1, Tk, ks}), t, 0}, {layer.k.view({1, pool_rows, ks}), page * P, 0}, n, ks);
-        kernels::copy_rows(on, {v.view({1, Tk, ks}), t, 0}, {layer.v.view({1, pool_rows, ks}), page * P, 0}, n, ks);
-      }
+      const Tensor k = gather_pages(on, seq, Tk, layer.k, layer.k_scale, G, "paged_k");
+      const Tensor v = gather_pages(on, seq, Tk, layer.v, layer.v_scale, G, "paged_v");
       Tensor lse = new_activation({shape_.heads, T}, qkv.weight.name + ".lse");
       kernels::attention_forward(on, out.slice_rows(s * T, (s + 1) * T), lse, {qkv_buf, s * T * shape_.qkv_size()},
                                  as_dtype(k, DType::F32), as_dtype(v, DType::F32), 1, T, shape_.heads, G, D,

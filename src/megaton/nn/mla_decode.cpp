@@ -90,31 +90,14 @@ Tensor MultiLatentAttention::forward_cached(KVCache& cache, const Tensor& x, int
 
 Tensor MultiLatentAttention::forward_paged(PagedKVCache::Layer& layer, const PagedBatch& batch, const Tensor& x) {
   const int64_t S = static_cast<int64_t>(batch.seqs.size()), T = batch.tokens, N = S * T;
-  const int64_t R = config_.kv_lora_rank, W = R + config_.qk_pos_emb_head_dim, P = layer.k.size(1);
-  const int64_t pool_rows = layer.k.size(0) * P;
+  const int64_t R = config_.kv_lora_rank, W = R + config_.qk_pos_emb_head_dim;
   if (layer.k.size(2) != W) fail("paged KV layer of ", layer.k.size(2), " columns for a latent of ", W);
   std::vector<int64_t> pos;
   for (const PagedSequence* seq : batch.seqs) pos.push_back(seq->len);
   const Tensor latent = latent_rows(x, S, T, pos);
   const auto on = ExecContext::on(latent);
-  // The latent rows into the pages (rounded to bf16 for a bf16 cache, each row encoded with its own
-  // scale for an FP8 one), one block per run of tokens inside one page.
-  const bool fp8 = layer.k.dtype() == DType::F8E4M3;
-  const Tensor rows = as_dtype(latent, fp8 ? DType::F32 : layer.k.dtype()).view({1, N, W});
-  const Tensor pages = layer.k.view({1, pool_rows, W});
-  const Tensor scales = fp8 ? layer.k_scale.view({1, pool_rows, 1}) : Tensor();
-  for (int64_t s = 0; s < S; ++s) {
-    const PagedSequence& seq = *batch.seqs[static_cast<size_t>(s)];
-    for (int64_t t = 0; t < T;) {
-      const int64_t at = seq.len + t, slot = at % P, run = std::min(T - t, P - slot);
-      const int64_t dst = seq.pages.at(static_cast<size_t>(at / P)) * P + slot;
-      if (fp8)
-        kernels::encode_fp8_rows(on, pages, scales, dst, {rows, s * T + t, 0}, run);
-      else
-        kernels::copy_rows(on, {pages, dst, 0}, {rows, s * T + t, 0}, run, W);
-      t += run;
-    }
-  }
+  // The latent rows into the pages (rounded to bf16 for a bf16 cache).
+  write_pages(on, batch, layer.k, layer.k_scale, 1, as_dtype(latent, layer.k.dtype()).view({1, N, W}), 0);
   const Tensor q = absorbed_query(x, S, T, pos);
   Tensor out = new_activation({N, heads_ * R}, proj.weight.name + ".latent_out");
   const kernels::HeadDim D{W, R};
@@ -126,15 +109,7 @@ Tensor MultiLatentAttention::forward_paged(PagedKVCache::Layer& layer, const Pag
     for (int64_t s = 0; s < S; ++s) {
       const PagedSequence& seq = *batch.seqs[static_cast<size_t>(s)];
       const int64_t Tk = seq.len + T;
-      Tensor keys = new_activation({Tk, W}, "paged_latent", fp8 ? DType::F32 : layer.k.dtype());
-      for (int64_t t = 0; t < Tk; t += P) {
-        const int64_t n = std::min(P, Tk - t), page = seq.pages.at(static_cast<size_t>(t / P));
-        if (fp8)
-          kernels::decode_fp8_rows(on, {keys.view({1, Tk, W}), t, 0}, pages, scales, page * P, n);
-        else
-          kernels::copy_rows(on, {keys.view({1, Tk, W}), t, 0}, {pages, page * P, 0}, n, W);
-      }
-      const Tensor k = as_dtype(keys, DType::F32);
+      const Tensor k = as_dtype(gather_pages(on, seq, Tk, layer.k, layer.k_scale, 1, "paged_latent"), DType::F32);
       Tensor lse = new_activation({heads_, T}, proj.weight.name + ".lse");
       kernels::attention_forward(on, out.slice_rows(s * T, (s + 1) * T), lse, {q, s * T * heads_ * W}, k, k, 1, T,
                                  heads_, 1, D, q_at, kv_at, scale_, seq.len, Tk * W);

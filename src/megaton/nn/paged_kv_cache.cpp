@@ -4,6 +4,8 @@
 #include <numeric>
 
 #include "megaton/core/error.h"
+#include "megaton/kernels/copy.h"
+#include "megaton/nn/linear.h"
 
 namespace megaton::nn {
 
@@ -69,6 +71,60 @@ PagedBatch::PagedBatch(std::vector<PagedSequence*> s, int64_t t, int64_t page_si
     std::copy(q.pages.begin(), q.pages.end(), page_table.data<int32_t>() + i * max_pages);
     lens.data<int64_t>()[i] = q.len + tokens;
   }
+}
+
+namespace {
+
+// One layer's pages (and their FP8 scales) viewed one unit per row: [1, num_pages * page_size * units, width].
+struct UnitRows {
+  UnitRows(const Tensor& pages, const Tensor& scales, int64_t units) : fp8(pages.dtype() == DType::F8E4M3) {
+    if (units < 1 || pages.size(2) % units != 0)
+      fail("paged KV: ", units, " units per token do not divide a page row of ", pages.size(2), " columns");
+    const int64_t pool = pages.size(0) * pages.size(1) * units;
+    width = pages.size(2) / units;
+    rows = pages.view({1, pool, width});
+    if (fp8) unit_scales = scales.view({1, pool, 1});
+  }
+  bool fp8;
+  int64_t width = 0;
+  Tensor rows, unit_scales;
+};
+
+}  // namespace
+
+void write_pages(const kernels::ExecContext& on, const PagedBatch& batch, const Tensor& pages, const Tensor& scales,
+                 int64_t units, const Tensor& src, int64_t col) {
+  const UnitRows dst(pages, scales, units);
+  const int64_t T = batch.tokens, P = pages.size(1);
+  for (size_t s = 0; s < batch.seqs.size(); ++s) {
+    const PagedSequence& seq = *batch.seqs[s];
+    for (int64_t t = 0; t < T;) {
+      const int64_t pos = seq.len + t, slot = pos % P, run = std::min(T - t, P - slot);
+      const int64_t at = (seq.pages.at(static_cast<size_t>(pos / P)) * P + slot) * units;
+      const int64_t from = (static_cast<int64_t>(s) * T + t) * units;
+      if (dst.fp8)
+        kernels::encode_fp8_rows(on, dst.rows, dst.unit_scales, at, {src, from, col}, run * units);
+      else
+        kernels::copy_rows(on, {dst.rows, at, 0}, {src, from, col}, run * units, dst.width);
+      t += run;
+    }
+  }
+}
+
+Tensor gather_pages(const kernels::ExecContext& on, const PagedSequence& seq, int64_t tokens, const Tensor& pages,
+                    const Tensor& scales, int64_t units, const std::string& name) {
+  const UnitRows from(pages, scales, units);
+  const int64_t P = pages.size(1);
+  Tensor out = new_activation({tokens, pages.size(2)}, name, from.fp8 ? DType::F32 : pages.dtype());
+  const Tensor out_rows = out.view({1, tokens * units, from.width});
+  for (int64_t t = 0; t < tokens; t += P) {
+    const int64_t n = std::min(P, tokens - t), at = seq.pages.at(static_cast<size_t>(t / P)) * P * units;
+    if (from.fp8)
+      kernels::decode_fp8_rows(on, {out_rows, t * units, 0}, from.rows, from.unit_scales, at, n * units);
+    else
+      kernels::copy_rows(on, {out_rows, t * units, 0}, {from.rows, at, 0}, n * units, from.width);
+  }
+  return out;
 }
 
 }  // namespace megaton::nn

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "megaton/core/tensor.h"
+#include "megaton/kernels/exec_context.h"
 
 namespace megaton::nn {
 
@@ -74,5 +75,19 @@ struct PagedBatch {
   // Built from `seqs` whose pages already hold len + tokens tokens.
   PagedBatch(std::vector<PagedSequence*> seqs, int64_t tokens, int64_t page_size);
 };
+
+// What attention layers move between their rows and one layer's pages (k or v, with its FP8 scales;
+// scales undefined for f32 / bf16 pages). Each token is `units` rows of width = cols / units: a
+// self-attention layer's kv heads (one FP8 scale per head), or MLA's one latent row.
+//
+// write_pages: the batch's new tokens into their pages, token t of sequence s being rows
+// (s * T + t) * units ... of `src` ([1, S * T * units, *], f32 for FP8 pages, else the pages'
+// dtype) from column `col`, one copy per run of tokens inside one page.
+void write_pages(const kernels::ExecContext& on, const PagedBatch& batch, const Tensor& pages, const Tensor& scales,
+                 int64_t units, const Tensor& src, int64_t col);
+// The first `tokens` tokens of `seq` out of its pages, as a new [tokens, cols] tensor: the pages'
+// dtype, or f32 decoded from FP8 pages.
+Tensor gather_pages(const kernels::ExecContext& on, const PagedSequence& seq, int64_t tokens, const Tensor& pages,
+                    const Tensor& scales, int64_t units, const std::string& name);
 
 }  // namespace megaton::nn
