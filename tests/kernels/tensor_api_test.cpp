@@ -62,6 +62,32 @@ TEST(TensorApi, EmbeddingForwardAndBackwardEqualTheReference) {
                         "'short_wpe'");
 }
 
+TEST(TensorApi, EmbeddingForwardWidensABf16TableIntoF32Rows) {
+  // A model served in bf16 alone (models/hf_format.h) holds its word embedding in bf16; the rows come
+  // out in f32, beside f32 positions: each the widened table entry plus the position, exactly.
+  const int64_t B = 2, T = 3, C = 5, V = 4;
+  const std::vector<int32_t> tok = {3, 0, 3, 1, 2, 2};
+  const auto wte = fd::random_vector(V * C, 5), wpe = fd::random_vector(T * C, 6);
+  const Tensor table = from(wte, {V, C}, "wte").to(DType::BF16);
+  const Tensor positions = from(wpe, {T, C}, "wpe").to(DType::F32);
+  Tensor out = Tensor::empty({B * T, C}, DType::F32, MemCategory::Other, "out");
+  for (const Tensor& p : {positions, Tensor()}) {
+    kernels::embedding_forward(cpu, out, ids(tok, {B, T}), table, p);
+    const Tensor widened = table.to(DType::F32);
+    for (int64_t row = 0; row < B * T; ++row)
+      for (int64_t c = 0; c < C; ++c) {
+        const float want =
+            widened.data<float>()[tok[row] * C + c] + (p.defined() ? p.data<float>()[row % T * C + c] : 0.0f);
+        ASSERT_EQ(out.data<float>()[row * C + c], want) << row << ", " << c;
+      }
+  }
+  // bf16 rows from a bf16 table have no CPU kernel; a bf16 table beside f64 rows is a mismatch.
+  EXPECT_ERROR_CONTAINS(
+      kernels::embedding_forward(cpu, Tensor::empty({B * T, C}, DType::F64, MemCategory::Other, "rows"),
+                                 ids(tok, {B, T}), table, Tensor()),
+      "'rows'");
+}
+
 TEST(TensorApi, CrossEntropyKernelsEqualTheReference) {
   const int64_t N = 6, V = 13, start = 2;  // a shard starting at vocabulary entry 2: targets 0 and 1 are elsewhere
   const std::vector<int32_t> tg = {3, kernels::kIgnoreIndex, 0, 14, 7, 7};

@@ -37,8 +37,11 @@ void embedding_forward(const ExecContext& ctx, const Tensor& out, const Tensor& 
 #endif
     fail_no_backend(ctx, op);
   }
+  if (wpe.defined()) expect_dtype(out.dtype(), op, {&wpe});
+  if (wte.dtype() == DType::BF16 && out.dtype() == DType::F32)
+    return cpu::embedding_forward(out.data<float>(), tokens.data<int32_t>(), wte.data<BFloat16>(),
+                                  data_or_null<float>(wpe), s.B, s.T, s.C);
   expect_dtype(wte.dtype(), op, {&out});
-  if (wpe.defined()) expect_dtype(wte.dtype(), op, {&wpe});
   dispatch_cpu_float(wte.dtype(), op, [&]<typename T>(T) {
     cpu::embedding_forward(out.data<T>(), tokens.data<int32_t>(), wte.data<T>(), data_or_null<T>(wpe),
                            s.B, s.T, s.C);

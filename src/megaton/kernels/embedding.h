@@ -1,7 +1,8 @@
 // Token + learned position embedding on tensors. tokens: i32 [B, T], each < wte's rows (the
 // caller checks, see kernels/reduce.h); wte [vocab, C]; wpe [T, C] (the position rows this call
 // uses, already offset) or undefined; out / dout [B*T, C]. Dispatches to kernels::cpu (f32 / f64,
-// every tensor one dtype) or kernels::cuda (out / dout f32 or bf16, tables f32 or bf16, gradients f32).
+// every tensor one dtype, or a bf16 wte beside f32 rows and positions in the forward) or kernels::cuda (out / dout f32
+// or bf16, tables f32 or bf16, gradients f32).
 #pragma once
 #include "megaton/kernels/exec_context.h"
 

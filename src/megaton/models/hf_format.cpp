@@ -664,16 +664,42 @@ Tensor file_span(const nn::Parameter& p, const std::vector<const Binding*>& boun
                           MemCategory::Params, p.name);
 }
 
-struct LoadedTensors {
-  TransformerModel::StoredQuantizedWeights quantized;
-  TransformerModel::StoredComputeWeights compute;
-};
+float widen(float v) { return v; }
+float widen(BFloat16 v) { return bf16_to_float(v.bits); }
 
-// `share_file`: a parameter whose bytes lie in the mapped file as file_span finds them becomes a view of
-// it (f32), or takes it as its stored compute copy (bf16), instead of being copied (inference only:
-// training's optimizer would write into copy-on-write pages).
-LoadedTensors load_tensors(TransformerModel& model, const HfTensors& tensors, const std::string& source,
-                           std::optional<kernels::WeightQuant> quantization, bool share_file = false) {
+// Writes `rows` rows of `src` (f32; [cols, rows] when transposed) into full's rows source_row(b, r), in
+// full's dtype (f32, or bf16 rounded to nearest even); a copy binding compares them instead.
+template <typename D>
+void write_rows(const Binding& b, const Tensor& src_tensor, D* dst, int64_t rows, int64_t cols, const std::string& key,
+                const std::string& source) {
+  const float* src = src_tensor.data<float>();
+  for (int64_t r = 0; r < rows; ++r) {
+    D* d = dst + source_row(b, r) * cols;
+    for (int64_t k = 0; k < cols; ++k) {
+      const float f = b.transpose ? src[k * rows + r] : src[r * cols + k];
+      D v;
+      if constexpr (std::is_same_v<D, BFloat16>)
+        v = BFloat16{float_to_bf16(f)};
+      else
+        v = f;
+      if (!b.copy)
+        d[k] = v;
+      else if (widen(d[k]) != widen(v))  // compared, never written: the value may be a view of the file
+        fail(source, ": tensor '", key, "' differs from the tensor it copies (", b.param->name,
+             "): Megaton shares one embedding and head between the model and its MTP layers");
+    }
+  }
+}
+
+// `share_file`: a parameter whose bytes lie in the mapped file as file_span finds them, in the dtype it
+// is held in, becomes a view of it instead of a copy (inference only: training's optimizer would write
+// into copy-on-write pages). `bf16_only`: parameters held in bf16 alone (a model loaded to serve in
+// bf16): bf16 views of the file, or rounded once as they load.
+TransformerModel::StoredQuantizedWeights load_tensors(TransformerModel& model, const HfTensors& tensors,
+                                                      const std::string& source,
+                                                      std::optional<kernels::WeightQuant> quantization,
+                                                      bool share_file = false,
+                                                      const std::set<const nn::Parameter*>& bf16_only = {}) {
   // Buffers some GPT-2 / Llama exports carry that are not parameters.
   auto ignorable = [](const std::string& n) {
     auto ends = [&](const char* s) { return n.size() >= std::strlen(s) && n.ends_with(s); };
@@ -685,20 +711,22 @@ LoadedTensors load_tensors(TransformerModel& model, const HfTensors& tensors, co
   std::vector<Binding> all = bindings(model);
   std::stable_partition(all.begin(), all.end(), [](const Binding& b) { return !b.copy; });
   std::map<const nn::Parameter*, RowAssembly> assembled;
-  LoadedTensors loaded;
+  TransformerModel::StoredQuantizedWeights quantized;
   std::map<nn::Parameter*, std::vector<const Binding*>> bound;
   for (const Binding& b : all)
     if (!b.copy) bound[b.param].push_back(&b);
   std::set<const nn::Parameter*> shared;  // values that are views of the file: nothing to copy
   for (nn::Parameter* p : model.parameters()) {
     const auto it = bound.find(p);
+    const DType held = bf16_only.count(p) ? DType::BF16 : DType::F32;
     Tensor span = share_file && it != bound.end() ? file_span(*p, it->second, tensors) : Tensor();
-    if (span.defined() && span.dtype() == DType::F32) {
+    if (span.defined() && span.dtype() == held) {
       p->value = std::move(span);
       shared.insert(p);
       continue;
     }
-    if (span.defined()) loaded.compute.emplace(p, std::move(span));
+    // Replaces the (untouched, so never backed) f32 allocation.
+    if (held != DType::F32) p->value = Tensor::empty(p->value.shape(), held, MemCategory::Params, p->name);
     // A value built uncleared (nn::UnclearedValues) must have every row written: rows no tensor is
     // bound to (a padded vocabulary's, or a parameter HF does not store) are zero.
     int64_t rows = 0;
@@ -734,19 +762,10 @@ LoadedTensors load_tensors(TransformerModel& model, const HfTensors& tensors, co
     }
     const int64_t cols = cols_of(full);
     const int64_t rows = want.size() == 1 ? want[0] : (b.transpose ? want[1] : want[0]);
-    const float* src = t.data<float>();
-    float* dst = full.data<float>();
-    for (int64_t r = 0; r < rows; ++r) {
-      float* d = dst + source_row(b, r) * cols;
-      for (int64_t k = 0; k < cols; ++k) {
-        const float v = b.transpose ? src[k * rows + r] : src[r * cols + k];
-        if (!b.copy)
-          d[k] = v;
-        else if (d[k] != v)  // compared, never written: the value may be a view of the file
-          fail(source, ": tensor '", key, "' differs from the tensor it copies (", b.param->name,
-               "): Megaton shares one embedding and head between the model and its MTP layers");
-      }
-    }
+    if (full.dtype() == DType::BF16)
+      write_rows(b, t, full.data<BFloat16>(), rows, cols, key, source);
+    else
+      write_rows(b, t, full.data<float>(), rows, cols, key, source);
   }
   for (const std::string& name : tensors.names()) {
     if (used.count(name) || ignorable(name)) continue;
@@ -759,9 +778,9 @@ LoadedTensors load_tensors(TransformerModel& model, const HfTensors& tensors, co
     if (a.rows_filled != param->value.size(0))
       fail(source, ": ", param->name, " is stored partly quantised (", a.rows_filled, " of its ", param->value.size(0),
            " rows): all of a weight's tensors must be quantised, or none");
-    loaded.quantized.emplace(param, std::make_shared<const kernels::QuantizedWeight>(std::move(a.w)));
+    quantized.emplace(param, std::make_shared<const kernels::QuantizedWeight>(std::move(a.w)));
   }
-  return loaded;
+  return quantized;
 }
 
 }  // namespace
@@ -770,7 +789,7 @@ TransformerModel::StoredQuantizedWeights load_hf_tensors(TransformerModel& model
                                                          const std::map<std::string, Tensor>& tensors,
                                                          const std::string& source,
                                                          std::optional<kernels::WeightQuant> quantization) {
-  return load_tensors(model, MapTensors(tensors), source, quantization).quantized;
+  return load_tensors(model, MapTensors(tensors), source, quantization);
 }
 
 namespace {
@@ -794,7 +813,9 @@ TransformerConfig load_hf_config(const std::string& dir) {
   return config_from_hf(j, path);
 }
 
-HfFolder load_hf_folder(const std::string& dir, bool gradients) {
+HfFolder load_hf_folder(const std::string& dir, bool gradients, DType serve_dtype) {
+  if (serve_dtype != DType::F32 && (gradients || serve_dtype != DType::BF16))
+    fail("load_hf_folder: weights held in ", dtype_name(serve_dtype), " only are for a bf16 model without gradients");
   const std::string path = (fs::path(dir) / "model.safetensors").string();
   // A training checkpoint has config.json too, but its weights are in shard files.
   if (!fs::exists(path) && fs::exists(fs::path(dir) / "metadata.json"))
@@ -809,9 +830,10 @@ HfFolder load_hf_folder(const std::string& dir, bool gradients) {
     f.model = std::make_unique<TransformerModel>(config_from_hf(j, config_path));
   }
   f.quantization = stored_quantization(j, config_path);
-  LoadedTensors loaded = load_tensors(*f.model, FileTensors(path), path, f.quantization, /*share_file=*/!gradients);
-  f.quantized = std::move(loaded.quantized);
-  f.stored_compute = std::move(loaded.compute);
+  std::set<const nn::Parameter*> bf16_only;
+  if (serve_dtype == DType::BF16)
+    for (nn::Parameter* p : f.model->gemm_weights()) bf16_only.insert(p);
+  f.quantized = load_tensors(*f.model, FileTensors(path), path, f.quantization, /*share_file=*/!gradients, bf16_only);
   return f;
 }
 

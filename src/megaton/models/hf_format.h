@@ -45,20 +45,20 @@ void save_hf_model(TransformerModel& model, const std::string& dir, DType dtype 
 void save_hf_config(const TransformerConfig& c, const std::string& dir, DType dtype = DType::F32,
                     std::optional<kernels::WeightQuant> quantization = {});
 // A folder's model (quantised weights loaded as their values), its quantisation format and the
-// stored codes, which TransformerModel::install_quantized_weights takes for inference; and the bf16
-// weights stored in the layout the model runs (mapped from the file), which set_compute_dtype(bf16)
-// takes as compute copies.
+// stored codes, which TransformerModel::install_quantized_weights takes for inference.
 struct HfFolder {
   std::unique_ptr<TransformerModel> model;
   std::optional<kernels::WeightQuant> quantization;
   TransformerModel::StoredQuantizedWeights quantized;
-  TransformerModel::StoredComputeWeights stored_compute;
 };
 // The file is memory-mapped (core/mapped_file.h). gradients false: the model is built without them
-// (nn::NoGradients), for inference only, and every f32 weight stored in the layout the model runs, on a
-// 64-byte boundary, is a view of the mapped file rather than a copy (a write to it copies the page,
-// never the file).
-HfFolder load_hf_folder(const std::string& dir, bool gradients = true);
+// (nn::NoGradients), for inference only, and every weight stored in the dtype it is held in and in the
+// layout the model runs, on a 64-byte boundary, is a view of the mapped file rather than a copy (a write
+// to it copies the page, never the file). serve_dtype bf16 (gradients false only): the weights its GEMMs
+// read (TransformerModel::gemm_weights) are held in bf16 alone, with no f32 main weight: bf16 views of a
+// bf16 file, else rounded to nearest even as they load; set_compute_dtype(bf16) lends them as their
+// own compute copies, and the model can compute in bf16 only.
+HfFolder load_hf_folder(const std::string& dir, bool gradients = true, DType serve_dtype = DType::F32);
 std::unique_ptr<TransformerModel> load_hf_model(const std::string& dir);
 TransformerConfig load_hf_config(const std::string& dir);
 

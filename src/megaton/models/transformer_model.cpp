@@ -204,21 +204,28 @@ void TransformerModel::update_moe_expert_bias(const std::vector<parallel::Commun
   for (nn::MoeLayer* m : moe_layers()) m->update_expert_bias(groups);
 }
 
-void TransformerModel::set_compute_dtype(DType dtype, const StoredComputeWeights& stored) {
+nn::ParameterList TransformerModel::gemm_weights() {
+  nn::ParameterList weights;
+  if (head_) weights.push_back(&head_->weight());
+  for (auto& l : layers_) l->gemm_weights(weights);
+  for (auto& d : mtp_) d->gemm_weights(weights);
+  return weights;
+}
+
+void TransformerModel::set_compute_dtype(DType dtype) {
   if (dtype != DType::F32 && dtype != DType::BF16 && dtype != DType::F16)
     fail("compute dtype ", dtype_name(dtype), " is not supported (f32, bf16 or f16)");
+  for (nn::Parameter* p : gemm_weights())
+    if (p->value.dtype() != DType::F32 && p->value.dtype() != dtype && keeps_compute_copy(*p))
+      fail("weight '", p->name, "' is held in ", dtype_name(p->value.dtype()), " only (a model loaded to serve in ",
+           dtype_name(p->value.dtype()), "): it cannot compute in ", dtype_name(dtype));
   compute_dtype_ = dtype;
   for (ModelChunk& c : chunks_) c.set_compute_dtype(dtype);
-  nn::ParameterList gemm_weights;
-  if (head_) gemm_weights.push_back(&head_->weight());
-  for (auto& l : layers_) l->gemm_weights(gemm_weights);
-  for (auto& d : mtp_) d->gemm_weights(gemm_weights);
-  for (nn::Parameter* p : gemm_weights) {
-    const auto it = stored.find(p);
+  for (nn::Parameter* p : gemm_weights()) {
     if (dtype == DType::F32 || !keeps_compute_copy(*p))
       p->compute = {};
-    else if (it != stored.end() && it->second.dtype() == dtype && it->second.shape() == p->value.shape())
-      p->compute = it->second;
+    else if (p->value.dtype() == dtype)
+      p->compute = p->value;
     else
       nn::add_compute_copy(*p, dtype);
   }
@@ -237,9 +244,14 @@ void TransformerModel::install_quantized_weights(kernels::WeightQuant q, const S
   check_whole("TransformerModel::quantize_weights");
   if (tp_.active()) fail("quantised inference weights need the whole model in one process (tensor parallelism is on)");
   for (nn::Parameter* p : quantizable_weights()) {
-    const auto it = stored.find(p);
-    p->quantized = it != stored.end() ? it->second
-                                      : std::make_shared<const kernels::QuantizedWeight>(kernels::quantize_weight(p->value, q));
+    if (const auto it = stored.find(p); it != stored.end()) {
+      p->quantized = it->second;
+    } else {
+      // A bf16-only value (a model loaded to serve in bf16) is widened for the quantiser, exactly.
+      const Tensor& v = p->value;
+      const Tensor f32 = v.dtype() == DType::F32 ? v : v.to(DType::F32, MemCategory::Workspace);
+      p->quantized = std::make_shared<const kernels::QuantizedWeight>(kernels::quantize_weight(f32, q));
+    }
     if (!keeps_compute_copy(*p)) p->compute = {};
   }
 }

@@ -81,12 +81,13 @@ class TransformerModel {
   void init_weights(uint64_t seed);
 
   // Mixed precision (Megatron's --bf16): bf16 activations and GEMMs with fp32 main weights, grads
-  // and optimizer state. Gives every weight a linear or the head reads a compute copy in `dtype`;
-  // f32 drops them. A weight among `stored` (a bf16 HF folder's tensors mapped from the file, keyed by
-  // parameter: models/hf_format.h) in `dtype` takes that tensor as its compute copy instead of a new
-  // rounding of its main weight (they hold the same bits: the main weight was widened from it).
-  using StoredComputeWeights = std::map<const nn::Parameter*, Tensor>;
-  void set_compute_dtype(DType dtype, const StoredComputeWeights& stored = {});
+  // and optimizer state. Gives every weight a linear or the head reads (gemm_weights) a compute copy
+  // in `dtype`; f32 drops them. A weight whose value is already in `dtype` (a model loaded to serve in
+  // bf16 only: models/hf_format.h) is its own compute copy; it cannot compute in another dtype.
+  void set_compute_dtype(DType dtype);
+  // The weights a linear, an expert or the head reads as a GEMM operand: those set_compute_dtype gives
+  // compute copies.
+  nn::ParameterList gemm_weights();
   // Activation recompute (nn/recompute.h) for training from now on: full recompute's units in each
   // model chunk, selective recompute's modules in each block.
   void set_recompute(const nn::RecomputeConfig& config);

@@ -152,7 +152,9 @@ const MlaAbsorbed& MultiLatentAttention::absorbed() {
          "without biases (add_bias_linear = false)");
   const int64_t R = config_.kv_lora_rank, r = config_.qk_pos_emb_head_dim, nope = config_.qk_head_dim;
   const int64_t v = config_.v_head_dim, qk = config_.qk_dim(), Q = wq.value.size(1), C = hidden_;
-  const Tensor& w_kv = kv_up.weight.value;
+  // The products are made in f32, from bf16-only weights too (a model loaded to serve in bf16).
+  const Tensor w_q = as_dtype(wq.value, DType::F32), w_kv = as_dtype(kv_up.weight.value, DType::F32);
+  const Tensor w_proj = as_dtype(proj.weight.value, DType::F32);
   absorbed_.q_weight = Tensor::zeros({heads_ * (R + r), Q}, DType::F32, MemCategory::Workspace, wq.name + ".absorbed");
   absorbed_.proj_weight = Tensor::empty({C, heads_ * R}, DType::F32, MemCategory::Workspace, proj.weight.name + ".absorbed");
   const auto on = ExecContext::on(w_kv);
@@ -163,10 +165,10 @@ const MlaAbsorbed& MultiLatentAttention::absorbed() {
     const Tensor w_uk = w_kv.slice_rows(kv_row, kv_row + nope), w_uv = w_kv.slice_rows(kv_row + nope, kv_row + nope + v);
     // Query rows: W_uk^T W_q_nope (the weight-gradient GEMM computes dout^T x), then W_q_rope as it is.
     kernels::linear_backward_weight(on, absorbed_.q_weight.slice_rows(q_row, q_row + R), {}, w_uk,
-                                    wq.value.slice_rows(h * qk, h * qk + nope));
-    absorbed_.q_weight.slice_rows(q_row + R, q_row + R + r).copy_from(wq.value.slice_rows(h * qk + nope, (h + 1) * qk));
+                                    w_q.slice_rows(h * qk, h * qk + nope));
+    absorbed_.q_weight.slice_rows(q_row + R, q_row + R + r).copy_from(w_q.slice_rows(h * qk + nope, (h + 1) * qk));
     // Output columns: W_proj_h W_uv (the input-gradient GEMM computes dout w).
-    kernels::copy_rows(on, {proj_h.view({1, C, v}), 0, 0}, {proj.weight.value.view({1, C, heads_ * v}), 0, h * v}, C, v);
+    kernels::copy_rows(on, {proj_h.view({1, C, v}), 0, 0}, {w_proj.view({1, C, heads_ * v}), 0, h * v}, C, v);
     kernels::linear_backward_input(on, folded_h, proj_h, w_uv);
     kernels::copy_rows(on, {absorbed_.proj_weight.view({1, C, heads_ * R}), 0, h * R}, {folded_h.view({1, C, R}), 0, 0},
                        C, R);

@@ -17,7 +17,8 @@ void add_compute_copy(Parameter& p, DType dtype) {
 
 void refresh_compute_copies(const ParameterList& params) {
   for (Parameter* p : params) {
-    if (p->compute.defined()) p->compute.copy_from(p->value);
+    // A model held in its compute dtype only (an inference model loaded in bf16) lends its values as copies.
+    if (p->compute.defined() && !p->compute.shares_storage_with(p->value)) p->compute.copy_from(p->value);
     ++p->version;
   }
 }

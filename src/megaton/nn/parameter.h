@@ -86,7 +86,9 @@ class UnclearedValues : public ThreadScope<UnclearedValues> {};
 
 struct Parameter {
   std::string name;           // Megatron-style name, e.g. "decoder.layers.0.self_attention.linear_qkv.weight"
-  Tensor value;               // fp32 main weight, MemCategory::Params
+  // fp32 main weight, MemCategory::Params. A model built only to serve in bf16 (models/hf_format.h) holds
+  // the weights its GEMMs read in bf16 alone: value is then the compute copy itself.
+  Tensor value;
   Tensor grad;                // fp32 main grad, MemCategory::Grads, same shape, accumulated by backward-W
   Tensor compute;             // the weight in the compute dtype (bf16), or undefined: see refresh_compute_copies
   bool weight_decay = true;   // false for norms, biases and embeddings by default

@@ -2,22 +2,28 @@
 
 #include <algorithm>
 #include <numeric>
+#include <type_traits>
 #include <vector>
+
+#include "megaton/kernels/cpu/element.h"
 
 namespace megaton::kernels::cpu {
 
-template <typename T>
-void embedding_forward(T* out, const int32_t* tokens, const T* wte, const T* wpe, int64_t B, int64_t Tlen, int64_t C) {
+template <typename T, typename W>
+void embedding_forward(T* out, const int32_t* tokens, const W* wte, const T* wpe, int64_t B, int64_t Tlen, int64_t C) {
 #pragma omp parallel for schedule(static)
   for (int64_t row = 0; row < B * Tlen; ++row) {
     T* o = out + row * C;
-    const T* e = wte + static_cast<int64_t>(tokens[row]) * C;
+    const W* e = wte + static_cast<int64_t>(tokens[row]) * C;
     if (wpe) {
       const T* p = wpe + (row % Tlen) * C;
 #pragma omp simd
-      for (int64_t c = 0; c < C; ++c) o[c] = e[c] + p[c];
-    } else {
+      for (int64_t c = 0; c < C; ++c) o[c] = static_cast<T>(load(e[c])) + p[c];
+    } else if constexpr (std::is_same_v<T, W>) {
       std::copy(e, e + C, o);
+    } else {
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) o[c] = static_cast<T>(load(e[c]));
     }
   }
 }
@@ -76,5 +82,7 @@ void embedding_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, 
 MEGATON_INSTANTIATE(float)
 MEGATON_INSTANTIATE(double)
 #undef MEGATON_INSTANTIATE
+template void embedding_forward<float, BFloat16>(float*, const int32_t*, const BFloat16*, const float*, int64_t,
+                                                 int64_t, int64_t);
 
 }  // namespace megaton::kernels::cpu
