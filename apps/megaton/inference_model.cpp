@@ -11,9 +11,11 @@ InferenceModel load_inference_model(const std::string& model_dir, const std::str
                                     const std::string& precision, const std::string& weights_dtype) {
   const auto start = std::chrono::steady_clock::now();
   InferenceModel m;
-  // In bf16 the weights the GEMMs read are held in bf16 alone (half of fp32's memory, a bf16 file's
-  // mapped as it is), unless they are to be re-quantised, which reads f32 values.
-  const DType held = precision == "bf16" && weights_dtype == "auto" ? DType::BF16 : DType::F32;
+  // Unless they are to be re-quantised, which reads their f32 values, the weights are held as the run
+  // reads them alone: in bf16 (half of fp32's memory, a bf16 file's mapped as it is), or as a quantised
+  // folder's codes.
+  const bool requantise = weights_dtype != "auto";
+  const models::ServeWeights held{precision == "bf16" && !requantise ? DType::BF16 : DType::F32, !requantise};
   models::HfFolder folder = models::load_hf_folder(model_dir, /*gradients=*/false, held);
   m.model = std::move(folder.model);
   // A quantised folder's own codes serve as stored (auto); another --weights-dtype re-quantises the

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <tuple>
 #include <vector>
 
 #include "finite_diff.h"
@@ -96,6 +97,23 @@ TEST(QuantizeWeight, Fp8BlockIsTheBlockwiseE4M3Quantiser) {
   EXPECT_EQ(std::memcmp(q.scale_inv.raw(), m.scale_inv.raw(), q.scale_inv.nbytes()), 0);
   const Tensor d = dequantize_weight(q), e = fp8_dequantize(m);
   EXPECT_EQ(std::memcmp(d.raw(), e.raw(), d.nbytes()), 0);
+}
+
+// A bf16 weight (a served model's tied head held in bf16) is quantised 128 rows at a time, never
+// widened whole: the same codes and scales as its widened f32 copy, on rows that end in a ragged slab
+// (planted: a slab's scales written at its row instead of its block row; caught by fp8-block).
+TEST(QuantizeWeight, Bf16WeightsQuantiseAsTheirF32Values) {
+  const int64_t out = 300, in = 260;
+  const Tensor w = from(fd::random_vector<float>(out * in, 3, -4.0, 4.0), {out, in}, "w").to(DType::BF16);
+  for (const WeightQuant kind : {WeightQuant::Int8Row, WeightQuant::Fp8Block}) {
+    const QuantizedWeight a = quantize_weight(w, kind), b = quantize_weight(w.to(DType::F32), kind);
+    ASSERT_EQ(a.codes.shape(), b.codes.shape());
+    ASSERT_EQ(a.codes.dtype(), b.codes.dtype());
+    ASSERT_EQ(a.scale_inv.shape(), b.scale_inv.shape());
+    EXPECT_EQ(std::memcmp(a.codes.raw(), b.codes.raw(), a.codes.nbytes()), 0) << weight_quant_name(kind);
+    EXPECT_EQ(std::memcmp(a.scale_inv.raw(), b.scale_inv.raw(), a.scale_inv.nbytes()), 0) << weight_quant_name(kind);
+    EXPECT_EQ(std::make_tuple(a.block_rows, a.block_cols), std::make_tuple(b.block_rows, b.block_cols));
+  }
 }
 
 // Every finite E4M3 code (normals, subnormals, zeros, both signs) read by the GEMV equals its exact

@@ -165,7 +165,7 @@ TEST_P(Bf16OnlyFolder, HoldsNoF32GemmWeightsAndComputesTheSame) {
   megaton::testing::write_byte_dataset(dir.file("data"), 40);
   models::HfFolder copied = models::load_hf_folder(dir.file("model"), /*gradients=*/false);
   copied.model->set_compute_dtype(DType::BF16);  // f32 main weights, rounded bf16 copies
-  models::HfFolder held = models::load_hf_folder(dir.file("model"), /*gradients=*/false, DType::BF16);
+  models::HfFolder held = models::load_hf_folder(dir.file("model"), /*gradients=*/false, {DType::BF16});
   held.model->set_compute_dtype(DType::BF16);
   std::set<const nn::Parameter*> gemm;
   for (const nn::Parameter* p : held.model->gemm_weights()) gemm.insert(p);
@@ -212,7 +212,7 @@ TEST_P(Bf16OnlyFolder, HoldsNoF32GemmWeightsAndComputesTheSame) {
   } catch (const std::exception& e) {
     EXPECT_NE(std::string(e.what()).find("held in bf16 only"), std::string::npos) << e.what();
   }
-  EXPECT_THROW(models::load_hf_folder(dir.file("model"), /*gradients=*/true, DType::BF16), std::exception);
+  EXPECT_THROW(models::load_hf_folder(dir.file("model"), /*gradients=*/true, {DType::BF16}), std::exception);
 }
 
 INSTANTIATE_TEST_SUITE_P(PresetsAndFileDtypes, Bf16OnlyFolder,

@@ -53,6 +53,13 @@ Tensor hidden_of(models::TransformerModel& m) {
   return m.chunk(0).forward(ctx, ids, 1, T);
 }
 
+// "llama_tiny_int8": a test name from a (model, quantisation) parameter.
+std::string model_and_quant(const ::testing::TestParamInfo<std::tuple<std::string, WeightQuant>>& info) {
+  std::string n = std::get<0>(info.param) + "_" + std::string(kernels::weight_quant_name(std::get<1>(info.param)));
+  std::replace(n.begin(), n.end(), '-', '_');
+  return n;
+}
+
 nlohmann::json read_json(const std::string& path) { return nlohmann::json::parse(read_regular_file(path, "test")); }
 void write_text(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
 
@@ -149,12 +156,60 @@ TEST_P(HfQuantized, StoresCodesAndScalesAndLoadsTheirValues) {
 INSTANTIATE_TEST_SUITE_P(Models, HfQuantized,
                          ::testing::Combine(::testing::Values("gpt-tiny", "llama-tiny", "llama-interleaved"),
                                             ::testing::Values(WeightQuant::Int8Row, WeightQuant::Fp8Block)),
-                         [](const auto& info) {
-                           std::string n = std::get<0>(info.param) + "_" +
-                                           std::string(kernels::weight_quant_name(std::get<1>(info.param)));
-                           std::replace(n.begin(), n.end(), '-', '_');
-                           return n;
-                         });
+                         model_and_quant);
+
+// Served as stored (ServeWeights::codes): each quantised weight is held as its codes alone, the very
+// storage the kernels read (a view of the file where it lies in the run's layout), with no dequantised
+// f32 copy; greedy decoding equals the model that keeps
+// the dequantised values, in fp32 and in bf16 (MLA's absorbed products from the codes' values).
+class HfQuantizedServed : public ::testing::TestWithParam<std::tuple<std::string, WeightQuant>> {};
+
+TEST_P(HfQuantizedServed, HoldsTheCodesAloneAndDecodesTheSame) {
+  const auto [name, q] = GetParam();
+  TempDir dir;
+  models::TransformerModel m(config_of(name));
+  m.init_weights(5);
+  const std::string folder = dir.file("q");
+  models::save_hf_model(m, folder, DType::BF16, q);
+  const DType code = q == WeightQuant::Int8Row ? DType::I8 : DType::F8E4M3;
+  for (const DType precision : {DType::F32, DType::BF16}) {
+    models::HfFolder kept = models::load_hf_folder(folder, /*gradients=*/false);
+    kept.model->install_quantized_weights(q, kept.quantized);
+    kept.model->set_compute_dtype(precision);
+    models::HfFolder held = models::load_hf_folder(folder, /*gradients=*/false, {precision, /*codes=*/true});
+    ASSERT_EQ(held.quantized.size(), kept.quantized.size());
+    held.model->install_quantized_weights(q, held.quantized);
+    held.model->set_compute_dtype(precision);
+    int mapped = 0;
+    for (const auto& [param, w] : held.quantized) {
+      mapped += param->value.borrowed();
+      EXPECT_EQ(param->value.dtype(), code) << param->name << ": no dequantised copy";
+      EXPECT_TRUE(param->value.shares_storage_with(param->quantized->codes)) << param->name;
+      EXPECT_EQ(param->quantized, w) << param->name;
+      EXPECT_FALSE(param->compute.defined()) << param->name;
+      EXPECT_TRUE(relative_to_largest(nn::f32_values(*param), kernels::dequantize_weight(*w)) == 0) << param->name;
+    }
+    // Codes in the run's layout are views of the file (o_proj, down_proj, [gate | up]); GPT-2's Conv1D
+    // weights are stored transposed, so copied.
+    if (name == "gpt-tiny")
+      EXPECT_EQ(mapped, 0);
+    else
+      EXPECT_GT(mapped, 0);
+    infer::SamplingOptions o;
+    o.temperature = 0;
+    o.max_new_tokens = 12;
+    const std::vector<int32_t> prompt = {7, 19, 3, 250};
+    const auto ids = infer::generate(*held.model, prompt, o);
+    EXPECT_EQ(ids.size(), 12u);
+    EXPECT_EQ(ids, infer::generate(*kept.model, prompt, o)) << dtype_name(precision);
+  }
+  EXPECT_THROW(models::load_hf_folder(folder, /*gradients=*/true, {DType::F32, /*codes=*/true}), std::exception);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, HfQuantizedServed,
+                         ::testing::Combine(::testing::Values("gpt-tiny", "llama-tiny", "deepseek-v3-tiny"),
+                                            ::testing::Values(WeightQuant::Int8Row, WeightQuant::Fp8Block)),
+                         model_and_quant);
 
 // A folder whose stored weights do not add up is refused by name, never loaded half-scaled.
 TEST(HfQuantizedErrors, NameWhatIsWrong) {

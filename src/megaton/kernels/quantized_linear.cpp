@@ -54,6 +54,16 @@ QuantizedWeight quantize_int8_rows(const Tensor& w32, const std::string& name) {
   return q;
 }
 
+QuantizedWeight quantize_f32(const Tensor& w32, WeightQuant q, const std::string& name) {
+  expect_finite(w32, name);
+  if (q == WeightQuant::Int8Row) return quantize_int8_rows(w32, name);
+  Fp8QuantizeOptions o;
+  o.granularity = Fp8Granularity::Block128x128;
+  o.category = MemCategory::Params;
+  Fp8Matrix m = fp8_quantize(w32, o, name + ".fp8");
+  return {WeightQuant::Fp8Block, std::move(m.data), std::move(m.scale_inv), 128, 128};
+}
+
 }  // namespace
 
 std::string_view weight_quant_name(WeightQuant q) { return q == WeightQuant::Int8Row ? "int8" : "fp8-block"; }
@@ -67,14 +77,27 @@ WeightQuant weight_quant_from_name(std::string_view s) {
 QuantizedWeight quantize_weight(const Tensor& w, WeightQuant q) {
   if (w.dim() != 2) fail("quantize_weight: '", w.name(), "' has shape ", shape_str(w.shape()), ", expected 2-D");
   if (!w.device().is_cpu()) fail("quantize_weight: '", w.name(), "' is not on the cpu");
-  const Tensor w32 = w.dtype() == DType::F32 ? w : w.to(DType::F32, MemCategory::Workspace);
-  expect_finite(w32, w.name());
-  if (q == WeightQuant::Int8Row) return quantize_int8_rows(w32, w.name());
-  Fp8QuantizeOptions o;
-  o.granularity = Fp8Granularity::Block128x128;
-  o.category = MemCategory::Params;
-  Fp8Matrix m = fp8_quantize(w32, o, w.name() + ".fp8");
-  return {WeightQuant::Fp8Block, std::move(m.data), std::move(m.scale_inv), 128, 128};
+  if (w.dtype() == DType::F32) return quantize_f32(w, q, w.name());
+  // Widened kSlab rows at a time (whole 128 x 128 blocks), never whole: a served model's tied head in
+  // bf16 would otherwise take a transient f32 copy of the embedding (1 GB for llama3-1b's).
+  constexpr int64_t kSlab = 128;
+  const int64_t rows = w.size(0);
+  QuantizedWeight out;
+  for (int64_t r0 = 0; r0 < rows; r0 += kSlab) {
+    const int64_t r1 = std::min(rows, r0 + kSlab);
+    const QuantizedWeight part = quantize_f32(w.slice_rows(r0, r1).to(DType::F32, MemCategory::Workspace), q, w.name());
+    if (r0 == 0) {
+      const int64_t scale_rows = (rows + part.block_rows - 1) / part.block_rows;
+      out = {
+          q, Tensor::empty(w.shape(), part.codes.dtype(), MemCategory::Params, part.codes.name()),
+          Tensor::empty({scale_rows, part.scale_inv.size(1)}, DType::F32, MemCategory::Params, part.scale_inv.name()),
+          part.block_rows, part.block_cols};
+    }
+    out.codes.slice_rows(r0, r1).copy_from(part.codes);
+    const int64_t s0 = r0 / part.block_rows;
+    out.scale_inv.slice_rows(s0, s0 + part.scale_inv.size(0)).copy_from(part.scale_inv);
+  }
+  return out;
 }
 
 Tensor dequantize_weight(const QuantizedWeight& w) {

@@ -541,6 +541,7 @@ Tensor hf_tensor(const Binding& b, const Tensor& full) {
 struct RowAssembly {
   kernels::QuantizedWeight w;
   int64_t rows_filled = 0;
+  bool codes_in_place = false;  // w.codes is a view of the mapped file (file_span): only scales to gather
 };
 
 void assemble_rows(RowAssembly& a, const Binding& b, const StoredQuantized& s, kernels::WeightQuant q,
@@ -549,8 +550,11 @@ void assemble_rows(RowAssembly& a, const Binding& b, const StoredQuantized& s, k
   const int64_t out = full.size(0), in = full.size(1);
   const int64_t block = b.transpose ? s.block_rows : s.block_cols;  // along Megaton's input dimension
   const int64_t scale_cols = (in + block - 1) / block;
-  if (!a.w.codes.defined()) {
-    a.w = {q, Tensor::empty({out, in}, s.codes.dtype(), MemCategory::Params, b.param->name + ".codes"),
+  if (!a.w.scale_inv.defined()) {
+    Tensor codes = a.codes_in_place
+                       ? a.w.codes
+                       : Tensor::empty({out, in}, s.codes.dtype(), MemCategory::Params, b.param->name + ".codes");
+    a.w = {q, std::move(codes),
            Tensor::empty({out, scale_cols}, DType::F32, MemCategory::Params, b.param->name + ".scale_inv"), 1, block};
   } else if (a.w.block_cols != block) {
     fail(source, ": tensor '", b.hf_name, "' has blocks of ", block, " along its input, the other parts of ",
@@ -562,7 +566,8 @@ void assemble_rows(RowAssembly& a, const Binding& b, const StoredQuantized& s, k
   float* scales = a.w.scale_inv.data<float>();
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t pr = source_row(b, r);
-    for (int64_t k = 0; k < in; ++k) codes[pr * in + k] = b.transpose ? src[k * rows + r] : src[r * in + k];
+    if (!a.codes_in_place)
+      for (int64_t k = 0; k < in; ++k) codes[pr * in + k] = b.transpose ? src[k * rows + r] : src[r * in + k];
     for (int64_t kb = 0; kb < scale_cols; ++kb)
       scales[pr * scale_cols + kb] = b.transpose ? s.scale(kb * block, r) : s.scale(r, kb * block);
   }
@@ -589,6 +594,7 @@ class HfTensors {
   virtual ~HfTensors() = default;
   virtual bool has(const std::string& name) const = 0;
   virtual Tensor get(const std::string& name) const = 0;
+  virtual DType dtype(const std::string& name) const = 0;
   virtual std::vector<std::string> names() const = 0;
   // The mapped file that get()'s borrowed tensors view, to make views spanning several of them.
   virtual std::shared_ptr<const void> mapping() const { return nullptr; }
@@ -599,6 +605,7 @@ class MapTensors final : public HfTensors {
   explicit MapTensors(const std::map<std::string, Tensor>& m) : m_(m) {}
   bool has(const std::string& name) const override { return m_.count(name) > 0; }
   Tensor get(const std::string& name) const override { return m_.at(name); }
+  DType dtype(const std::string& name) const override { return m_.at(name).dtype(); }
   std::vector<std::string> names() const override {
     std::vector<std::string> n;
     for (const auto& [name, t] : m_) n.push_back(name);
@@ -614,6 +621,7 @@ class FileTensors final : public HfTensors {
   explicit FileTensors(const std::string& path) : reader_(path) {}
   bool has(const std::string& name) const override { return reader_.has(name); }
   Tensor get(const std::string& name) const override { return reader_.map(name, MemCategory::Workspace); }
+  DType dtype(const std::string& name) const override { return reader_.dtype(name); }
   std::vector<std::string> names() const override { return reader_.names(); }
   std::shared_ptr<const void> mapping() const override { return reader_.mapping(); }
 
@@ -630,7 +638,7 @@ std::string stored_name(const HfTensors& tensors, const Binding& b) {
 }
 
 // Parameter p's whole value as one view of the mapped file, when the tensors bound to it (`bound`)
-// lie there in f32 or bf16, untransposed, in p's row order and back to back, starting on a cache line
+// lie there in f32, bf16 or as 8-bit codes, untransposed, in p's row order and back to back, starting on a cache line
 // (Llama's o_proj, down_proj and embedding; gate_proj and up_proj where the writer put them in that
 // order, as Megaton and HF's name-sorted writers do); else undefined. Shapes are checked by the caller.
 Tensor file_span(const nn::Parameter& p, const std::vector<const Binding*>& bound, const HfTensors& tensors) {
@@ -645,7 +653,7 @@ Tensor file_span(const nn::Parameter& p, const std::vector<const Binding*>& boun
     const Tensor t = tensors.get(key);
     if (b->transpose || !t.borrowed() || t.shape() != hf_shape(*b, p.value)) return {};
     if (rows == 0) dtype = t.dtype();
-    if ((dtype != DType::F32 && dtype != DType::BF16) || t.dtype() != dtype) return {};
+    if (t.dtype() != dtype) return {};
     const int64_t n = t.size(0), first = source_row(*b, 0);
     for (int64_t r = 1; r < n; ++r)
       if (source_row(*b, r) != first + r) return {};
@@ -691,15 +699,27 @@ void write_rows(const Binding& b, const Tensor& src_tensor, D* dst, int64_t rows
   }
 }
 
-// `share_file`: a parameter whose bytes lie in the mapped file as file_span finds them, in the dtype it
-// is held in, becomes a view of it instead of a copy (inference only: training's optimizer would write
-// into copy-on-write pages). `bf16_only`: parameters held in bf16 alone (a model loaded to serve in
-// bf16): bf16 views of the file, or rounded once as they load.
+// How load_tensors holds the weights of a model built to serve (load_hf_folder's ServeWeights).
+struct Holding {
+  // A parameter whose bytes lie in the mapped file as file_span finds them, in the dtype it is held
+  // in, becomes a view of it instead of a copy (training's optimizer would write into copy-on-write pages).
+  bool share_file = false;
+  std::set<const nn::Parameter*> bf16;  // held in bf16 alone: bf16 views of the file, or rounded as they load
+  bool codes = false;                   // a weight whose every tensor is stored quantised is held as its codes alone
+};
+
+// Whether every tensor bound to a parameter is stored as 8-bit codes.
+bool stored_quantised(const HfTensors& tensors, const std::vector<const Binding*>& bound) {
+  return std::all_of(bound.begin(), bound.end(), [&](const Binding* b) {
+    const std::string key = stored_name(tensors, *b);
+    return tensors.has(key) && (tensors.dtype(key) == DType::I8 || tensors.dtype(key) == DType::F8E4M3);
+  });
+}
+
 TransformerModel::StoredQuantizedWeights load_tensors(TransformerModel& model, const HfTensors& tensors,
                                                       const std::string& source,
                                                       std::optional<kernels::WeightQuant> quantization,
-                                                      bool share_file = false,
-                                                      const std::set<const nn::Parameter*>& bf16_only = {}) {
+                                                      const Holding& holding = {}) {
   // Buffers some GPT-2 / Llama exports carry that are not parameters.
   auto ignorable = [](const std::string& n) {
     auto ends = [&](const char* s) { return n.size() >= std::strlen(s) && n.ends_with(s); };
@@ -710,16 +730,26 @@ TransformerModel::StoredQuantizedWeights load_tensors(TransformerModel& model, c
   // Copies last: they are compared with the tensors they copy, which must be loaded by then.
   std::vector<Binding> all = bindings(model);
   std::stable_partition(all.begin(), all.end(), [](const Binding& b) { return !b.copy; });
-  std::map<const nn::Parameter*, RowAssembly> assembled;
+  std::map<nn::Parameter*, RowAssembly> assembled;
   TransformerModel::StoredQuantizedWeights quantized;
   std::map<nn::Parameter*, std::vector<const Binding*>> bound;
   for (const Binding& b : all)
     if (!b.copy) bound[b.param].push_back(&b);
   std::set<const nn::Parameter*> shared;  // values that are views of the file: nothing to copy
+  std::set<const nn::Parameter*> as_codes;  // values that become their codes: nothing to widen
   for (nn::Parameter* p : model.parameters()) {
     const auto it = bound.find(p);
-    const DType held = bf16_only.count(p) ? DType::BF16 : DType::F32;
-    Tensor span = share_file && it != bound.end() ? file_span(*p, it->second, tensors) : Tensor();
+    // Its f32 allocation stays untouched, so never backed, until the codes replace it.
+    if (holding.codes && it != bound.end() && stored_quantised(tensors, it->second)) {
+      as_codes.insert(p);
+      if (Tensor codes = holding.share_file ? file_span(*p, it->second, tensors) : Tensor(); codes.defined()) {
+        assembled[p].w.codes = std::move(codes);
+        assembled[p].codes_in_place = true;
+      }
+      continue;
+    }
+    const DType held = holding.bf16.count(p) ? DType::BF16 : DType::F32;
+    Tensor span = holding.share_file && it != bound.end() ? file_span(*p, it->second, tensors) : Tensor();
     if (span.defined() && span.dtype() == held) {
       p->value = std::move(span);
       shared.insert(p);
@@ -740,7 +770,7 @@ TransformerModel::StoredQuantizedWeights load_tensors(TransformerModel& model, c
     if (!tensors.has(key)) fail(source, ": missing tensor '", b.hf_name, "'");
     used.insert(key);
     const Tensor stored_tensor = tensors.get(key);
-    Tensor& full = b.param->value;
+    Tensor full = b.param->value;
     const Shape want = hf_shape(b, full);
     if (stored_tensor.shape() != want)
       fail(source, ": tensor '", key, "' has shape ", shape_str(stored_tensor.shape()), ", expected ", shape_str(want));
@@ -755,8 +785,13 @@ TransformerModel::StoredQuantizedWeights load_tensors(TransformerModel& model, c
       used.insert(scale_key);
       const StoredQuantized q =
           check_stored(stored_tensor, tensors.get(scale_key), *quantization, b.transpose, key, source);
-      t = dequantize_stored(q);
       if (!b.copy) assemble_rows(assembled[b.param], b, q, *quantization, source);
+      if (as_codes.count(b.param)) {
+        if (!b.copy) continue;
+        // A copy of a weight held as codes: compared in the values both stand for.
+        full = kernels::dequantize_weight(assembled.at(b.param).w);
+      }
+      t = dequantize_stored(q);
     } else {
       t = stored == DType::F32 ? stored_tensor : stored_tensor.to(DType::F32, MemCategory::Workspace);
     }
@@ -778,6 +813,7 @@ TransformerModel::StoredQuantizedWeights load_tensors(TransformerModel& model, c
     if (a.rows_filled != param->value.size(0))
       fail(source, ": ", param->name, " is stored partly quantised (", a.rows_filled, " of its ", param->value.size(0),
            " rows): all of a weight's tensors must be quantised, or none");
+    if (as_codes.count(param)) param->value = a.w.codes;  // the same storage as the codes the kernels read
     quantized.emplace(param, std::make_shared<const kernels::QuantizedWeight>(std::move(a.w)));
   }
   return quantized;
@@ -813,9 +849,11 @@ TransformerConfig load_hf_config(const std::string& dir) {
   return config_from_hf(j, path);
 }
 
-HfFolder load_hf_folder(const std::string& dir, bool gradients, DType serve_dtype) {
-  if (serve_dtype != DType::F32 && (gradients || serve_dtype != DType::BF16))
-    fail("load_hf_folder: weights held in ", dtype_name(serve_dtype), " only are for a bf16 model without gradients");
+HfFolder load_hf_folder(const std::string& dir, bool gradients, ServeWeights serve) {
+  if (serve.dtype != DType::F32 && serve.dtype != DType::BF16)
+    fail("load_hf_folder: weights are served in f32 or bf16, not ", dtype_name(serve.dtype));
+  if (gradients && (serve.dtype != DType::F32 || serve.codes))
+    fail("load_hf_folder: weights held in bf16 or as codes alone are for a model without gradients (serving)");
   const std::string path = (fs::path(dir) / "model.safetensors").string();
   // A training checkpoint has config.json too, but its weights are in shard files.
   if (!fs::exists(path) && fs::exists(fs::path(dir) / "metadata.json"))
@@ -830,10 +868,10 @@ HfFolder load_hf_folder(const std::string& dir, bool gradients, DType serve_dtyp
     f.model = std::make_unique<TransformerModel>(config_from_hf(j, config_path));
   }
   f.quantization = stored_quantization(j, config_path);
-  std::set<const nn::Parameter*> bf16_only;
-  if (serve_dtype == DType::BF16)
-    for (nn::Parameter* p : f.model->gemm_weights()) bf16_only.insert(p);
-  f.quantized = load_tensors(*f.model, FileTensors(path), path, f.quantization, /*share_file=*/!gradients, bf16_only);
+  Holding holding{.share_file = !gradients, .bf16 = {}, .codes = serve.codes};
+  if (serve.dtype == DType::BF16)
+    for (nn::Parameter* p : f.model->gemm_weights()) holding.bf16.insert(p);
+  f.quantized = load_tensors(*f.model, FileTensors(path), path, f.quantization, holding);
   return f;
 }
 

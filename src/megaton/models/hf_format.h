@@ -51,14 +51,24 @@ struct HfFolder {
   std::optional<kernels::WeightQuant> quantization;
   TransformerModel::StoredQuantizedWeights quantized;
 };
+// How a model built without gradients, to serve, holds its weights: without an f32 main weight where
+// nothing it runs reads one.
+struct ServeWeights {
+  // bf16: the weights its GEMMs read (TransformerModel::gemm_weights) are held in bf16 alone: bf16
+  // views of a bf16 file, else rounded to nearest even as they load; set_compute_dtype(bf16) lends them
+  // as their own compute copies, and the model can compute in bf16 only.
+  DType dtype = DType::F32;
+  // A quantised folder's weights are held as their 8-bit codes alone: value is the codes (I8 or
+  // F8E4M3, the storage of HfFolder::quantized's codes, which install_quantized_weights then takes),
+  // with no dequantised copy. Not for a model that re-quantises its weights (quantize_weights reads
+  // their values).
+  bool codes = false;
+};
 // The file is memory-mapped (core/mapped_file.h). gradients false: the model is built without them
 // (nn::NoGradients), for inference only, and every weight stored in the dtype it is held in and in the
 // layout the model runs, on a 64-byte boundary, is a view of the mapped file rather than a copy (a write
-// to it copies the page, never the file). serve_dtype bf16 (gradients false only): the weights its GEMMs
-// read (TransformerModel::gemm_weights) are held in bf16 alone, with no f32 main weight: bf16 views of a
-// bf16 file, else rounded to nearest even as they load; set_compute_dtype(bf16) lends them as their
-// own compute copies, and the model can compute in bf16 only.
-HfFolder load_hf_folder(const std::string& dir, bool gradients = true, DType serve_dtype = DType::F32);
+// to it copies the page, never the file); `serve` says what else it leaves out.
+HfFolder load_hf_folder(const std::string& dir, bool gradients = true, ServeWeights serve = {});
 std::unique_ptr<TransformerModel> load_hf_model(const std::string& dir);
 TransformerConfig load_hf_config(const std::string& dir);
 

@@ -247,10 +247,9 @@ void TransformerModel::install_quantized_weights(kernels::WeightQuant q, const S
     if (const auto it = stored.find(p); it != stored.end()) {
       p->quantized = it->second;
     } else {
-      // A bf16-only value (a model loaded to serve in bf16) is widened for the quantiser, exactly.
-      const Tensor& v = p->value;
-      const Tensor f32 = v.dtype() == DType::F32 ? v : v.to(DType::F32, MemCategory::Workspace);
-      p->quantized = std::make_shared<const kernels::QuantizedWeight>(kernels::quantize_weight(f32, q));
+      // The quantiser reads bf16 itself: a bf16-only value (a tied head served in bf16) is not widened whole.
+      const Tensor w = p->value.dtype() == DType::BF16 ? p->value : nn::f32_values(*p);
+      p->quantized = std::make_shared<const kernels::QuantizedWeight>(kernels::quantize_weight(w, q));
     }
     if (!keeps_compute_copy(*p)) p->compute = {};
   }

@@ -152,9 +152,8 @@ const MlaAbsorbed& MultiLatentAttention::absorbed() {
          "without biases (add_bias_linear = false)");
   const int64_t R = config_.kv_lora_rank, r = config_.qk_pos_emb_head_dim, nope = config_.qk_head_dim;
   const int64_t v = config_.v_head_dim, qk = config_.qk_dim(), Q = wq.value.size(1), C = hidden_;
-  // The products are made in f32, from bf16-only weights too (a model loaded to serve in bf16).
-  const Tensor w_q = as_dtype(wq.value, DType::F32), w_kv = as_dtype(kv_up.weight.value, DType::F32);
-  const Tensor w_proj = as_dtype(proj.weight.value, DType::F32);
+  // The products are made in f32, from weights held in bf16 or as codes alone too (a model built to serve).
+  const Tensor w_q = f32_values(wq), w_kv = f32_values(kv_up.weight), w_proj = f32_values(proj.weight);
   absorbed_.q_weight = Tensor::zeros({heads_ * (R + r), Q}, DType::F32, MemCategory::Workspace, wq.name + ".absorbed");
   absorbed_.proj_weight = Tensor::empty({C, heads_ * R}, DType::F32, MemCategory::Workspace, proj.weight.name + ".absorbed");
   const auto on = ExecContext::on(w_kv);

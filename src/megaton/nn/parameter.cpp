@@ -1,5 +1,8 @@
 #include "megaton/nn/parameter.h"
 
+#include "megaton/core/error.h"
+#include "megaton/kernels/quantized_linear.h"
+
 namespace megaton::nn {
 
 Parameter::Parameter(std::string n, Shape shape, bool decay, ShardSpec shard_spec)
@@ -25,6 +28,14 @@ void refresh_compute_copies(const ParameterList& params) {
 
 void zero_grads(const ParameterList& params) {
   for (auto* p : params) p->grad.zero_();
+}
+
+Tensor f32_values(const Parameter& p) {
+  const DType held = p.value.dtype();
+  if (held == DType::F32) return p.value;
+  if (held == DType::BF16 || held == DType::F16) return p.value.to(DType::F32, MemCategory::Workspace);
+  if (p.quantized && p.quantized->codes.shares_storage_with(p.value)) return kernels::dequantize_weight(*p.quantized);
+  fail("weight '", p.name, "' holds ", dtype_name(held), " codes without their scales");
 }
 
 int64_t count_parameters(const ParameterList& params) {

@@ -86,8 +86,9 @@ class UnclearedValues : public ThreadScope<UnclearedValues> {};
 
 struct Parameter {
   std::string name;           // Megatron-style name, e.g. "decoder.layers.0.self_attention.linear_qkv.weight"
-  // fp32 main weight, MemCategory::Params. A model built only to serve in bf16 (models/hf_format.h) holds
-  // the weights its GEMMs read in bf16 alone: value is then the compute copy itself.
+  // fp32 main weight, MemCategory::Params. A model built only to serve (models/hf_format.h) may hold a
+  // weight in bf16 alone (value is then its own compute copy) or as 8-bit codes alone (value is then
+  // quantized->codes): read f32_values where any weight may come.
   Tensor value;
   Tensor grad;                // fp32 main grad, MemCategory::Grads, same shape, accumulated by backward-W
   Tensor compute;             // the weight in the compute dtype (bf16), or undefined: see refresh_compute_copies
@@ -127,5 +128,9 @@ void add_compute_copy(Parameter& p, DType dtype);
 // an optimizer step, and before the next forward.
 void refresh_compute_copies(const ParameterList& params);
 int64_t count_parameters(const ParameterList& params);
+// p's weight in f32, for code that reads it once (MLA's absorbed products, a quantiser): the main weight
+// itself, else a bf16-only value widened, else the dequantised codes of a weight held as its codes
+// alone (a model built to serve: models/hf_format.h).
+Tensor f32_values(const Parameter& p);
 
 }  // namespace megaton::nn
