@@ -64,7 +64,8 @@ void print_batch_decode(const models::TransformerConfig& cfg, int64_t requests, 
                                        {"speedup", batch_rate / seq_rate},
                                        {"decode_steps", batcher.decode_steps()},
                                        {"max_kv_pages_used", max_pages},
-                                       {"kv_pages", batcher.num_pages()}}
+                                       {"kv_pages", batcher.num_pages()},
+                                       {"preemptions", batcher.preemptions()}}
                             .dump()
                             .c_str());
     return;
@@ -73,10 +74,12 @@ void print_batch_decode(const models::TransformerConfig& cfg, int64_t requests, 
               static_cast<long>(cfg.num_layers), std::string(dtype_name(dtype)).c_str(), static_cast<long>(requests),
               static_cast<long>(prompt_tokens), static_cast<long>(new_tokens));
   std::printf("  one after another (generate):   %8.1f generated tokens/s (%.2f s)\n", seq_rate, sequential_s);
-  std::printf("  continuous batching:            %8.1f generated tokens/s (%.2f s, %ld decode steps, "
-              "<= %ld of %ld %s KV pages)\n",
-              batch_rate, batched_s, static_cast<long>(batcher.decode_steps()), static_cast<long>(max_pages),
-              static_cast<long>(batcher.num_pages()), std::string(dtype_name(kv_dtype)).c_str());
+  std::printf(
+      "  continuous batching:            %8.1f generated tokens/s (%.2f s, %ld decode steps, "
+      "<= %ld of %ld %s KV pages, %ld preemptions)\n",
+      batch_rate, batched_s, static_cast<long>(batcher.decode_steps()), static_cast<long>(max_pages),
+      static_cast<long>(batcher.num_pages()), std::string(dtype_name(kv_dtype)).c_str(),
+      static_cast<long>(batcher.preemptions()));
   std::printf("  speed-up: %.2fx\n", batch_rate / seq_rate);
 }
 

@@ -304,6 +304,43 @@ TEST_P(PagedModel, BatchedRequestsGetGeneratesTokens) {
   }
 }
 
+// A pool far too small for the sequences admitted together: decoding ones that find it empty preempt
+// the newest, which later recompute their prompt and tokens through prefill. Every request still gets
+// generate()'s tokens, each passed to its callback once (planted: a preempted sequence re-emitting
+// after its refill, or refeeding its newest token as context: both caught).
+TEST_P(PagedModel, PreemptedSequencesRecomputeAndGetGeneratesTokens) {
+  models::TransformerModel m(tiny(GetParam()));
+  m.init_weights(9);
+  infer::ContinuousBatcher b(m, {.page_size = 16, .num_pages = 7, .max_running = 4, .prefill_chunk = 24});
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<infer::SamplingOptions> sampling;
+  std::vector<std::vector<int32_t>> seen(4);
+  std::vector<int64_t> ids;
+  for (int64_t i = 0; i < 4; ++i) {
+    prompts.push_back(prompt_of(std::vector<int64_t>{20, 5, 30, 12}[static_cast<size_t>(i)], i + 3));
+    infer::SamplingOptions o;
+    o.max_new_tokens = 40;
+    o.temperature = i % 2 == 0 ? 0.0 : 0.9;
+    o.seed = static_cast<uint64_t>(7 + i);
+    sampling.push_back(o);
+    ids.push_back(b.submit(prompts.back(), o, [&seen, i](const infer::GeneratedToken& t) {
+      seen[static_cast<size_t>(i)].push_back(t.id);
+      return true;
+    }));
+  }
+  int64_t most_pages = 0;
+  while (b.step()) most_pages = std::max(most_pages, b.used_pages());
+  EXPECT_GT(b.preemptions(), 0) << "the pool was meant to run out";
+  EXPECT_LE(most_pages, 7);
+  EXPECT_EQ(b.used_pages(), 0);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    SCOPED_TRACE("request " + std::to_string(i));
+    EXPECT_TRUE(b.done(ids[i]));
+    EXPECT_EQ(b.output(ids[i]), infer::generate(m, prompts[i], sampling[i]));
+    EXPECT_EQ(seen[i], b.output(ids[i]));
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Models, PagedModel, ::testing::Values("gpt-tiny", "llama-tiny", "deepseek-v3-tiny"));
 
 TEST(ContinuousBatcher, JoinsLeavesAndFreesItsPages) {
@@ -313,17 +350,25 @@ TEST(ContinuousBatcher, JoinsLeavesAndFreesItsPages) {
   infer::SamplingOptions o;
   o.temperature = 0;
   o.max_new_tokens = 10;
-  const int64_t first = b.submit(prompt_of(20, 1), o);  // 30 tokens: 2 pages
+  const int64_t first = b.submit(prompt_of(20, 1), o);  // 30 tokens: 2 pages, admitted with them
   o.max_new_tokens = 40;
-  const int64_t second = b.submit(prompt_of(30, 2), o);  // 70 tokens: 5 pages, waits for the first
+  const int64_t second = b.submit(prompt_of(30, 2), o);  // 70 tokens: admitted with 2 pages, growing to 5
   int stopped_at = -1;
   o.max_new_tokens = 50;
   const int64_t third =
       b.submit(prompt_of(5, 3), o, [&](const infer::GeneratedToken&) { return ++stopped_at < 4; });  // stops itself
   EXPECT_TRUE(b.step());
-  EXPECT_EQ(b.running(), 1);
-  EXPECT_EQ(b.waiting(), 2);
-  EXPECT_EQ(b.used_pages(), 2);
+  EXPECT_EQ(b.running(), 3);
+  EXPECT_EQ(b.waiting(), 0);
+  EXPECT_EQ(b.used_pages(), 5);
+  infer::ContinuousBatcher full(m, {.page_size = 16, .num_pages = 2, .max_running = 4, .prefill_chunk = 8});
+  infer::SamplingOptions twelve = o;
+  twelve.max_new_tokens = 12;
+  full.submit(prompt_of(20, 1), twelve);  // its prompt and first token fill the pool
+  full.submit(prompt_of(3, 1), twelve);
+  EXPECT_TRUE(full.step());
+  EXPECT_EQ(full.running(), 1);
+  EXPECT_EQ(full.waiting(), 1);
   b.run_until_idle();
   EXPECT_TRUE(b.done(first) && b.done(second) && b.done(third));
   EXPECT_EQ(b.output(first).size(), 10u);

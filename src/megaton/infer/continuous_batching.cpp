@@ -11,9 +11,19 @@ struct ContinuousBatcher::Request {
   TokenHistory history;
   int64_t total;  // prompt + new tokens, capped by the model's positions
   nn::PagedSequence seq;
-  int64_t prefilled = 0;  // prompt tokens in the cache
+  int64_t prefilled = 0;  // context tokens in the cache
   std::vector<int32_t> out;
   bool finished = false;
+  // Generated tokens a preemption dropped from the cache, fed again through prefill (all but the
+  // newest, which the next decode step feeds as it would have).
+  int64_t refed = 0;
+
+  // What prefill reads: the prompt, then the refed tokens.
+  int64_t context() const { return static_cast<int64_t>(prompt.size()) + refed; }
+  int32_t context_token(int64_t i) const {
+    const auto n = static_cast<int64_t>(prompt.size());
+    return i < n ? prompt[static_cast<size_t>(i)] : out[static_cast<size_t>(i - n)];
+  }
 };
 
 namespace {
@@ -63,18 +73,39 @@ int64_t ContinuousBatcher::submit(std::vector<int32_t> prompt, const SamplingOpt
   // No new tokens asked for: done at once, as generate() returns nothing.
   const bool nothing = total <= static_cast<int64_t>(prompt.size());
   auto r = std::make_unique<Request>(
-      Request{std::move(prompt), sampling, std::move(on_token), std::move(history), total, {}, 0, {}, nothing});
+      Request{std::move(prompt), sampling, std::move(on_token), std::move(history), total, {}, 0, {}, nothing, 0});
   if (!nothing) waiting_.push_back(r.get());
   requests_.push_back(std::move(r));
   return static_cast<int64_t>(requests_.size()) - 1;
 }
 
 void ContinuousBatcher::admit() {
+  // Pages for its context and first decoded token; decoding takes more as it goes (make_room).
   while (!waiting_.empty() && running() < options_.max_running &&
-         cache_.reserve(waiting_.front()->seq, waiting_.front()->total)) {
+         cache_.reserve(waiting_.front()->seq, std::min(waiting_.front()->context() + 1, waiting_.front()->total))) {
     running_.push_back(waiting_.front());
     waiting_.pop_front();
   }
+}
+
+bool ContinuousBatcher::make_room(Request& r) {
+  while (!cache_.reserve(r.seq, r.seq.len + 1)) {
+    // The newest admitted still running gives its pages back, as vLLM preempts: r itself when it is
+    // the newest (finished ones hold none).
+    Request& victim = **std::find_if(running_.rbegin(), running_.rend(), [](const Request* q) { return !q->finished; });
+    preempt(victim);
+    if (&victim == &r) return false;
+  }
+  return true;
+}
+
+void ContinuousBatcher::preempt(Request& r) {
+  cache_.release(r.seq);
+  r.prefilled = 0;
+  r.refed = r.out.empty() ? 0 : static_cast<int64_t>(r.out.size()) - 1;
+  std::erase(running_, &r);
+  waiting_.push_front(&r);  // first to come back
+  ++preemptions_;
 }
 
 void ContinuousBatcher::emit(Request& r, float* logits) {
@@ -96,23 +127,27 @@ void ContinuousBatcher::finish(Request& r) {
 bool ContinuousBatcher::step() {
   admit();
   if (running_.empty()) return false;
-  // One prefill chunk: the first admitted sequence still reading its prompt.
-  const auto reading = std::find_if(running_.begin(), running_.end(),
-                                    [](const Request* r) { return r->prefilled < static_cast<int64_t>(r->prompt.size()); });
+  // One prefill chunk: the first admitted sequence still reading its context (its pages reserved
+  // on admission).
+  const auto reading =
+      std::find_if(running_.begin(), running_.end(), [](const Request* r) { return r->prefilled < r->context(); });
   if (reading != running_.end()) {
     Request& r = **reading;
-    const int64_t n = std::min(options_.prefill_chunk, static_cast<int64_t>(r.prompt.size()) - r.prefilled);
+    const int64_t n = std::min(options_.prefill_chunk, r.context() - r.prefilled);
     Tensor ids = Tensor::empty({1, n}, DType::I32, MemCategory::Activations, "prefill_chunk");
-    std::copy_n(r.prompt.begin() + r.prefilled, n, ids.data<int32_t>());
+    for (int64_t i = 0; i < n; ++i) ids.data<int32_t>()[i] = r.context_token(r.prefilled + i);
     Tensor logits = model_.forward_paged(cache_, {&r.seq}, ids);
     r.prefilled += n;
-    if (r.prefilled == static_cast<int64_t>(r.prompt.size())) emit(r, logits.data<float>());
+    // A preempted sequence has sampled this token already: its next decode step feeds it.
+    if (r.prefilled == r.context() && r.out.empty()) emit(r, logits.data<float>());
   }
-  // One decode step of every sequence past its prompt (one that read its last chunk just now
-  // included): each feeds its newest token.
+  // One decode step of every sequence past its context (one that read its last chunk just now
+  // included): each feeds its newest token, the oldest admitted taking pages first.
   std::vector<Request*> decoding;
-  for (Request* r : running_)
-    if (!r->finished && !r->out.empty()) decoding.push_back(r);
+  for (Request* r : std::vector<Request*>(running_))
+    if (!r->finished && !r->out.empty() && r->prefilled == r->context() &&
+        std::find(running_.begin(), running_.end(), r) != running_.end() && make_room(*r))
+      decoding.push_back(r);
   if (!decoding.empty()) {
     const auto S = static_cast<int64_t>(decoding.size());
     Tensor ids = Tensor::empty({S, 1}, DType::I32, MemCategory::Activations, "decode_tokens");

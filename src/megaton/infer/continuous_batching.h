@@ -4,7 +4,7 @@
 // step of every sequence already generating, all of them in one batch (one GEMM per weight for
 // the whole batch instead of one GEMV per sequence). Each sequence samples exactly as generate()
 // does (its own seed, penalties and stop token), so its tokens are generate()'s up to the rounding
-// of batched GEMMs.
+// of batched GEMMs (and, after a preemption, of its tokens' keys and values recomputed by prefill).
 #pragma once
 #include <cstdint>
 #include <deque>
@@ -32,10 +32,12 @@ class ContinuousBatcher {
   ContinuousBatcher(models::TransformerModel& model, const BatchingOptions& options);
   ~ContinuousBatcher();
 
-  // Queues a request; it is admitted when a slot and pages for its whole length are free (its
-  // pages are reserved up front: no preemption). on_token sees each new token (with its
-  // log-probabilities when sampling.logprobs >= 0) and returns whether to go on. Returns the
-  // request's id.
+  // Queues a request; it is admitted when a slot and pages for its prompt and first token are free,
+  // and takes a page more whenever its tokens fill the last. When a decoding sequence finds the pool
+  // empty, the newest admitted sequence is preempted, as vLLM does: its pages go back, and it waits
+  // at the front of the queue to recompute its prompt and tokens so far through prefill (its output
+  // and sampling state kept). on_token sees each new token (with its log-probabilities when
+  // sampling.logprobs >= 0) and returns whether to go on. Returns the request's id.
   int64_t submit(std::vector<int32_t> prompt, const SamplingOptions& sampling, TokenCallback on_token = {});
   // One step (a prefill chunk and a batched decode step); false when nothing is queued or running.
   bool step();
@@ -48,10 +50,15 @@ class ContinuousBatcher {
   int64_t used_pages() const { return cache_.used_pages(); }
   int64_t num_pages() const { return cache_.num_pages(); }
   int64_t decode_steps() const { return decode_steps_; }  // batched decode steps run so far
+  int64_t preemptions() const { return preemptions_; }    // sequences preempted so far
 
  private:
   struct Request;
   void admit();
+  // Pages for r's next token, preempting the newest sequences until they free one; false when r was
+  // the one preempted.
+  bool make_room(Request& r);
+  void preempt(Request& r);
   // Samples the request's next token from one row of logits; ends it when it is done.
   void emit(Request& r, float* logits);
   void finish(Request& r);
@@ -64,6 +71,7 @@ class ContinuousBatcher {
   std::deque<Request*> waiting_;
   std::vector<Request*> running_;  // in admission order
   int64_t decode_steps_ = 0;
+  int64_t preemptions_ = 0;
 };
 
 // Every request to its end through one batcher; the outputs in request order.
