@@ -142,12 +142,11 @@ bool ContinuousBatcher::step() {
     if (r.prefilled == r.context() && r.out.empty()) emit(r, logits.data<float>());
   }
   // One decode step of every sequence past its context (one that read its last chunk just now
-  // included): each feeds its newest token, the oldest admitted taking pages first.
+  // included): each feeds its newest token, the oldest admitted taking pages first. Over a copy of
+  // running_, which make_room may preempt from; a preempted sequence has its context to read again.
   std::vector<Request*> decoding;
   for (Request* r : std::vector<Request*>(running_))
-    if (!r->finished && !r->out.empty() && r->prefilled == r->context() &&
-        std::find(running_.begin(), running_.end(), r) != running_.end() && make_room(*r))
-      decoding.push_back(r);
+    if (!r->finished && !r->out.empty() && r->prefilled == r->context() && make_room(*r)) decoding.push_back(r);
   if (!decoding.empty()) {
     const auto S = static_cast<int64_t>(decoding.size());
     Tensor ids = Tensor::empty({S, 1}, DType::I32, MemCategory::Activations, "decode_tokens");

@@ -10,6 +10,7 @@
 #include "megaton/ckpt/safetensors.h"
 #include "megaton/core/atomic_file.h"
 #include "megaton/core/regular_file.h"
+#include "megaton/kernels/cpu/element.h"
 #include "megaton/models/hf_quantized.h"
 
 namespace megaton::models {
@@ -672,9 +673,6 @@ Tensor file_span(const nn::Parameter& p, const std::vector<const Binding*>& boun
                           MemCategory::Params, p.name);
 }
 
-float widen(float v) { return v; }
-float widen(BFloat16 v) { return bf16_to_float(v.bits); }
-
 // Writes `rows` rows of `src` (f32; [cols, rows] when transposed) into full's rows source_row(b, r), in
 // full's dtype (f32, or bf16 rounded to nearest even); a copy binding compares them instead.
 template <typename D>
@@ -684,15 +682,11 @@ void write_rows(const Binding& b, const Tensor& src_tensor, D* dst, int64_t rows
   for (int64_t r = 0; r < rows; ++r) {
     D* d = dst + source_row(b, r) * cols;
     for (int64_t k = 0; k < cols; ++k) {
-      const float f = b.transpose ? src[k * rows + r] : src[r * cols + k];
-      D v;
-      if constexpr (std::is_same_v<D, BFloat16>)
-        v = BFloat16{float_to_bf16(f)};
-      else
-        v = f;
+      const D v = kernels::cpu::store<D>(b.transpose ? src[k * rows + r] : src[r * cols + k]);
       if (!b.copy)
         d[k] = v;
-      else if (widen(d[k]) != widen(v))  // compared, never written: the value may be a view of the file
+      else if (kernels::cpu::load(d[k]) !=
+               kernels::cpu::load(v))  // compared, never written: the value may be a view of the file
         fail(source, ": tensor '", key, "' differs from the tensor it copies (", b.param->name,
              "): Megaton shares one embedding and head between the model and its MTP layers");
     }

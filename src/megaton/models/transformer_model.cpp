@@ -215,13 +215,14 @@ nn::ParameterList TransformerModel::gemm_weights() {
 void TransformerModel::set_compute_dtype(DType dtype) {
   if (dtype != DType::F32 && dtype != DType::BF16 && dtype != DType::F16)
     fail("compute dtype ", dtype_name(dtype), " is not supported (f32, bf16 or f16)");
-  for (nn::Parameter* p : gemm_weights())
+  const nn::ParameterList weights = gemm_weights();
+  for (nn::Parameter* p : weights)
     if (p->value.dtype() != DType::F32 && p->value.dtype() != dtype && keeps_compute_copy(*p))
       fail("weight '", p->name, "' is held in ", dtype_name(p->value.dtype()), " only (a model loaded to serve in ",
            dtype_name(p->value.dtype()), "): it cannot compute in ", dtype_name(dtype));
   compute_dtype_ = dtype;
   for (ModelChunk& c : chunks_) c.set_compute_dtype(dtype);
-  for (nn::Parameter* p : gemm_weights()) {
+  for (nn::Parameter* p : weights) {
     if (dtype == DType::F32 || !keeps_compute_copy(*p))
       p->compute = {};
     else if (p->value.dtype() == dtype)
