@@ -37,13 +37,16 @@ TEST(Fp16Runs, TrainsCloseToFp32) {
   }
 }
 
+// The skipped step does not advance the lr schedule (Megatron steps its scheduler after successful
+// updates only): step s > 5 runs at the lr of the clean run's step s - 1.
 // Planted: the gradients left scaled (TrainsCloseToFp32's grad norm), caught; the overflowing
 // step's update not skipped (the NaN gradient reaches AdamW and the run
-// diverges, exit 1): caught; the scale not lowered: caught.
+// diverges, exit 1): caught; the scale not lowered: caught; the schedule indexed by step: caught.
 TEST(Fp16Runs, AnOverflowSkipsTheStepAndHalvesTheScale) {
   TinyRunDir dir("gpt-tiny");
-  const Metrics m = dir.train_ok("overflow", kFp16 + "--set precision.hysteresis=1 --set training.train_iters=12 "
-                                                     "--inject nan@step=5");
+  const std::string args = kFp16 + "--set precision.hysteresis=1 --set training.train_iters=12 ";
+  const Metrics m = dir.train_ok("overflow", args + "--inject nan@step=5");
+  const Metrics clean = dir.train_ok("clean", args);
   ASSERT_EQ(m.last.size(), 12u);
   EXPECT_EQ(m.last.at(5).at("skipped"), "fp16 gradient overflow: no update, loss scale lowered");
   EXPECT_EQ(m.last.at(5).at("loss_scale"), 1024.0);
@@ -51,7 +54,9 @@ TEST(Fp16Runs, AnOverflowSkipsTheStepAndHalvesTheScale) {
     EXPECT_EQ(m.last.at(step).at("loss_scale"), 512.0) << step;
     EXPECT_FALSE(m.last.at(step).contains("skipped")) << step;
     EXPECT_TRUE(std::isfinite(m.losses.at(step))) << step;
+    EXPECT_EQ(m.last.at(step).at("lr"), clean.last.at(step - 1).at("lr")) << step;
   }
+  EXPECT_NE(clean.last.at(6).at("lr"), clean.last.at(5).at("lr"));  // the schedule moves here
   EXPECT_TRUE(std::isfinite(m.final_val_loss));
 }
 

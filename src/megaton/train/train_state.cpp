@@ -16,16 +16,22 @@ nlohmann::json state_to_json(const TrainProgress& p, const TrainConfig& cfg, int
   return {
       {"format", "megaton-train-state"},
       {"step", p.step},
-      {"data", {{"consumed_samples", p.consumed_samples}, {"skipped_batches", p.skipped_batches},
-                {"global_batch_size", cfg.global_batch_size}}},
+      {"data",
+       {{"consumed_samples", p.consumed_samples},
+        {"skipped_batches", p.skipped_batches},
+        {"global_batch_size", cfg.global_batch_size}}},
       // The sample order is a pure function of (seed, stream position) and training draws no
       // other random numbers, so the seed is the whole RNG state.
       {"rng", {{"seed", cfg.seed}, {"generator", "numpy-mt19937 (GPTDataset indices)"}}},
-      {"lr_schedule", {{"iteration", p.step}, {"rewind_lr_factor", p.lr_factor},
-                       {"rewind_lr_steps", {p.lr_factor_from, p.lr_factor_until}}}},
+      // The schedule's position is the count of updates made (skipped FP16 steps do not advance it).
+      {"lr_schedule",
+       {{"updates", optimizer_steps},
+        {"rewind_lr_factor", p.lr_factor},
+        {"rewind_lr_steps", {p.lr_factor_from, p.lr_factor_until}}}},
       // Training is fp32, so model.safetensors holds the master weights.
       {"optimizer", {{"type", "adamw"}, {"steps", optimizer_steps}, {"master_weights", "model.safetensors"}}},
-      {"rewind", {{"rewinds", p.rewinds}, {"recent_losses", p.recent.losses}, {"recent_grad_norms", p.recent.grad_norms}}},
+      {"rewind",
+       {{"rewinds", p.rewinds}, {"recent_losses", p.recent.losses}, {"recent_grad_norms", p.recent.grad_norms}}},
       {"precision", p.loss_scaler.empty() ? nlohmann::json::object() : nlohmann::json{{"loss_scaler", p.loss_scaler}}},
       {"config", to_toml(cfg)},
   };

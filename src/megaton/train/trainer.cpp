@@ -306,8 +306,10 @@ TrainSummary Trainer::run() {
     checkpoints_.keep_rewind_point(*model_, *optimizer_, progress_);
     const int64_t first_sample = progress_.next_batch(cfg_.global_batch_size);
     // The schedule is indexed by the 1-based number of the update being made, so the first
-    // update of a warmup already moves the weights.
-    const double lr = schedule_.lr_at(step) * progress_.lr_multiplier(step);
+    // update of a warmup already moves the weights. A step whose update is skipped (FP16 overflow)
+    // does not advance it: Megatron steps its scheduler only after a successful update, so an
+    // overflowing start (~20 halvings from 2^32) leaves the warmup whole for the real updates.
+    const double lr = schedule_.lr_at(optimizer_->steps() + 1) * progress_.lr_multiplier(step);
     TrainingStep::Result r = step_->forward_backward(step, first_sample, lr);
     progress_.loss_scaler = step_->loss_scaler_state();
     if (r.skipped) {
