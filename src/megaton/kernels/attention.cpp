@@ -174,15 +174,21 @@ void paged_decode_attention(const ExecContext& ctx, const Tensor& out, TensorAt 
   };
   if (k_pages.dtype() == DType::BF16 && q.t.dtype() == DType::F32) return run(float{}, BFloat16{});
   if (k_pages.dtype() == DType::F8E4M3 && q.t.dtype() == DType::F32) {
-    const Shape want{num_pages, page_size, Hkv};
+    // Scale blocks per head: 1, or a divisor of D.qk with the values inside the keys' blocks.
+    const int64_t blocks = k_scale.defined() && k_scale.dim() == 3 ? k_scale.size(2) / Hkv : 0;
+    const Shape want{num_pages, page_size, Hkv * std::max<int64_t>(blocks, 1)};
     for (const Tensor* s : {&k_scale, &v_scale})
-      if (!s->defined() || s->dtype() != DType::F32 || s->shape() != want)
-        fail("kernel ", op, ": F8E4M3 pages need F32 scales ", shape_str(want), ", got ",
+      if (!s->defined() || s->dtype() != DType::F32 || s->shape() != want || blocks < 1)
+        fail("kernel ", op, ": F8E4M3 pages need F32 scales [", num_pages, ", ", page_size, ", ", Hkv,
+             " x blocks per head], got ",
              s->defined() ? std::string(dtype_name(s->dtype())) + " " + shape_str(s->shape()) : "none");
+    if (blocks > 1 && (D.qk % blocks != 0 || D.v > D.qk))
+      fail("kernel ", op, ": ", blocks, " scale blocks per head do not split keys of ", D.qk, " (values of ", D.v,
+           " must lie within them)");
     cpu::paged_decode_attention(out.data<float>(), q.t.data<float>() + q.offset, k_pages.data<Float8E4M3>(),
                                 v_pages.data<Float8E4M3>(), B, Tq, Hq, Hkv, D, q_at, kv_at, scale,
                                 pages.data<int32_t>(), max_pages, lens.data<int64_t>(), page_size,
-                                k_scale.data<float>(), v_scale.data<float>());
+                                k_scale.data<float>(), v_scale.data<float>(), blocks);
     return;
   }
   expect_dtype(q.t.dtype(), op, {&k_pages});

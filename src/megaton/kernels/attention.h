@@ -57,8 +57,9 @@ void decode_attention(const ExecContext& ctx, const Tensor& out, TensorAt q, Ten
 // ceil(lens[b] / page_size) pages. Pages of a multiple of 64 tokens give decode_attention's result
 // bitwise. The pages are q's
 // dtype, or bf16 or F8E4M3 with f32 q and out (a bf16 / FP8 KV cache: f32 math on the widened
-// elements); F8E4M3 pages need k_scale / v_scale, F32 [pages, page_size, Hkv]: every token's head
-// is its codes times its scale (cpu/kv_fp8.h).
+// elements); F8E4M3 pages need k_scale / v_scale, F32 [pages, page_size, Hkv * blocks]: every
+// token's head is its codes times its scale (one block, cpu/kv_fp8.h), or split into `blocks` runs
+// of D.qk / blocks columns with a scale each (MLA's latent: values within the keys' columns).
 void paged_decode_attention(const ExecContext& ctx, const Tensor& out, TensorAt q, const Tensor& k_pages,
                             const Tensor& v_pages, const Tensor& pages, const Tensor& lens, int64_t B, int64_t Tq,
                             int64_t Hq, int64_t Hkv, HeadDim D, HeadStrides q_at, HeadStrides kv_at, double scale,

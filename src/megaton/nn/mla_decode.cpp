@@ -96,8 +96,12 @@ Tensor MultiLatentAttention::forward_paged(PagedKVCache::Layer& layer, const Pag
   for (const PagedSequence* seq : batch.seqs) pos.push_back(seq->len);
   const Tensor latent = latent_rows(x, S, T, pos);
   const auto on = ExecContext::on(latent);
-  // The latent rows into the pages (rounded to bf16 for a bf16 cache).
-  write_pages(on, batch, layer.k, layer.k_scale, 1, as_dtype(latent, layer.k.dtype()).view({1, N, W}), 0);
+  // The latent rows into the pages (rounded to bf16 for a bf16 cache; FP8: each row as the runs of
+  // columns its scales cover, paged_layer()).
+  const bool fp8 = layer.k_scale.defined();
+  const int64_t units = fp8 ? layer.k_scale.size(2) : 1;
+  write_pages(on, batch, layer.k, layer.k_scale, units,
+              (fp8 ? latent : as_dtype(latent, layer.k.dtype())).view({1, N * units, W / units}), 0);
   const Tensor q = absorbed_query(x, S, T, pos);
   Tensor out = new_activation({N, heads_ * R}, proj.weight.name + ".latent_out");
   const kernels::HeadDim D{W, R};
@@ -109,7 +113,7 @@ Tensor MultiLatentAttention::forward_paged(PagedKVCache::Layer& layer, const Pag
     for (int64_t s = 0; s < S; ++s) {
       const PagedSequence& seq = *batch.seqs[static_cast<size_t>(s)];
       const int64_t Tk = seq.len + T;
-      const Tensor k = as_dtype(gather_pages(on, seq, Tk, layer.k, layer.k_scale, 1, "paged_latent"), DType::F32);
+      const Tensor k = as_dtype(gather_pages(on, seq, Tk, layer.k, layer.k_scale, units, "paged_latent"), DType::F32);
       Tensor lse = new_activation({heads_, T}, proj.weight.name + ".lse");
       kernels::attention_forward(on, out.slice_rows(s * T, (s + 1) * T), lse, {q, s * T * heads_ * W}, k, k, 1, T,
                                  heads_, 1, D, q_at, kv_at, scale_, seq.len, Tk * W);

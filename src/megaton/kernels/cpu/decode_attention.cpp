@@ -19,7 +19,8 @@ constexpr int64_t kBlock = 64;
 // Where token t0's key and value of one kv group are, and how many tokens follow it contiguously
 // (kv_row apart): the whole rest of a contiguous cache, or the rest of t0's page. KV: the cache's
 // element type (T, or bf16 / E4M3 under f32 math: each element widened as it is read); E4M3 keys
-// and values come with one scale per token of the group, scale_row apart.
+// and values come with scales, scale_row apart per token: one for the group's whole head
+// (scale_cols 0), or one per scale_cols columns (MLA's latent: c and k_rope apart).
 template <typename KV>
 struct KeyRun {
   const KV* k;
@@ -28,10 +29,26 @@ struct KeyRun {
   const float* k_scale = nullptr;
   const float* v_scale = nullptr;
   int64_t scale_row = 0;
+  int64_t scale_cols = 0;
 };
 
 template <typename KV>
 constexpr bool kScaled = std::is_same_v<KV, Float8E4M3>;
+
+template <typename T, typename KV>
+T dot_of(const T* q, const KV* k, int64_t n) {
+  T dot = 0;
+#pragma omp simd reduction(+ : dot)
+  for (int64_t d = 0; d < n; ++d) dot += q[d] * gemv_detail::load(k[d]);
+  return dot;
+}
+
+// acc[d] += p * v[d] over n columns.
+template <typename T, typename KV>
+void add_scaled(T* acc, T p, const KV* v, int64_t n) {
+#pragma omp simd
+  for (int64_t d = 0; d < n; ++d) acc[d] += p * gemv_detail::load(v[d]);
+}
 
 // One (batch row, kv group): the R = Hq / Hkv query heads of the group against its Tk keys, found
 // by at(t0) -> KeyRun. A block never crosses a run, so pages of a multiple of kBlock tokens give
@@ -48,26 +65,46 @@ void group_attention(T* out, const T* q, At at, int64_t R, HeadDim D, int64_t kv
     n = std::min({kBlock, Tk - t0, r.run});
     for (int64_t j = 0; j < n; ++j) {
       const KV* kj = r.k + j * kv_row;
+      const float* ks = nullptr;  // the key's column-block scales
       T key_scale = scale;
-      if constexpr (kScaled<KV>) key_scale *= r.k_scale[j * r.scale_row];
+      if constexpr (kScaled<KV>) {
+        if (r.scale_cols == 0)
+          key_scale *= r.k_scale[j * r.scale_row];
+        else
+          ks = r.k_scale + j * r.scale_row;
+      }
       for (int64_t i = 0; i < R; ++i) {
         const T* qi = q + i * D.qk;
         T dot = 0;
-#pragma omp simd reduction(+ : dot)
-        for (int64_t d = 0; d < D.qk; ++d) dot += qi[d] * gemv_detail::load(kj[d]);
+        if (ks) {
+          for (int64_t c = 0, b = 0; c < D.qk; c += r.scale_cols, ++b)
+            dot += dot_of(qi + c, kj + c, r.scale_cols) * static_cast<T>(ks[b]);
+        } else {
+          dot = dot_of(qi, kj, D.qk);
+        }
         s[i * kBlock + j] = dot * key_scale;
       }
     }
     online_softmax_step(s, kBlock, n, m, l, acc, R, D.v);
     for (int64_t j = 0; j < n; ++j) {
       const KV* vj = r.v + j * kv_row;
+      const float* vs = nullptr;
       T value_scale = 1;
-      if constexpr (kScaled<KV>) value_scale = r.v_scale[j * r.scale_row];
+      if constexpr (kScaled<KV>) {
+        if (r.scale_cols == 0)
+          value_scale = r.v_scale[j * r.scale_row];
+        else
+          vs = r.v_scale + j * r.scale_row;
+      }
       for (int64_t i = 0; i < R; ++i) {
         const T p = s[i * kBlock + j] * value_scale;
         T* ai = acc + i * D.v;
-#pragma omp simd
-        for (int64_t d = 0; d < D.v; ++d) ai[d] += p * gemv_detail::load(vj[d]);
+        if (vs) {
+          for (int64_t c = 0, b = 0; c < D.v; c += r.scale_cols, ++b)
+            add_scaled(ai + c, p * static_cast<T>(vs[b]), vj + c, std::min(r.scale_cols, D.v - c));
+        } else {
+          add_scaled(ai, p, vj, D.v);
+        }
       }
     }
   }
@@ -116,18 +153,20 @@ template <typename T, typename KV>
 void paged_decode_attention(T* out, const T* q, const KV* k_pages, const KV* v_pages, int64_t B, int64_t Tq, int64_t Hq,
                             int64_t Hkv, HeadDim D, HeadStrides q_at, HeadStrides kv_at, double scale,
                             const int32_t* pages, int64_t max_pages, const int64_t* lens, int64_t page_size,
-                            const float* k_scale, const float* v_scale) {
+                            const float* k_scale, const float* v_scale, int64_t scale_blocks) {
+  const int64_t scale_cols = scale_blocks > 1 ? D.qk / scale_blocks : 0;
   attend_groups<T, KV>(out, q, B, Tq, Hq, Hkv, D, q_at, kv_at.row, scale, [=](int64_t b, int64_t g) {
     const int32_t* table = pages + b * max_pages;
     const auto at = [=](int64_t t0) {
       const int64_t slot = table[t0 / page_size] * page_size + t0 % page_size;
-      const int64_t token = slot * kv_at.row + g * kv_at.group, scale_at = slot * Hkv + g;
+      const int64_t token = slot * kv_at.row + g * kv_at.group, scale_at = (slot * Hkv + g) * scale_blocks;
       return KeyRun<KV>{k_pages + token,
                         v_pages + token,
                         page_size - t0 % page_size,
                         k_scale ? k_scale + scale_at : nullptr,
                         v_scale ? v_scale + scale_at : nullptr,
-                        Hkv};
+                        Hkv * scale_blocks,
+                        scale_cols};
     };
     return std::pair{at, lens[b]};
   });
@@ -140,7 +179,7 @@ template void decode_attention<double>(double*, const double*, const double*, co
 #define MEGATON_PAGED_DECODE(T, KV)                                                                                   \
   template void paged_decode_attention<T, KV>(T*, const T*, const KV*, const KV*, int64_t, int64_t, int64_t, int64_t, \
                                               HeadDim, HeadStrides, HeadStrides, double, const int32_t*, int64_t,     \
-                                              const int64_t*, int64_t, const float*, const float*);
+                                              const int64_t*, int64_t, const float*, const float*, int64_t);
 MEGATON_PAGED_DECODE(float, float)
 MEGATON_PAGED_DECODE(double, double)
 MEGATON_PAGED_DECODE(float, BFloat16)

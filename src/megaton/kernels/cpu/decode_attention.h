@@ -26,12 +26,14 @@ void decode_attention(T* out, const T* q, const T* k, const T* v, int64_t B, int
 // t % page_size (token rows kv_at.row apart, pages page_size rows apart), and the last of row b's
 // Tq queries attends over its lens[b] tokens. Pages of a multiple of 64 tokens give decode_attention's sums exactly.
 // KV: T, or bf16 or E4M3 pages under f32 math (half or a quarter of the cache's bytes; each element
-// widened as it is read). E4M3 pages come with k_scale / v_scale [pages, page_size, Hkv]: each
-// token's head is code x its scale (cpu/kv_fp8.h); null otherwise.
+// widened as it is read). E4M3 pages come with k_scale / v_scale [pages, page_size, Hkv *
+// scale_blocks]: each token's head is split into scale_blocks runs of D.qk / scale_blocks columns,
+// each its codes x its scale (cpu/kv_fp8.h); one block is the whole head (and its D.v values); more
+// (MLA's latent, whose values are its keys' first D.v columns) need D.v <= D.qk. Null otherwise.
 template <typename T, typename KV>
 void paged_decode_attention(T* out, const T* q, const KV* k_pages, const KV* v_pages, int64_t B, int64_t Tq, int64_t Hq,
                             int64_t Hkv, HeadDim D, HeadStrides q_at, HeadStrides kv_at, double scale,
                             const int32_t* pages, int64_t max_pages, const int64_t* lens, int64_t page_size,
-                            const float* k_scale = nullptr, const float* v_scale = nullptr);
+                            const float* k_scale = nullptr, const float* v_scale = nullptr, int64_t scale_blocks = 1);
 
 }  // namespace megaton::kernels::cpu
