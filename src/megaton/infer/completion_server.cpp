@@ -185,8 +185,8 @@ void CompletionServer::Impl::setup() {
     res.set_content(R"({"status":"ok"})", "application/json");
   });
   http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(metrics.prometheus(queue.queued(), queue.running(), options.max_sequences, queue.kv_pages_used(),
-                                       queue.kv_pages()),
+    res.set_content(metrics.prometheus({queue.queued(), queue.running(), options.max_sequences, queue.kv_pages_used(),
+                                        queue.kv_pages(), queue.preemptions()}),
                     "text/plain; version=0.0.4");
   });
   http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {

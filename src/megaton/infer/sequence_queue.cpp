@@ -156,6 +156,7 @@ void SequenceQueue::run_batched() {
   if (kv_cache_tokens_ > 0) options.num_pages = (kv_cache_tokens_ + options.page_size - 1) / options.page_size;
   std::optional<ContinuousBatcher> batcher(std::in_place, model_, options);
   kv_pages_ = batcher->num_pages();
+  int64_t earlier_preemptions = 0;  // those of batchers replaced after a failed step
   struct Active {
     std::shared_ptr<Sequence> seq;
     Output out;
@@ -192,9 +193,11 @@ void SequenceQueue::run_batched() {
       batcher->step();
     } catch (const std::exception& e) {  // the batch's state is unknown: every sequence in it fails
       fail_all(e.what());
+      earlier_preemptions += batcher->preemptions();
       batcher.emplace(model_, options);
     }
     kv_pages_used_ = batcher->used_pages();
+    preemptions_ = earlier_preemptions + batcher->preemptions();
     for (auto it = active.begin(); it != active.end();) {
       if (!batcher->done(it->id)) {
         ++it;

@@ -73,6 +73,8 @@ class SequenceQueue {
   // The paged KV cache's pages in use and in all (0 and 0 without continuous batching).
   int64_t kv_pages_used() const { return kv_pages_used_.load(); }
   int64_t kv_pages() const { return kv_pages_.load(); }
+  // Sequences preempted (pages given back, recomputed later) since the server started.
+  int64_t preemptions() const { return preemptions_.load(); }
 
  private:
   // One sequence's text on its way out: the stream of released text and how it ended.
@@ -106,7 +108,7 @@ class SequenceQueue {
   std::atomic<bool> stopping_{false};  // ends the running sequence at its next token
   std::atomic<int> running_{0};
   std::atomic<int64_t> generated_tokens_{0};
-  std::atomic<int64_t> kv_pages_used_{0}, kv_pages_{0};
+  std::atomic<int64_t> kv_pages_used_{0}, kv_pages_{0}, preemptions_{0};
   std::thread thread_;
 };
 
