@@ -35,8 +35,8 @@ void add_serve_command(CLI::App& app) {
       ->capture_default_str()->check(in_range<int64_t>(0, int64_t{1} << 30));
   cmd->add_option("--kv-cache-dtype", kv_dtype,
                   "The KV pages' dtype: f32; bf16 (half the bytes per cached token); or fp8 (E4M3 with a scale per "
-                  "token and head: about a quarter). The attention's math stays f32. auto: bf16 under --precision "
-                  "bf16, else f32")
+                  "token and head, or per 64-column run of an MLA latent: about a quarter). The attention's math "
+                  "stays f32. auto: bf16 under --precision bf16, else f32")
       ->capture_default_str()->check(CLI::IsMember({"auto", "f32", "bf16", "fp8"}));
   cmd->add_option("--max-tokens", o.limits.max_completion_tokens,
                   "The most tokens one request may generate (and a chat request's default)")
