@@ -3,6 +3,7 @@
 // from the mapping; writes never reach the file; what the model computes is bitwise what a copying
 // load computes.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
@@ -59,6 +60,26 @@ TEST(MappedSafetensors, MapViewsTheFileAndWritesNeverReachIt) {
     EXPECT_EQ(reader.read("a").data<float>()[7], 3.5f);
   }
   EXPECT_EQ(megaton::testing::read_bytes(dir.file("t.safetensors")), bytes);
+}
+
+// A mapped file truncated under the process: reading a page past its new end ends the process with
+// an error naming the file (exit 1), not a bare SIGBUS (planted: no handler installed, caught as
+// death by signal).
+TEST(MappedSafetensors, AFileTruncatedWhileMappedEndsTheProcessNamingIt) {
+  TempDir dir;
+  Tensor a = Tensor::zeros({1 << 16}, DType::F32, MemCategory::Other, "a");  // 256 KiB: many pages
+  ckpt::save_safetensors(dir.file("t.safetensors"), {{"a", a}});
+  ckpt::SafetensorsReader reader(dir.file("t.safetensors"));
+  const Tensor m = reader.map("a");
+  ASSERT_TRUE(m.borrowed());
+  EXPECT_EXIT(
+      {
+        if (truncate(dir.file("t.safetensors").c_str(), 4096) != 0) std::_Exit(3);
+        volatile float x = m.data<float>()[(1 << 16) - 1];
+        (void)x;
+        std::_Exit(2);  // the read went through: no fault
+      },
+      ::testing::ExitedWithCode(1), "t.safetensors' shrank while in use");
 }
 
 TEST(MappedSafetensors, TensorsOffTheirElementAlignmentComeBackAsCopies) {

@@ -16,6 +16,8 @@ class MappedFile {
  public:
   // Maps the whole of the non-empty file open as `fd` (kept open by the caller; the mapping does not
   // need it after) and asks the kernel to start reading it ahead; `what` and `path` name it in errors.
+  // Should the file shrink while mapped, a read past its new end ends the process with an error
+  // naming it (exit status 1) instead of a bare SIGBUS.
   static std::shared_ptr<MappedFile> of_descriptor(int fd, const std::string& path, std::string_view what);
   ~MappedFile();
   MappedFile(const MappedFile&) = delete;
@@ -25,9 +27,10 @@ class MappedFile {
   size_t size() const { return size_; }
 
  private:
-  MappedFile(char* data, size_t size) : data_(data), size_(size) {}
+  MappedFile(char* data, size_t size, int slot) : data_(data), size_(size), slot_(slot) {}
   char* data_;
   size_t size_;
+  int slot_;  // its entry in the SIGBUS handler's table, or -1
 };
 
 }  // namespace megaton
