@@ -162,6 +162,7 @@ INSTANTIATE_TEST_SUITE_P(Models, HfQuantized,
 // storage the kernels read (a view of the file where it lies in the run's layout), with no dequantised
 // f32 copy; greedy decoding equals the model that keeps
 // the dequantised values, in fp32 and in bf16 (MLA's absorbed products from the codes' values).
+// A tied embedding stays the file's bf16 in both.
 class HfQuantizedServed : public ::testing::TestWithParam<std::tuple<std::string, WeightQuant>> {};
 
 TEST_P(HfQuantizedServed, HoldsTheCodesAloneAndDecodesTheSame) {
@@ -188,6 +189,12 @@ TEST_P(HfQuantizedServed, HoldsTheCodesAloneAndDecodesTheSame) {
       EXPECT_EQ(param->quantized, w) << param->name;
       EXPECT_FALSE(param->compute.defined()) << param->name;
       EXPECT_TRUE(relative_to_largest(nn::f32_values(*param), kernels::dequantize_weight(*w)) == 0) << param->name;
+    }
+    // A tied head is quantised from the embedding, whose table the fp32 run holds as the file's bf16
+    // too (planted: widened to f32, caught).
+    if (held.model->config().tie_embeddings) {
+      EXPECT_EQ(held.model->embedding().word.value.dtype(), DType::BF16);
+      EXPECT_TRUE(held.model->embedding().word.value.borrowed());
     }
     // Codes in the run's layout are views of the file (o_proj, down_proj, [gate | up]); GPT-2's Conv1D
     // weights are stored transposed, so copied.

@@ -865,7 +865,18 @@ HfFolder load_hf_folder(const std::string& dir, bool gradients, ServeWeights ser
   Holding holding{.share_file = !gradients, .bf16 = {}, .codes = serve.codes};
   if (serve.dtype == DType::BF16)
     for (nn::Parameter* p : f.model->gemm_weights()) holding.bf16.insert(p);
-  f.quantized = load_tensors(*f.model, FileTensors(path), path, f.quantization, holding);
+  const FileTensors tensors(path);
+  // A quantised folder's tied head is quantised from the embedding at install and read as those codes
+  // from then on; the table itself is only looked up, which reads bf16 rows into f32 activations. So
+  // an fp32 run holds it as the file stores it in bf16 (a view of the file) rather than widening it
+  // (llama3-1b: 1.05 GB).
+  nn::Parameter& word = f.model->embedding().word;
+  if (serve.codes && f.quantization && f.model->config().tie_embeddings)
+    for (const Binding& b : bindings(*f.model))
+      if (b.param == &word && !b.copy && tensors.has(stored_name(tensors, b)) &&
+          tensors.dtype(stored_name(tensors, b)) == DType::BF16)
+        holding.bf16.insert(&word);
+  f.quantized = load_tensors(*f.model, tensors, path, f.quantization, holding);
   return f;
 }
 

@@ -216,8 +216,11 @@ void TransformerModel::set_compute_dtype(DType dtype) {
   if (dtype != DType::F32 && dtype != DType::BF16 && dtype != DType::F16)
     fail("compute dtype ", dtype_name(dtype), " is not supported (f32, bf16 or f16)");
   const nn::ParameterList weights = gemm_weights();
+  // A quantised tied head computes from its codes; in f32 its value is read by the embedding lookup
+  // alone, which reads a bf16 table too.
   for (nn::Parameter* p : weights)
-    if (p->value.dtype() != DType::F32 && p->value.dtype() != dtype && keeps_compute_copy(*p))
+    if (p->value.dtype() != DType::F32 && p->value.dtype() != dtype && keeps_compute_copy(*p) &&
+        !(p->quantized && dtype == DType::F32))
       fail("weight '", p->name, "' is held in ", dtype_name(p->value.dtype()), " only (a model loaded to serve in ",
            dtype_name(p->value.dtype()), "): it cannot compute in ", dtype_name(dtype));
   compute_dtype_ = dtype;
