@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "../support/tiny_model.h"
 
 using namespace megaton;
@@ -140,4 +142,50 @@ TEST(DraftModelDecoding, StopsAndRefusesWhatItCannotDo) {
   auto mla = model(false, DType::F32);
   ASSERT_EQ(mla->config().vocab_size, main->config().vocab_size);
   EXPECT_EQ(infer::generate_with_draft(*main, *mla, prompt, greedy(20), 3), infer::generate(*main, prompt, greedy(20)));
+}
+
+// Logprobs through speculative decoding: each emitted token is scored on the main model's logits row
+// it was chosen from, so the MTP and draft-model paths report plain greedy's logprobs and top ids (to
+// the rounding of verifying several rows at once), through accepted and rejected drafts alike.
+// Planted: the accepted token scored on the row before it, caught.
+TEST(SpeculativeDecoding, LogprobsAreThoseOfPlainGreedyDecoding) {
+  const std::vector<int32_t> prompt = {72, 101, 108, 108, 111};
+  auto o = greedy(30);
+  o.logprobs = 3;
+  const auto collect = [](std::vector<infer::GeneratedToken>& into) {
+    return [&into](const infer::GeneratedToken& t) {
+      into.push_back(t);
+      return true;
+    };
+  };
+  const auto expect_same = [](const std::vector<infer::GeneratedToken>& got,
+                              const std::vector<infer::GeneratedToken>& want) {
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      SCOPED_TRACE("token " + std::to_string(i));
+      EXPECT_EQ(got[i].id, want[i].id);
+      EXPECT_TRUE(std::isfinite(got[i].logprob));
+      EXPECT_NEAR(got[i].logprob, want[i].logprob, 1e-4);
+      ASSERT_EQ(got[i].top.size(), 3u);
+      for (size_t j = 0; j < 3; ++j) {
+        EXPECT_EQ(got[i].top[j].id, want[i].top[j].id);
+        EXPECT_NEAR(got[i].top[j].logprob, want[i].top[j].logprob, 1e-4);
+      }
+    }
+  };
+  auto mtp = model(true, DType::F32);
+  std::vector<infer::GeneratedToken> want, got;
+  infer::generate(*mtp, prompt, o, collect(want));
+  infer::SpeculativeStats spec;
+  infer::generate_speculative(*mtp, prompt, o, collect(got), nullptr, &spec);
+  ASSERT_GT(spec.accepted, 0);
+  expect_same(got, want);
+  auto main = llama(5, 2, DType::F32), other = llama(9, 1, DType::F32);
+  want.clear();
+  infer::generate(*main, prompt, o, collect(want));
+  for (models::TransformerModel* draft : {main.get(), other.get()}) {  // proposals accepted, mostly rejected
+    got.clear();
+    infer::generate_with_draft(*main, *draft, prompt, o, 3, collect(got));
+    expect_same(got, want);
+  }
 }

@@ -17,8 +17,8 @@ Tensor rows(const Tensor& h, int64_t first, int64_t n) { return h.slice_rows(fir
 
 void expect_greedy(const SamplingOptions& opts, const char* draft) {
   if (opts.temperature != 0.0 || opts.repetition_penalty != 1.0 || opts.presence_penalty != 0.0 ||
-      opts.frequency_penalty != 0.0 || opts.logprobs >= 0)
-    fail("speculative decoding with ", draft, " is greedy: temperature 0, no penalties and no logprobs");
+      opts.frequency_penalty != 0.0)
+    fail("speculative decoding with ", draft, " is greedy: temperature 0 and no penalties");
 }
 
 void drop_last(std::vector<nn::KVCache>& caches, int64_t n) {
@@ -48,24 +48,27 @@ std::vector<int32_t> generate_speculative(models::TransformerModel& model, const
   };
   std::vector<int32_t> out;
   bool stopped = false;
-  auto emit = [&](int32_t id) {
-    out.push_back(id);
-    stopped = (on_token && !on_token(GeneratedToken(id))) || id == opts.stop_token ||
-              static_cast<int64_t>(out.size()) >= budget;
+  // The greedy token of `row` of the main model's logits, scored there when logprobs are asked for.
+  auto emit = [&](const Tensor& logits, int64_t row) {
+    const float* l = logits.data<float>() + row * logits.size(1);
+    const GeneratedToken t = score_token(l, V, greedy(logits, row), opts.logprobs);
+    out.push_back(t.id);
+    stopped = (on_token && !on_token(t)) || t.id == opts.stop_token || static_cast<int64_t>(out.size()) >= budget;
   };
   GenerateStats timed;
   SpeculativeStats counts;
   auto start = std::chrono::steady_clock::now();
   // Prefill: the prompt, its greedy next token, and the draft's cache over the prompt's positions.
   Tensor hidden = model.forward_cached_hidden(caches, ids_tensor(prompt, "prompt"));
-  int32_t token = greedy(model.logits(rows(hidden, n - 1, 1)), 0);
+  const Tensor first_logits = model.logits(rows(hidden, n - 1, 1));
+  int32_t token = greedy(first_logits, 0);
   std::vector<int32_t> next(prompt.begin() + 1, prompt.end());
   next.push_back(token);
   Tensor drafted = model.mtp_forward_cached(draft_cache, ids_tensor(next, "next"), hidden);
   int32_t draft = greedy(model.logits(rows(drafted, n - 1, 1)), 0);
   timed.prefill_tokens = n;
   timed.prefill_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  emit(token);
+  emit(first_logits, 0);
   while (!stopped) {
     start = std::chrono::steady_clock::now();
     // One main step over [token, draft]: row 0 predicts the token after `token`, row 1 the one after the draft.
@@ -75,14 +78,13 @@ std::vector<int32_t> generate_speculative(models::TransformerModel& model, const
     const size_t before = out.size();
     const Tensor logits = model.logits(hidden);  // both rows at once: the second is read when the draft holds
     std::vector<int32_t> known;  // the tokens after positions whose hidden state is now final
-    const int32_t first = greedy(logits, 0);
-    known.push_back(first);
-    emit(first);
-    if (first == draft) {
+    emit(logits, 0);
+    known.push_back(out.back());
+    if (out.back() == draft) {
       ++counts.accepted;
       if (!stopped) {
-        known.push_back(greedy(logits, 1));
-        emit(known.back());
+        emit(logits, 1);
+        known.push_back(out.back());
       }
     } else {
       // The draft's position holds a token that will not be there: the next step writes over it.
@@ -129,17 +131,19 @@ std::vector<int32_t> generate_with_draft(models::TransformerModel& model, models
   };
   std::vector<int32_t> seq = prompt, out;
   bool stopped = false;
-  auto emit = [&](int32_t id) {
-    seq.push_back(id);
-    out.push_back(id);
-    stopped = (on_token && !on_token(GeneratedToken(id))) || id == opts.stop_token ||
-              static_cast<int64_t>(out.size()) >= budget;
+  // The greedy token of `row` of the main model's logits, scored there when logprobs are asked for.
+  auto emit = [&](const Tensor& logits, int64_t row) {
+    const float* l = logits.data<float>() + row * logits.size(1);
+    const GeneratedToken t = score_token(l, V, greedy(logits, row), opts.logprobs);
+    seq.push_back(t.id);
+    out.push_back(t.id);
+    stopped = (on_token && !on_token(t)) || t.id == opts.stop_token || static_cast<int64_t>(out.size()) >= budget;
   };
   GenerateStats timed;
   SpeculativeStats counts;
   auto start = std::chrono::steady_clock::now();
   // Prefill: the main model's first token; the draft reads the prompt in its first round.
-  emit(greedy(model.forward_cached(caches, ids_tensor(prompt, "prompt")), 0));
+  emit(model.forward_cached(caches, ids_tensor(prompt, "prompt")), 0);
   timed.prefill_tokens = n;
   timed.prefill_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   int64_t draft_len = 0;  // tokens of seq in the draft's cache
@@ -165,10 +169,10 @@ std::vector<int32_t> generate_with_draft(models::TransformerModel& model, models
     counts.drafted += k;
     const size_t before = out.size();
     int64_t accepted = 0;
-    emit(greedy(logits, 0));
+    emit(logits, 0);
     while (!stopped && accepted < k && verify[static_cast<size_t>(accepted + 1)] == out.back()) {
       ++accepted;
-      emit(greedy(logits, accepted));
+      emit(logits, accepted);
     }
     counts.accepted += accepted;
     // Keep the positions of the last token and the accepted proposals; the draft never read its last.

@@ -18,7 +18,8 @@ struct SpeculativeStats {
   int64_t main_steps = 0;  // main-model forwards after the prompt's
 };
 
-// opts must ask for greedy decoding (temperature 0, no penalties, no logprobs); the model needs mtp_num_layers > 0.
+// opts must ask for greedy decoding (temperature 0, no penalties; logprobs, if asked for, are scored
+// on the main model's logits each token was chosen from); the model needs mtp_num_layers > 0.
 std::vector<int32_t> generate_speculative(models::TransformerModel& model, const std::vector<int32_t>& prompt,
                                           const SamplingOptions& opts, const TokenCallback& on_token = {},
                                           GenerateStats* stats = nullptr, SpeculativeStats* spec = nullptr);
