@@ -21,6 +21,16 @@ void expect_greedy(const SamplingOptions& opts, const char* draft) {
     fail("speculative decoding with ", draft, " is greedy: temperature 0 and no penalties");
 }
 
+// The greedy token of row `row` of a [rows, vocab] logits tensor, over its first V ids.
+int32_t greedy_at(const Tensor& logits, int64_t row, int64_t V, const SamplingOptions& opts) {
+  return sample_token(logits.data<float>() + row * logits.size(1), V, opts, 0);
+}
+
+// That token as emitted: scored on the same row when opts.logprobs asks for it.
+GeneratedToken emitted_at(const Tensor& logits, int64_t row, int64_t V, const SamplingOptions& opts) {
+  return score_token(logits.data<float>() + row * logits.size(1), V, greedy_at(logits, row, V, opts), opts.logprobs);
+}
+
 void drop_last(std::vector<nn::KVCache>& caches, int64_t n) {
   for (nn::KVCache& c : caches) c.len -= n;
 }
@@ -42,16 +52,12 @@ std::vector<int32_t> generate_speculative(models::TransformerModel& model, const
   auto caches = model.new_kv_caches(1, n + budget);
   nn::KVCache draft_cache = model.new_mtp_cache(1, n + budget);
   const int64_t V = opts.vocab_size > 0 ? std::min(opts.vocab_size, model.config().vocab_size) : model.config().vocab_size;
-  // The greedy token of row `row` of a [rows, vocab] logits tensor.
-  auto greedy = [&](const Tensor& logits, int64_t row) {
-    return sample_token(logits.data<float>() + row * logits.size(1), V, opts, 0);
-  };
+  auto greedy = [&](const Tensor& logits, int64_t row) { return greedy_at(logits, row, V, opts); };
   std::vector<int32_t> out;
   bool stopped = false;
-  // The greedy token of `row` of the main model's logits, scored there when logprobs are asked for.
+  // The greedy token of `row` of the main model's logits.
   auto emit = [&](const Tensor& logits, int64_t row) {
-    const float* l = logits.data<float>() + row * logits.size(1);
-    const GeneratedToken t = score_token(l, V, greedy(logits, row), opts.logprobs);
+    const GeneratedToken t = emitted_at(logits, row, V, opts);
     out.push_back(t.id);
     stopped = (on_token && !on_token(t)) || t.id == opts.stop_token || static_cast<int64_t>(out.size()) >= budget;
   };
@@ -126,15 +132,12 @@ std::vector<int32_t> generate_with_draft(models::TransformerModel& model, models
   auto caches = model.new_kv_caches(1, std::min(max_len, n + budget + draft_tokens));
   auto draft_caches = draft.new_kv_caches(1, std::min(draft_max, n + budget + draft_tokens));
   const int64_t V = opts.vocab_size > 0 ? std::min(opts.vocab_size, model.config().vocab_size) : model.config().vocab_size;
-  auto greedy = [&](const Tensor& logits, int64_t row) {
-    return sample_token(logits.data<float>() + row * logits.size(1), V, opts, 0);
-  };
+  auto greedy = [&](const Tensor& logits, int64_t row) { return greedy_at(logits, row, V, opts); };
   std::vector<int32_t> seq = prompt, out;
   bool stopped = false;
-  // The greedy token of `row` of the main model's logits, scored there when logprobs are asked for.
+  // The greedy token of `row` of the main model's logits.
   auto emit = [&](const Tensor& logits, int64_t row) {
-    const float* l = logits.data<float>() + row * logits.size(1);
-    const GeneratedToken t = score_token(l, V, greedy(logits, row), opts.logprobs);
+    const GeneratedToken t = emitted_at(logits, row, V, opts);
     seq.push_back(t.id);
     out.push_back(t.id);
     stopped = (on_token && !on_token(t)) || t.id == opts.stop_token || static_cast<int64_t>(out.size()) >= budget;

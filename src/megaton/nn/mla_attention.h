@@ -66,8 +66,9 @@ class MultiLatentAttention final : public AttentionLayer {
   // The paged cache keeps the latent alone, [c | k_rope] per token (no values: they are its first
   // kv_lora_rank columns); decoding is the absorbed form over the pages. FP8 pages scale each run of
   // gcd(kv_lora_rank, rope dim) columns on its own (64 for DeepSeek-V3: 8 scales for c, 1 for k_rope,
-  // finer than FlashMLA's FP8 cache of 128-column tiles and a bf16 k_rope): one scale per latent row
-  // let k_rope's range flatten c's codes (deepseek-v3-tiny's greedy logits 47% off the f32 cache's).
+  // finer than FlashMLA's FP8 cache of 128-column tiles and a bf16 k_rope): with one scale per latent
+  // row, a k_rope far larger than c (rope dimensions can carry massive values) would push c's codes
+  // into E4M3's subnormals.
   bool paged() const override { return true; }
   PagedLayerSpec paged_layer() const override {
     const int64_t R = config_.kv_lora_rank, r = config_.qk_pos_emb_head_dim;
