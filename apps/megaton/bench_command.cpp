@@ -172,7 +172,7 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--device", device_name, "With --gemm-shapes or --attention: cpu, cuda or cuda:N")->capture_default_str();
   cmd->add_option("--dtype", dtype_text,
                   "With --gemm-shapes: f32, bf16, or FP8 next to bf16 (fp8-tensorwise: per-tensor scales, E5M2 "
-                  "gradients; fp8-blockwise: 1x128 / 128x128 E4M3); with --attention: f32, or on cuda bf16 / f16; "
+                  "gradients; fp8-blockwise: 1x128 / 128x128 E4M3); with --attention: f32 or bf16, or on cuda f16; "
                   "with --fusion-kernels: f32 or bf16")
       ->capture_default_str();
   cmd->add_option("--cpu-gemm", cpu_gemm,

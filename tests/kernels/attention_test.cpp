@@ -14,6 +14,7 @@
 #include "../support/temp_dir.h"
 #include "finite_diff.h"
 #include "megaton/kernels/cpu/attention.h"
+#include "megaton/nn/linear.h"  // as_dtype
 #ifdef MEGATON_WITH_CUDA
 #include "megaton/core/cuda/cuda_memory.h"
 #endif
@@ -251,6 +252,107 @@ TEST(Attention, BitwiseIdenticalForOneAndTwoThreads) {
   EXPECT_TRUE(fd::same_bits(one.dqkv, two.dqkv));
 }
 
+namespace {
+
+using nn::as_dtype;
+
+// v rounded to bf16 and widened back: the values a bf16 tensor of v holds.
+std::vector<double> bf16_values(const std::vector<double>& v) {
+  std::vector<double> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = bf16_to_float(float_to_bf16(static_cast<float>(v[i])));
+  return out;
+}
+
+Tensor bf16_tensor(const std::vector<double>& v, Shape shape, const std::string& name) {
+  return as_dtype(tensor_of(convert<float>(v), std::move(shape), name), DType::BF16);
+}
+
+std::vector<double> doubles(const Tensor& t) { return convert<double>(values(as_dtype(t, DType::F32))); }
+
+// The tensor API on bf16 tensors of the values of qkv / dout (bf16 already); dqkv starts as NaN.
+Result run_bf16(const std::vector<double>& qkv, const std::vector<double>& dout, const AttnShape& s) {
+  const ExecContext cpu_ctx;
+  const Tensor QKV = bf16_tensor(qkv, {s.B * s.T, s.stride()}, "qkv");
+  const Tensor DOUT = bf16_tensor(dout, {s.B * s.T, s.Hq * s.dv()}, "dout");
+  Tensor OUT = zeros({s.B * s.T, s.Hq * s.dv()}, "out", DType::BF16), LSE = zeros({s.B, s.Hq, s.T}, "lse");
+  Tensor DQKV = bf16_tensor(std::vector<double>(qkv.size(), std::numeric_limits<double>::quiet_NaN()),
+                            {s.B * s.T, s.stride()}, "dqkv");
+  forward_tensor(cpu_ctx, OUT, LSE, QKV, s);
+  backward_tensor(cpu_ctx, DQKV, DOUT, OUT, LSE, QKV, s);
+  return {doubles(OUT), convert<double>(values(LSE)), doubles(DQKV)};
+}
+
+// T = 300 spans three 128-row query blocks of the bf16 kernel, the last one partial; pad as kLongGqa.
+const AttnShape kBf16Gqa{.B = 2, .T = 300, .Hq = 4, .Hkv = 2, .D = 64, .pad = 3};
+
+}  // namespace
+
+// bf16 attention (cpu/attention_bf16.h) against the double reference on the same bf16 values, with
+// tolerances a few times the measured errors, on the scale of each result: its probabilities and dS are bf16
+// GEMM operands and every output is rounded to bf16 (measured errors: out 2.5e-3, lse 7e-8, dqkv
+// 2.9e-3 of the scale). GQA with padding, and MHA with a value head size of its own.
+TEST(Attention, Bf16MatchesTheF64ReferenceWithinBf16Tolerance) {
+  for (const AttnShape& s : {kBf16Gqa, AttnShape{.B = 1, .T = 140, .Hq = 2, .Hkv = 2, .D = 32, .Dv = 24}}) {
+    const auto qkv = bf16_values(fd::random_vector(s.qkv_size(), 21, -2.0, 2.0));
+    const auto dout = bf16_values(fd::random_vector(s.out_size(), 22));
+    const Result want = naive_attention(qkv, dout, s);
+    Result got = run_bf16(qkv, dout, s);
+    expect_pad_untouched_then_clear(got.dqkv, s);
+    EXPECT_TRUE(fd::close(got.out, want.out, 1e-2)) << "T " << s.T;
+    EXPECT_TRUE(fd::close(got.lse, want.lse, 1e-6)) << "T " << s.T;
+    EXPECT_TRUE(fd::close(got.dqkv, want.dqkv, 1e-2)) << "T " << s.T;
+  }
+}
+
+// Each query row's result does not depend on how the rows were split over threads.
+TEST(Attention, Bf16BitwiseIdenticalForOneAndTwoThreads) {
+  const auto qkv = bf16_values(fd::random_vector(kBf16Gqa.qkv_size(), 23, -2.0, 2.0));
+  const auto dout = bf16_values(fd::random_vector(kBf16Gqa.out_size(), 24));
+  Result one, two;
+  fd::with_threads(1, [&] { one = run_bf16(qkv, dout, kBf16Gqa); });
+  fd::with_threads(2, [&] { two = run_bf16(qkv, dout, kBf16Gqa); });
+  EXPECT_TRUE(fd::same_bits(one.out, two.out));
+  EXPECT_TRUE(fd::same_bits(one.lse, two.lse));
+  EXPECT_TRUE(fd::same_bits(one.dqkv, two.dqkv));
+}
+
+// The bf16 forward at pos_offset (k / v in caches with room for more tokens): a prefill of 170
+// tokens, then 130 at once, equal within bf16 rounding to the full causal forward.
+TEST(Attention, Bf16PosOffsetMatchesFullCausalForward) {
+  const ExecContext cpu_ctx;
+  const AttnShape s = kBf16Gqa;
+  const auto qkv = bf16_values(fd::random_vector(s.qkv_size(), 25, -2.0, 2.0));
+  const auto dout = bf16_values(fd::random_vector(s.out_size(), 26));
+  const Result full = naive_attention(qkv, dout, s);
+  const int64_t qw = s.Hq * s.D, kw = s.Hkv * s.D;
+  std::vector<double> out(s.out_size()), lse(s.lse_size());
+  // Heads gathered into contiguous q [len, Hq, D] and k / v caches [B, T, Hkv, D].
+  std::vector<double> k(s.B * s.T * kw), v(k.size());
+  for (int64_t r = 0; r < s.B * s.T; ++r)
+    for (int64_t g = 0; g < s.Hkv; ++g) {
+      std::copy_n(&qkv[r * s.stride() + s.k_at(g)], s.D, &k[r * kw + g * s.D]);
+      std::copy_n(&qkv[r * s.stride() + s.v_at(g)], s.D, &v[r * kw + g * s.D]);
+    }
+  const Tensor K = bf16_tensor(k, {s.B, s.T, kw}, "k_cache"), V = bf16_tensor(v, {s.B, s.T, kw}, "v_cache");
+  for (const auto& [t0, len] : {std::pair<int64_t, int64_t>{0, 170}, {170, 130}}) {
+    std::vector<double> q(s.B * len * qw);
+    for (int64_t b = 0; b < s.B; ++b)
+      for (int64_t t = 0; t < len; ++t)
+        for (int64_t h = 0; h < s.Hq; ++h)
+          std::copy_n(&qkv[(b * s.T + t0 + t) * s.stride() + s.q_at(h)], s.D, &q[((b * len + t) * s.Hq + h) * s.D]);
+    Tensor OUT = zeros({s.B * len, qw}, "out", DType::BF16), LSE = zeros({s.B, s.Hq, len}, "lse");
+    attention_forward(cpu_ctx, OUT, LSE, bf16_tensor(q, {s.B * len, qw}, "q"), K, V, s.B, len, s.Hq, s.Hkv, s.D,
+                      {qw, s.q_per_group() * s.D}, {kw, s.D}, s.scale(), t0, s.T * kw);
+    const auto o = doubles(OUT), l = convert<double>(values(LSE));
+    for (int64_t b = 0; b < s.B; ++b) {
+      std::copy_n(&o[b * len * qw], len * qw, &out[(b * s.T + t0) * qw]);
+      for (int64_t h = 0; h < s.Hq; ++h) std::copy_n(&l[(b * s.Hq + h) * len], len, &lse[(b * s.Hq + h) * s.T + t0]);
+    }
+  }
+  EXPECT_TRUE(fd::close(out, full.out, 1e-2));
+  EXPECT_TRUE(fd::close(lse, full.lse, 1e-6));
+}
+
 // The tensor API computes exactly what the float template computes: forward and backward in a fused
 // QKV tensor with padding (dqkv starts as NaN, so the padding must stay NaN in both), and the KV
 // cache's forward: q in its own tensor, k / v in caches with room for more tokens, at pos_offset.
@@ -315,9 +417,9 @@ TEST(Attention, TensorApiRejectsBadTensors) {
   EXPECT_ERROR_CONTAINS(forward_tensor(cpu_ctx, out, zeros({s.B, s.Hq, s.T}, "lse64", DType::F64), qkv, s), fwd,
                         "'lse64' holds f64, expected f32");
   EXPECT_ERROR_CONTAINS(
-      forward_tensor(cpu_ctx, zeros({N, qw}, "out_bf16", DType::BF16), zeros({s.B, s.Hq, s.T}, "lse_f32", DType::F32),
-                     zeros({N, s.stride()}, "qkv_bf16", DType::BF16), s),
-      "kernel attention_forward on cpu does not support dtype bf16");
+      forward_tensor(cpu_ctx, zeros({N, qw}, "out_f16", DType::F16), zeros({s.B, s.Hq, s.T}, "lse_f32", DType::F32),
+                     zeros({N, s.stride()}, "qkv_f16", DType::F16), s),
+      "kernel attention_forward on cpu does not support dtype f16");
   EXPECT_ERROR_CONTAINS(forward_tensor(gpu, out, lse, qkv, s), fwd, "tensor 'out' is on cpu, the call runs on cuda:0");
   EXPECT_ERROR_CONTAINS(forward_tensor(cpu_ctx, out, lse, zeros({n - 1}, "short_qkv"), s), fwd,
                         "tensor 'short_qkv' has " + std::to_string(n - 1) + " elements", "need " + std::to_string(n));

@@ -15,6 +15,7 @@
 #include "../support/temp_dir.h"
 #include "finite_diff.h"
 #include "megaton/kernels/cpu/rope.h"
+#include "megaton/nn/linear.h"  // as_dtype
 #ifdef MEGATON_WITH_CUDA
 #include "megaton/core/cuda/cuda_memory.h"
 #endif
@@ -195,6 +196,29 @@ TEST(Rope, TensorApiEqualsTheFloatTemplate) {
     }
 }
 
+// bf16 q / k (bf16 training's attention input) rotate in fp32 with the f32 tables and are rounded
+// once: the f32 template's result on the widened values, rounded to bf16, bit for bit.
+TEST(Rope, Bf16RotatesInF32AndRoundsOnce) {
+  using nn::as_dtype;
+  const ExecContext cpu_ctx;
+  const auto inv = rope_inv_freq(kD, 10000.0, RopeScaling{});
+  const int64_t P = kOffset + kT;
+  Tensor cos = zeros({P, kD / 2}, "cos"), sin = zeros({P, kD / 2}, "sin");
+  rope_tables(cpu_ctx, cos, sin, inv);
+  const Tensor input =
+      as_dtype(tensor_of(fd::random_vector<float>(kB * kT * kStride, 5), {kB * kT, kStride}, "qkv"), DType::BF16);
+  for (RopeLayout layout : {RopeLayout::Half, RopeLayout::Interleaved})
+    for (bool inverse : {false, true}) {
+      std::vector<float> want = values(as_dtype(input, DType::F32));
+      apply_qk(want, cos.data<float>(), sin.data<float>(), layout, inverse);
+      want = values(as_dtype(as_dtype(tensor_of(want, {kB * kT, kStride}, "want"), DType::BF16), DType::F32));
+      Tensor x = as_dtype(as_dtype(input, DType::F32), DType::BF16);  // a copy to rotate
+      apply_tensor(cpu_ctx, x, cos, sin, layout, inverse);
+      EXPECT_TRUE(fd::same_bits(values(as_dtype(x, DType::F32)), want))
+          << "layout " << int(layout) << ", inverse " << inverse;
+    }
+}
+
 // Errors name the op and the tensor: a dtype mismatch, a dtype the cpu lacks, a tensor on another
 // device, too few elements for the shape and strides (the last rotated k head ends D elements
 // before the last row does, so that many elements are exactly enough), tables too short or of
@@ -215,7 +239,11 @@ TEST(Rope, TensorApiRejectsBadTensors) {
   EXPECT_ERROR_CONTAINS(apply_tensor(cpu_ctx, zeros({kB * kT, kStride}, "qkv_bf16", DType::BF16),
                                      zeros({P, half}, "cos_bf16", DType::BF16),
                                      zeros({P, half}, "sin_bf16", DType::BF16), RopeLayout::Half, false),
-                        "kernel rope_apply on cpu does not support dtype bf16");
+                        "kernel rope_apply", "'cos_bf16' holds bf16, expected f32");
+  EXPECT_ERROR_CONTAINS(
+      apply_tensor(cpu_ctx, zeros({kB * kT, kStride}, "qkv_f16", DType::F16), zeros({P, half}, "cos_f16", DType::F16),
+                   zeros({P, half}, "sin_f16", DType::F16), RopeLayout::Half, false),
+      "kernel rope_apply on cpu does not support dtype f16");
   EXPECT_ERROR_CONTAINS(apply_tensor(gpu, x, cos, sin, RopeLayout::Half, false),
                         "kernel rope_apply: tensor 'qkv' is on cpu, the call runs on cuda:0");
   EXPECT_ERROR_CONTAINS(

@@ -39,13 +39,14 @@ TEST(MoeParallelRuns, DataAndPipelineParallelTrainLikeOneProcess) {
 // gathered from the expert-parallel ranks within 1e-5. Checkpoints hold the layout-free experts: an
 // ep2 run stopped and resumed at ep2 continues bitwise, and an ep2 checkpoint resumed at ep4 (the
 // experts re-split) ends like the single run.
-// Losses and grad norms are held to 1e-5. The weights get 2e-4: the experts' GEMMs see their rows
+// Losses and grad norms are held to 1e-5. The weights get 1e-3: the experts' GEMMs see their rows
 // in another order and blocking (and the all-gather dispatcher sums partial outputs), and AdamW turns
 // that rounding of near-zero gradients into full-size steps, as under tensor parallelism
-// (expect_close_training); measured at most 8.5e-5 (ep4, an attention output weight). A missing
-// reduction or a misrouted token moves weights by far more.
+// (expect_close_training). Measured at most 8.5e-5 on a Zen 4 (ep4, an attention output weight) and
+// 4.0e-4 on a Sapphire Rapids Xeon, whose OpenBLAS kernels block the tp2 GEMMs differently (tp2,
+// layer 1's o_proj). A missing reduction or a misrouted token moves the losses by far more.
 TEST(MoeParallelRuns, ExpertParallelTrainsLikeOneProcess) {
-  constexpr double kWeightTol = 2e-4;
+  constexpr double kWeightTol = 1e-3;
   TinyRunDir run("llama-tiny");
   const std::string moe =
       "--set model.mlp_type=moe --set model.num_moe_experts=4 --set model.moe_router_topk=2 "

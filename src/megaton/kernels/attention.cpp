@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "megaton/kernels/cpu/attention.h"
+#include "megaton/kernels/cpu/attention_bf16.h"
 #include "megaton/kernels/cpu/decode_attention.h"
 #include "megaton/kernels/flash_attention_plan.h"
 #ifdef MEGATON_WITH_CUDA
@@ -98,6 +99,10 @@ void attention_forward(const ExecContext& ctx, const Tensor& out, const Tensor& 
 #endif
     fail_no_backend(ctx, op);
   }
+  if (q.t.dtype() == DType::BF16)
+    return cpu::attention_forward_bf16(out.data<BFloat16>(), lse.data<float>(), q.t.data<BFloat16>() + q.offset,
+                                       k.t.data<BFloat16>() + k.offset, v.t.data<BFloat16>() + v.offset, B, Tlen, Hq,
+                                       Hkv, D, q_at, kv_at, scale, pos_offset, kv_batch);
   dispatch_cpu_float(q.t.dtype(), op, [&]<typename T>(T) {
     cpu::attention_forward(out.data<T>(), lse.data<T>(), q.t.data<T>() + q.offset, k.t.data<T>() + k.offset,
                            v.t.data<T>() + v.offset, B, Tlen, Hq, Hkv, D, q_at, kv_at, scale, pos_offset, kv_batch);
@@ -224,6 +229,11 @@ void attention_backward(const ExecContext& ctx, TensorAt dq, TensorAt dk, Tensor
 #endif
     fail_no_backend(ctx, op);
   }
+  if (q.t.dtype() == DType::BF16)
+    return cpu::attention_backward_bf16(
+        dq.t.data<BFloat16>() + dq.offset, dk.t.data<BFloat16>() + dk.offset, dv.t.data<BFloat16>() + dv.offset,
+        dout.data<BFloat16>(), out.data<BFloat16>(), lse.data<float>(), q.t.data<BFloat16>() + q.offset,
+        k.t.data<BFloat16>() + k.offset, v.t.data<BFloat16>() + v.offset, B, Tlen, Hq, Hkv, D, q_at, kv_at, scale);
   dispatch_cpu_float(q.t.dtype(), op, [&]<typename T>(T) {
     cpu::attention_backward(dq.t.data<T>() + dq.offset, dk.t.data<T>() + dk.offset, dv.t.data<T>() + dv.offset,
                             dout.data<T>(), out.data<T>(), lse.data<T>(), q.t.data<T>() + q.offset,

@@ -2,8 +2,10 @@
 // the log-sum-exp per query row is kept for backward. q, k and v are read in place where they lie,
 // e.g. inside one fused QKV tensor, or q there and k / v in a KV cache: each is a tensor plus the
 // element at which its heads start, addressed by HeadStrides (head_strides.h). Dispatches to
-// kernels::cpu (f32 / f64; bf16 training computes attention on an f32 copy of its qkv, see
-// nn/attention.cpp) or, for attention_forward / attention_backward, kernels::cuda: bf16 / fp16 by
+// kernels::cpu (f32 / f64 by the flash kernel; bf16 by GEMMs over blocks of query rows,
+// cpu/attention_bf16.h, not yet used by nn/: bf16 training attends on an f32 copy of its qkv, see
+// nn/attention.cpp) or, for
+// attention_forward / attention_backward, kernels::cuda: bf16 / fp16 by
 // the tiled flash kernels (cuda/flash_attention.h, flash_attention_plan.h: the head sizes they take,
 // 16-byte aligned heads), f32 by a plain warp-per-row kernel (cuda/attention.h); decoding is CPU
 // only. lse is f32 when q is bf16 / fp16, else q's dtype.

@@ -1,9 +1,11 @@
 #include "megaton/kernels/cpu/onednn_matmul.h"
 
+#include <omp.h>
+
 #include <map>
-#include <unordered_map>
 #include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
+#include <unordered_map>
 #include <vector>
 
 #include "megaton/core/cpu_info.h"
@@ -28,17 +30,31 @@ dt onednn_type(DType t) {
   }
 }
 
-// Everything a matmul primitive is specialised on.
+// Everything a matmul primitive is specialised on, including the threads it will run on: oneDNN
+// splits the work for the threads it sees when the primitive is made, and a GEMM called inside an
+// OpenMP parallel region (cpu/attention_bf16.cpp's tasks) runs on its caller's thread alone.
 struct Key {
   int64_t M, N, K;
   DType in, c, bias;
   bool ta, tb, accumulate, has_bias;
+  int threads;
   auto operator<=>(const Key&) const = default;
 };
 
+int gemm_threads() { return omp_in_parallel() ? 1 : omp_get_max_threads(); }
+
 Key key_of(const Gemm& g) {
-  return {g.M,          g.N,           g.K, g.in, g.c_dtype, g.bias ? g.bias_dtype : DType::F32, g.a.transposed,
-          g.b.transposed, g.accumulate, g.bias != nullptr};
+  return {g.M,
+          g.N,
+          g.K,
+          g.in,
+          g.c_dtype,
+          g.bias ? g.bias_dtype : DType::F32,
+          g.a.transposed,
+          g.b.transposed,
+          g.accumulate,
+          g.bias != nullptr,
+          gemm_threads()};
 }
 
 // A [rows, cols] matrix stored row-major, or, transposed, stored as its [cols, rows] transpose.
@@ -90,7 +106,7 @@ Entry cached_primitive(const Key& k) {
 
 bool onednn_has_matmul(DType in, DType c) {
   try {
-    (void)make_primitive_desc({64, 64, 64, in, c, DType::F32, false, false, false, false});
+    (void)make_primitive_desc({64, 64, 64, in, c, DType::F32, false, false, false, false, gemm_threads()});
     return true;
   } catch (const dnnl::error&) {
     return false;

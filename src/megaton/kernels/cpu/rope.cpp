@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "megaton/core/error.h"
+#include "megaton/kernels/cpu/element.h"
 
 namespace megaton::kernels::cpu {
 
@@ -11,23 +12,24 @@ namespace {
 // Rotate the D/2 pairs of one head by the angles whose cos/sin are given. Half pairs i with
 // i + D/2 (HF rotate_half), Interleaved pairs 2i with 2i + 1; the layout is a template argument so
 // the index arithmetic is constant and the loop vectorises. sign = -1 rotates backwards.
-template <RopeLayout L, typename T>
-void rotate_head(T* __restrict x, const T* __restrict cos, const T* __restrict sin, int64_t half, T sign) {
+// A bf16 x is rotated in fp32 and rounded once (compute_t, element.h).
+template <RopeLayout L, typename T, typename C = compute_t<T>>
+void rotate_head(T* __restrict x, const C* __restrict cos, const C* __restrict sin, int64_t half, C sign) {
 #pragma omp simd
   for (int64_t i = 0; i < half; ++i) {
     const int64_t i0 = L == RopeLayout::Half ? i : 2 * i;
     const int64_t i1 = L == RopeLayout::Half ? i + half : 2 * i + 1;
-    const T a = x[i0];
-    const T b = x[i1];
-    const T s = sign * sin[i];
-    x[i0] = a * cos[i] - b * s;
-    x[i1] = b * cos[i] + a * s;
+    const C a = load(x[i0]);
+    const C b = load(x[i1]);
+    const C s = sign * sin[i];
+    x[i0] = store<T>(a * cos[i] - b * s);
+    x[i1] = store<T>(b * cos[i] + a * s);
   }
 }
 
-template <RopeLayout L, typename T>
-void rotate_tokens(T* x, const T* cos, const T* sin, int64_t B, int64_t Tlen, int64_t groups, int64_t H, int64_t D,
-                   HeadStrides at, int64_t pos_offset, T sign) {
+template <RopeLayout L, typename T, typename C = compute_t<T>>
+void rotate_tokens(T* x, const C* cos, const C* sin, int64_t B, int64_t Tlen, int64_t groups, int64_t H, int64_t D,
+                   HeadStrides at, int64_t pos_offset, C sign) {
   const int64_t half = D / 2;
 #pragma omp parallel for collapse(2) schedule(static)
   for (int64_t b = 0; b < B; ++b) {
@@ -60,9 +62,9 @@ void rope_tables(T* cos, T* sin, int64_t Tlen, int64_t D, const std::vector<doub
 }
 
 template <typename T>
-void rope_apply(T* x, const T* cos, const T* sin, int64_t B, int64_t Tlen, int64_t groups, int64_t H, int64_t D,
-                HeadStrides at, int64_t pos_offset, RopeLayout layout, bool inverse) {
-  const T sign = inverse ? T(-1) : T(1);
+void rope_apply(T* x, const compute_t<T>* cos, const compute_t<T>* sin, int64_t B, int64_t Tlen, int64_t groups,
+                int64_t H, int64_t D, HeadStrides at, int64_t pos_offset, RopeLayout layout, bool inverse) {
+  const compute_t<T> sign = inverse ? -1 : 1;
   if (layout == RopeLayout::Half)
     rotate_tokens<RopeLayout::Half>(x, cos, sin, B, Tlen, groups, H, D, at, pos_offset, sign);
   else
@@ -70,11 +72,13 @@ void rope_apply(T* x, const T* cos, const T* sin, int64_t B, int64_t Tlen, int64
 }
 
 #define MEGATON_INSTANTIATE(T)                                                                                  \
-  template void rope_tables<T>(T*, T*, int64_t, int64_t, const std::vector<double>&, double);                           \
-  template void rope_apply<T>(T*, const T*, const T*, int64_t, int64_t, int64_t, int64_t, int64_t, HeadStrides, \
-                              int64_t, RopeLayout, bool);
+  template void rope_apply<T>(T*, const compute_t<T>*, const compute_t<T>*, int64_t, int64_t, int64_t, int64_t, \
+                              int64_t, HeadStrides, int64_t, RopeLayout, bool);
 MEGATON_INSTANTIATE(float)
 MEGATON_INSTANTIATE(double)
+MEGATON_INSTANTIATE(BFloat16)
 #undef MEGATON_INSTANTIATE
+template void rope_tables<float>(float*, float*, int64_t, int64_t, const std::vector<double>&, double);
+template void rope_tables<double>(double*, double*, int64_t, int64_t, const std::vector<double>&, double);
 
 }  // namespace megaton::kernels::cpu

@@ -1,9 +1,11 @@
 // Rotary position embedding (RoPE) on pointers, applied in place to the q and k heads of a fused
-// QKV buffer. float (training, inference) and double (the finite-difference gradient checks).
+// QKV buffer. float (training, inference), double (the finite-difference gradient checks) and bf16
+// (bf16 training's attention input: rotated in fp32 with f32 tables, rounded once).
 #pragma once
 #include <cstdint>
 #include <vector>
 
+#include "megaton/kernels/cpu/element.h"
 #include "megaton/kernels/head_strides.h"
 #include "megaton/kernels/rope.h"  // RopeLayout
 
@@ -19,7 +21,7 @@ void rope_tables(T* cos, T* sin, int64_t Tlen, int64_t D, const std::vector<doub
 // pos_offset + t, i.e. row (pos_offset + t) of the tables. inverse=true rotates by the negative
 // angle, which is exactly the backward pass (the rotation is orthogonal).
 template <typename T>
-void rope_apply(T* x, const T* cos, const T* sin, int64_t B, int64_t Tlen, int64_t groups, int64_t H, int64_t D,
-                HeadStrides at, int64_t pos_offset, RopeLayout layout, bool inverse);
+void rope_apply(T* x, const compute_t<T>* cos, const compute_t<T>* sin, int64_t B, int64_t Tlen, int64_t groups,
+                int64_t H, int64_t D, HeadStrides at, int64_t pos_offset, RopeLayout layout, bool inverse);
 
 }  // namespace megaton::kernels::cpu
