@@ -8,6 +8,7 @@
 #include <tuple>
 
 #include "../support/tiny_model.h"
+#include "megaton/kernels/attention.h"
 #include "megaton/kernels/decode_rows.h"
 #include "megaton/kernels/linear.h"
 #include "megaton/kernels/quantized_linear.h"
@@ -198,8 +199,17 @@ TEST(Generate, SameSeedSameTextAndGreedyIsDeterministic) {
 
 // Greedy decoding (the prompt's prefill on the GEMM path, then one token per step on the GEMV and
 // decode-attention path) picks, at every position, the argmax of the training forward's logits
-// over the whole sequence, in f32 and with bf16 compute weights.
+// over the whole sequence, in f32 and with bf16 compute weights. Decoding attends in f32 over its
+// f32 KV cache, so the training forward does too here (with bf16 activations it attends in bf16
+// where the CPU's bf16 GEMMs are native, kernels::attention_dtype: a rounding that moves near-tied
+// logits of these random tiny models apart).
 class GreedyDecode : public ::testing::TestWithParam<std::tuple<std::string, DType>> {};
+
+// Forces f32 attention while alive.
+struct F32Attention {
+  F32Attention() { kernels::force_f32_attention(true); }
+  ~F32Attention() { kernels::force_f32_attention(false); }
+};
 
 TEST_P(GreedyDecode, EqualsTheTrainingForwardsArgmaxAtEveryPosition) {
   const auto [preset, dtype] = GetParam();
@@ -210,6 +220,7 @@ TEST_P(GreedyDecode, EqualsTheTrainingForwardsArgmaxAtEveryPosition) {
   const auto& generated = run.generated;
   const int64_t T = static_cast<int64_t>(run.seq.size());
   models::ChunkCtx ctx;
+  const F32Attention f32_attention;
   const Tensor logits = m.head().logits(m.chunk(0).forward(ctx, ids(run.seq), 1, T));
   const int64_t V = m.config().vocab_size;
   for (size_t i = 0; i < generated.size(); ++i) {

@@ -1,5 +1,6 @@
 #include "megaton/core/tensor.h"
 
+#include <algorithm>
 #include <cstring>
 #include <sstream>
 
@@ -148,7 +149,13 @@ Tensor Tensor::clone(MemCategory cat) const {
 void Tensor::zero_() {
   if (!nbytes()) return;
   if (device().is_cpu()) {
-    std::memset(raw(), 0, nbytes());
+    // Split over the threads in 1 MiB pieces: one core's memset does not reach the memory's write
+    // bandwidth (gpt2-124m's 498 MB gradient buffer: 0.050 s on one core of an AMX Xeon).
+    constexpr size_t kPiece = size_t{1} << 20;
+    char* p = static_cast<char*>(raw());
+    const size_t n = nbytes(), pieces = (n + kPiece - 1) / kPiece;
+#pragma omp parallel for schedule(static) if (pieces > 1)
+    for (size_t i = 0; i < pieces; ++i) std::memset(p + i * kPiece, 0, std::min(kPiece, n - i * kPiece));
     return;
   }
 #ifdef MEGATON_WITH_CUDA

@@ -1,10 +1,12 @@
 #include "megaton/kernels/attention.h"
 
 #include <algorithm>
+#include <atomic>
 
 #include "megaton/kernels/cpu/attention.h"
 #include "megaton/kernels/cpu/attention_bf16.h"
 #include "megaton/kernels/cpu/decode_attention.h"
+#include "megaton/kernels/cpu/gemm.h"
 #include "megaton/kernels/flash_attention_plan.h"
 #ifdef MEGATON_WITH_CUDA
 #include "megaton/kernels/cuda/attention.h"
@@ -67,7 +69,16 @@ void expect_flash(std::string_view op, DType dtype, const AttentionDims& d, std:
 }
 #endif
 
+std::atomic<bool> f32_forced{false};
+
 }  // namespace
+
+DType attention_dtype(const ExecContext& ctx, DType activations) {
+  if (activations != DType::BF16 || f32_forced || !ctx.device.is_cpu()) return DType::F32;
+  return cpu::gemm_library(DType::BF16) == cpu::GemmLibrary::OneDnn ? DType::BF16 : DType::F32;
+}
+
+void force_f32_attention(bool on) { f32_forced = on; }
 
 void attention_forward(const ExecContext& ctx, const Tensor& out, const Tensor& lse, TensorAt q, TensorAt k, TensorAt v,
                        int64_t B, int64_t Tlen, int64_t Hq, int64_t Hkv, HeadDim D, HeadStrides q_at, HeadStrides kv_at,

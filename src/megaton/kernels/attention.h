@@ -3,8 +3,7 @@
 // e.g. inside one fused QKV tensor, or q there and k / v in a KV cache: each is a tensor plus the
 // element at which its heads start, addressed by HeadStrides (head_strides.h). Dispatches to
 // kernels::cpu (f32 / f64 by the flash kernel; bf16 by GEMMs over blocks of query rows,
-// cpu/attention_bf16.h, not yet used by nn/: bf16 training attends on an f32 copy of its qkv, see
-// nn/attention.cpp) or, for
+// cpu/attention_bf16.h; attention_dtype says which one bf16 training uses) or, for
 // attention_forward / attention_backward, kernels::cuda: bf16 / fp16 by
 // the tiled flash kernels (cuda/flash_attention.h, flash_attention_plan.h: the head sizes they take,
 // 16-byte aligned heads), f32 by a plain warp-per-row kernel (cuda/attention.h); decoding is CPU
@@ -17,6 +16,15 @@
 #include "megaton/kernels/head_strides.h"
 
 namespace megaton::kernels {
+
+// The dtype in which nn/ runs the attention of `activations` (nn/attention.cpp): bf16 stays bf16 on a
+// CPU whose bf16 GEMMs are native (oneDNN on AMX / AVX512-BF16, where cpu/attention_bf16.h beats the
+// f32 kernel); everything else attends in f32, a 16-bit qkv on an f32 copy: where bf16 GEMMs would be
+// emulated through f32 sgemm, and on CUDA until its RoPE takes bf16.
+DType attention_dtype(const ExecContext& ctx, DType activations);
+// Makes attention_dtype answer f32 for every dtype (on), or restores the rule (off): for comparisons
+// with paths that attend in f32, such as decoding over an f32 KV cache. Set it between layers' calls.
+void force_f32_attention(bool on);
 
 // A tensor and the element of it at which a set of heads starts: in a fused QKV tensor q, k and v
 // are {qkv, 0}, {qkv, k_offset} and {qkv, v_offset}; a tensor alone is {t, 0}. It refers to the

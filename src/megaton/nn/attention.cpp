@@ -70,12 +70,13 @@ Tensor SelfAttention::forward(SublayerCtx& c, const Tensor& x, int64_t B, int64_
 
 Tensor SelfAttention::forward_fused(SublayerCtx& c, FusedInput& x, int64_t B, int64_t T) {
   auto& ctx = ctx_as<AttentionCtx>(c);
-  // RoPE and attention compute in f32 (fp32 softmax statistics, as TransformerEngine's bf16
-  // attention): a bf16 qkv is converted, and the output converted back for the projection.
+  // RoPE and the softmax statistics compute in fp32 whatever the dtype (as TransformerEngine's bf16
+  // attention); a bf16 qkv attends in bf16 where the CPU multiplies bf16 natively, else it is
+  // converted to f32 and the output converted back for the projection.
   const Tensor qkv_x = qkv.forward(ctx.qkv_ctx, x);
-  const Tensor q32 = rotated_f32(qkv_x, B, T);
-  ctx.out = as_dtype(core_forward(ctx, q32, B, T), x.dtype());
-  ctx.qkv = x.dtype() == DType::F32 ? q32 : qkv_x;
+  const Tensor qa = rotated(qkv_x, B, T);
+  ctx.out = as_dtype(core_forward(ctx, qa, B, T), x.dtype());
+  ctx.qkv = qa.dtype() == qkv_x.dtype() ? qa : qkv_x;
   return project_attention_output(proj, ctx.proj_ctx, ctx.out, ctx.lse, recompute_core_);
 }
 
@@ -89,34 +90,37 @@ Tensor project_attention_output(Linear& proj, LinearCtx& proj_ctx, Tensor& out, 
   return y;
 }
 
-Tensor SelfAttention::core_forward(AttentionCtx& ctx, const Tensor& q32, int64_t B, int64_t T) const {
-  Tensor out32 = new_activation({B * T, shape_.q_size()}, qkv.weight.name + ".attn_out");
+Tensor SelfAttention::core_forward(AttentionCtx& ctx, const Tensor& qa, int64_t B, int64_t T) const {
+  Tensor out = new_activation({B * T, shape_.q_size()}, qkv.weight.name + ".attn_out", qa.dtype());
   ctx.lse = new_activation({B, shape_.heads, T}, qkv.weight.name + ".lse");
-  kernels::attention_forward(kernels::ExecContext::on(q32), out32, ctx.lse, q32, {q32, shape_.k_offset()},
-                             {q32, shape_.v_offset()}, B, T, shape_.heads, shape_.groups, shape_.head_dim,
+  kernels::attention_forward(kernels::ExecContext::on(qa), out, ctx.lse, qa, {qa, shape_.k_offset()},
+                             {qa, shape_.v_offset()}, B, T, shape_.heads, shape_.groups, shape_.head_dim,
                              fused_strides(), fused_strides(), scale_);
-  return out32;
+  return out;
 }
 
-Tensor SelfAttention::rotated_f32(const Tensor& qkv_x, int64_t B, int64_t T) const {
-  Tensor q32 = as_dtype(qkv_x, DType::F32);  // f32: the same storage
-  rotate(q32, B, T, 0, false);
-  return q32;
+Tensor SelfAttention::rotated(const Tensor& qkv_x, int64_t B, int64_t T) const {
+  // The attention's dtype: the same storage when qkv_x has it already.
+  Tensor qa = as_dtype(qkv_x, kernels::attention_dtype(kernels::ExecContext::on(qkv_x), qkv_x.dtype()));
+  rotate(qa, B, T, 0, false);
+  return qa;
 }
 
 Tensor SelfAttention::backward_input(SublayerCtx& c, const Tensor& dy, int64_t B, int64_t T) {
   auto& ctx = ctx_as<AttentionCtx>(c);
-  const Tensor dout = as_dtype(proj.backward_input(ctx.proj_ctx, dy), DType::F32);
-  Tensor dqkv = new_activation({B * T, shape_.qkv_size()}, qkv.weight.name + ".dqkv");
+  // ctx.qkv is rotated already when it holds the attention's dtype (forward_fused).
+  const DType dt = kernels::attention_dtype(kernels::ExecContext::on(ctx.qkv), ctx.qkv.dtype());
+  const Tensor qa = ctx.qkv.dtype() == dt ? ctx.qkv : rotated(ctx.qkv, B, T);
+  const Tensor dout = as_dtype(proj.backward_input(ctx.proj_ctx, dy), dt);
+  Tensor dqkv = new_activation({B * T, shape_.qkv_size()}, qkv.weight.name + ".dqkv", dt);
   const int64_t ko = shape_.k_offset(), vo = shape_.v_offset();
-  const Tensor q32 = ctx.qkv.dtype() == DType::F32 ? ctx.qkv : rotated_f32(ctx.qkv, B, T);
   if (!ctx.out.defined()) {  // core_attn recompute: the same kernel on the same q, k, v
-    ctx.out = as_dtype(core_forward(ctx, q32, B, T), dy.dtype());
+    ctx.out = as_dtype(core_forward(ctx, qa, B, T), dy.dtype());
     if (!ctx.proj_ctx.x_fp8) ctx.proj_ctx.x = ctx.out;  // what the projection's forward read
   }
-  const Tensor out32 = as_dtype(ctx.out, DType::F32);
-  kernels::attention_backward(kernels::ExecContext::on(q32), dqkv, {dqkv, ko}, {dqkv, vo}, dout, out32, ctx.lse, q32,
-                              {q32, ko}, {q32, vo}, B, T, shape_.heads, shape_.groups, shape_.head_dim, fused_strides(),
+  const Tensor out_a = as_dtype(ctx.out, dt);
+  kernels::attention_backward(kernels::ExecContext::on(qa), dqkv, {dqkv, ko}, {dqkv, vo}, dout, out_a, ctx.lse, qa,
+                              {qa, ko}, {qa, vo}, B, T, shape_.heads, shape_.groups, shape_.head_dim, fused_strides(),
                               fused_strides(), scale_);
   rotate(dqkv, B, T, 0, true);  // the rotation is orthogonal: its backward is the inverse rotation
   ctx.qkv = {};

@@ -43,9 +43,11 @@ Tensor project_attention_output(Linear& proj, LinearCtx& proj_ctx, Tensor& out, 
 
 struct AttentionCtx : SublayerCtx {
   LinearCtx qkv_ctx;
-  // In f32 the kernels' own buffers: qkv with q and k already rotated, and the attention output.
-  // In bf16 the layer's bf16 tensors instead (qkv as the linear produced it, not yet rotated; the
-  // output as the projection reads it), half the bytes; backward converts and rotates again.
+  // The kernels' own buffers when attention runs in the activations' dtype (f32, or bf16 where
+  // kernels::attention_dtype keeps it): qkv with q and k already rotated, and the attention output.
+  // bf16 attending in f32 keeps the layer's bf16 tensors instead (qkv as the linear produced it, not
+  // yet rotated; the output as the projection reads it), half the bytes; backward converts and
+  // rotates again.
   Tensor qkv;  // [N, qkv_size]
   Tensor out;  // [N, heads * head_dim] attention output before the projection
   Tensor lse;  // [B, heads, T]
@@ -79,12 +81,12 @@ class SelfAttention final : public AttentionLayer {
 
  private:
   void rotate(Tensor& qkv_buf, int64_t B, int64_t T, int64_t pos_offset, bool inverse) const;
-  // qkv in f32 with q and k rotated: an f32 qkv_x rotated in place (and returned), a bf16 one
-  // converted into a new tensor and rotated there.
-  Tensor rotated_f32(const Tensor& qkv_x, int64_t B, int64_t T) const;
+  // qkv in the attention's dtype (kernels::attention_dtype) with q and k rotated: qkv_x itself,
+  // rotated in place and returned, when it has that dtype; else an f32 copy, rotated there.
+  Tensor rotated(const Tensor& qkv_x, int64_t B, int64_t T) const;
   kernels::HeadStrides fused_strides() const;  // q, k and v heads in the fused QKV rows
-  // The core: attention of rotated f32 q32 into a new f32 output, the statistics into ctx.lse.
-  Tensor core_forward(AttentionCtx& ctx, const Tensor& q32, int64_t B, int64_t T) const;
+  // The core: attention of the rotated qkv into a new output of its dtype, the statistics into ctx.lse.
+  Tensor core_forward(AttentionCtx& ctx, const Tensor& qkv_rotated, int64_t B, int64_t T) const;
   AttentionShape shape_;  // this rank's heads and groups
   const RopeTables* rope_;
   double scale_;

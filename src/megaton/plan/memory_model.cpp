@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "megaton/core/error.h"
+#include "megaton/kernels/attention.h"
 #include "megaton/kernels/cpu/gemm.h"
 #include "megaton/nn/attention.h"
 #include "megaton/nn/param_and_grad_buffer.h"
@@ -124,6 +125,7 @@ struct Pass {
   DType dtype;            // the compute dtype
   bool half_gemm_copies;  // 16-bit GEMMs run on OpenBLAS over f32 copies (kernels/cpu/gemm.cpp)
   DType fp8_panel;        // the dtype fp8_gemm widens its operands' codes into
+  DType attention;        // the dtype self-attention runs in (kernels::attention_dtype of `dtype`)
 
   Buf act(int64_t rows, int64_t cols, DType dt) const { return {ledger, MemCategory::Activations, rows, cols, dt}; }
   Buf workspace(int64_t rows, int64_t cols, DType dt) const { return {ledger, MemCategory::Workspace, rows, cols, dt}; }
@@ -411,7 +413,8 @@ struct AttentionCtx : SublayerCtx {
   LinearCtx proj_ctx;
 };
 
-// nn::SelfAttention: RoPE and the core in f32, so a 16-bit qkv and output are converted around them.
+// nn::SelfAttention: RoPE and the core in the attention's dtype (Pass::attention); a 16-bit qkv and
+// output attending in f32 are converted around them.
 class SelfAttention final : public Sublayer {
  public:
   SelfAttention(const nn::AttentionShape& global, bool bias, Tp tp, bool recompute_core)
@@ -428,22 +431,22 @@ class SelfAttention final : public Sublayer {
   Buf forward_fused(const Pass& p, SublayerCtx& c, FusedBuf& x) const override {
     auto& ctx = static_cast<AttentionCtx&>(c);
     const Buf qkv_x = qkv_.forward(p, ctx.qkv_ctx, x);
-    const Buf q32 = p.as_dtype(qkv_x, DType::F32);  // rotated in place
+    const Buf qa = p.as_dtype(qkv_x, p.attention);  // rotated in place
     ctx.out = p.as_dtype(core_forward(p, ctx), x.dtype);
-    ctx.qkv = x.dtype == DType::F32 ? q32 : qkv_x;
+    ctx.qkv = qa.dtype() == qkv_x.dtype() ? qa : qkv_x;
     return project_output(p, proj_, ctx.proj_ctx, ctx.out, ctx.lse, recompute_core_);
   }
 
   Buf backward_input(const Pass& p, SublayerCtx& c, const Buf& dy) const override {
     auto& ctx = static_cast<AttentionCtx&>(c);
-    const Buf dout = p.as_dtype(proj_.backward_input(p, ctx.proj_ctx, dy), DType::F32);
-    const Buf dqkv = p.act(p.B * p.T, shape_.qkv_size(), DType::F32);
-    const Buf q32 = p.as_dtype(ctx.qkv, DType::F32);  // a 16-bit qkv converted and rotated again
-    if (!ctx.out.defined()) {                         // core_attn recompute
+    const Buf qa = p.as_dtype(ctx.qkv, p.attention);  // a qkv of another dtype converted and rotated again
+    const Buf dout = p.as_dtype(proj_.backward_input(p, ctx.proj_ctx, dy), p.attention);
+    const Buf dqkv = p.act(p.B * p.T, shape_.qkv_size(), p.attention);
+    if (!ctx.out.defined()) {  // core_attn recompute
       ctx.out = p.as_dtype(core_forward(p, ctx), dy.dtype());
       if (!ctx.proj_ctx.x_fp8) ctx.proj_ctx.x = ctx.out;
     }
-    const Buf out32 = p.as_dtype(ctx.out, DType::F32);
+    const Buf out_a = p.as_dtype(ctx.out, p.attention);
     ctx.qkv = {};
     ctx.out = {};
     ctx.lse = {};
@@ -465,9 +468,9 @@ class SelfAttention final : public Sublayer {
  private:
   // The f32 attention output of every row and the softmax statistics (into ctx.lse).
   Buf core_forward(const Pass& p, AttentionCtx& ctx) const {
-    Buf out32 = p.act(p.B * p.T, shape_.q_size(), DType::F32);
+    Buf out = p.act(p.B * p.T, shape_.q_size(), p.attention);
     ctx.lse = p.act(p.B * shape_.heads * p.T, 1, DType::F32);
-    return out32;
+    return out;
   }
 
   nn::AttentionShape shape_;  // this rank's heads
@@ -1497,7 +1500,8 @@ Pass make_pass(const Build& b, Ledger& ledger) {
           b.c.seq_length,
           dt,
           is_16bit(dt) && kernels::cpu::gemm_library(dt) == GemmLibrary::OpenBlas,
-          kernels::cpu::gemm_library(DType::BF16) == GemmLibrary::OneDnn ? DType::BF16 : DType::F32};
+          kernels::cpu::gemm_library(DType::BF16) == GemmLibrary::OneDnn ? DType::BF16 : DType::F32,
+          kernels::attention_dtype(kernels::ExecContext{}, dt)};
 }
 
 // The rows a chunk boundary carries (activations and their gradients, [rows, hidden] in the compute
