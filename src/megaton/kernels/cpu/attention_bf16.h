@@ -2,7 +2,8 @@
 // that multiply bf16 natively (AMX, AVX512-BF16). Every product is one cpu::gemm over a block of
 // query rows and all the keys they see (oneDNN's matmul: bf16 operands, fp32 accumulation), instead
 // of the f32 kernel's 64 x 64 register tiles (cpu/attention.h) on a widened copy: on an AMX core the
-// f32 kernel runs at ~0.05 TFLOP/s, a tenth of what the tile unit multiplies.
+// f32 kernel runs at ~0.05 TFLOP/s, a twentieth of the ~1 TFLOP/s oneDNN's bf16 GEMMs reach there.
+// What remains is mostly the softmax's exponentials (docs/performance.md, "bf16 attention on AMX").
 //
 // Arguments and layouts as cpu::attention_forward / attention_backward (head_strides.h), with lse
 // [B, Hq, Tlen] in f32. As FlashAttention does on GPUs, the probabilities (forward) and dS
