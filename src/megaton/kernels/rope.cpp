@@ -117,19 +117,17 @@ void rope_apply(const ExecContext& ctx, const Tensor& x, const Tensor& cos, cons
     fail("kernel ", op, ": positions up to ", pos_offset + Tlen, " need that many rows of table '", cos.name(),
          "', it has ", P);
   expect_holds(op, x, 0, {{checked_mul(op, B, Tlen), at.row}, {groups, at.group}, {H, D}}, D);
+  const bool cpu_bf16 = ctx.device.is_cpu() && x.dtype() == DType::BF16;  // rotated in fp32: f32 tables
+  expect_dtype(cpu_bf16 ? DType::F32 : x.dtype(), op, {&cos, &sin});
   if (ctx.device.is_cuda()) {
-    expect_dtype(x.dtype(), op, {&cos, &sin});
 #ifdef MEGATON_WITH_CUDA
     return cuda::rope_apply(ctx, x, cos, sin, B, Tlen, groups, H, D, at, pos_offset, layout, inverse);
 #endif
     fail_no_backend(ctx, op);
   }
-  if (x.dtype() == DType::BF16) {  // rotated in fp32: f32 tables
-    expect_dtype(DType::F32, op, {&cos, &sin});
+  if (cpu_bf16)
     return cpu::rope_apply(x.data<BFloat16>(), cos.data<float>(), sin.data<float>(), B, Tlen, groups, H, D, at,
                            pos_offset, layout, inverse);
-  }
-  expect_dtype(x.dtype(), op, {&cos, &sin});
   dispatch_cpu_float(x.dtype(), op, [&]<typename T>(T) {
     cpu::rope_apply(x.data<T>(), cos.data<T>(), sin.data<T>(), B, Tlen, groups, H, D, at, pos_offset, layout, inverse);
   });

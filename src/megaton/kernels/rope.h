@@ -1,8 +1,9 @@
 // Rotary position embedding (RoPE) on tensors, applied in place to the q and k heads of a fused QKV
 // tensor, and the plain helpers that set it up (layouts, inverse frequencies with Llama-3 scaling).
 // Dispatches to kernels::cpu (f32 / f64, and bf16 x with f32 tables, rotated in fp32 and rounded
-// once, the input of the bf16 attention kernel; bf16 training still rotates an f32 copy of its qkv,
-// see nn/attention.cpp) or kernels::cuda (f32; the tables made on the host in double and copied).
+// once: bf16 training's qkv where it attends in bf16, kernels::attention_dtype; elsewhere it rotates
+// an f32 copy, see nn/attention.cpp) or kernels::cuda (f32; the tables made on the host in double
+// and copied).
 #pragma once
 #include <cstdint>
 #include <vector>

@@ -24,7 +24,8 @@ using B16 = BFloat16;
 constexpr int64_t kBlock = 128;
 
 // rows x cols elements, `stride` apart in src, packed contiguously into dst: the GEMMs take
-// contiguous operands, while q, k and v lie inside fused QKV rows.
+// contiguous operands, while q, k and v lie inside fused QKV rows. Not cpu::copy_rows: that one
+// opens a parallel region, and these copies run inside the tasks' region, one per thread.
 void pack_rows(B16* dst, const B16* src, int64_t rows, int64_t cols, int64_t stride) {
   for (int64_t r = 0; r < rows; ++r) std::memcpy(dst + r * cols, src + r * stride, cols * sizeof(B16));
 }
