@@ -8,6 +8,7 @@
 //   instructions as much as by memory once weights are 8 or 16 bits, and half as many of them per
 //   weight is what brings bf16 / int8 / E4M3 rows nearer the bandwidth limit.
 #pragma once
+#include <algorithm>
 #include <array>
 #include <cstdint>
 
@@ -29,6 +30,9 @@
 #endif
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
 #define MEGATON_GEMV_BF16_PAIRS 1
+#endif
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define MEGATON_GEMV_INT8_SPLIT 1
 #endif
 #endif
 
@@ -179,6 +183,56 @@ inline float dot_bf16_pairs(const BFloat16* w, const BFloat16* x, int64_t n) { r
 // bf16 weights and a bf16 x: only the pair path has this overload (gemv.cpp reaches it only there).
 inline float dot(const BFloat16* w, const BFloat16* x, int64_t n, bool /*simd*/) { return dot_bf16_pairs(w, x, n); }
 #endif
+
+#ifdef MEGATON_GEMV_INT8_SPLIT
+// int8 codes times an x held as two int16 terms, x = unit * (hi + lo / 2^15) (SplitX in
+// cpu/gemv_quantized.cpp), with VPDPWSSD: each instruction multiplies 32 codes (sign-extended to
+// int16, one instruction) by 32 x terms and adds both products of every pair of neighbours to an int32
+// lane, so a row costs one widening and two dot instructions per 32 codes where fp32 needs two
+// widenings, two conversions and two FMAs. The products are exact integers: each lane gains at most
+// 2 * 128 * 32767 < 2^23 per step, so a 4096-code chunk (64 steps per accumulator) cannot overflow
+// int32, and chunks are summed in int64; the row's dot is exact until the one rounding at the end.
+inline constexpr int64_t kSplitChunk = 4096;
+
+inline __m512i add_lanes_i64(__m512i acc, __m512i v32) {
+  acc = _mm512_add_epi64(acc, _mm512_cvtepi32_epi64(_mm512_castsi512_si256(v32)));
+  return _mm512_add_epi64(acc, _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(v32, 1)));
+}
+
+// Returns sum_i w[i] * (hi[i] + lo[i] / 2^15), the integer sums exact, one rounding to double.
+inline double dot_int8_split(const int8_t* w, const int16_t* hi, const int16_t* lo, int64_t n) {
+  __m512i sum_hi = _mm512_setzero_si512(), sum_lo = sum_hi;
+  int64_t i = 0;
+  for (int64_t c0 = 0; c0 + 64 <= n; c0 = i) {
+    const int64_t end = std::min(n, c0 + kSplitChunk);
+    __m512i h0 = _mm512_setzero_si512(), h1 = h0, l0 = h0, l1 = h0;
+    for (; i + 64 <= end; i += 64) {
+      const __m512i w0 = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + i)));
+      const __m512i w1 = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + i + 32)));
+      h0 = _mm512_dpwssd_epi32(h0, w0, _mm512_loadu_si512(hi + i));
+      h1 = _mm512_dpwssd_epi32(h1, w1, _mm512_loadu_si512(hi + i + 32));
+      l0 = _mm512_dpwssd_epi32(l0, w0, _mm512_loadu_si512(lo + i));
+      l1 = _mm512_dpwssd_epi32(l1, w1, _mm512_loadu_si512(lo + i + 32));
+    }
+    sum_hi = add_lanes_i64(add_lanes_i64(sum_hi, h0), h1);
+    sum_lo = add_lanes_i64(add_lanes_i64(sum_lo, l0), l1);
+  }
+  int64_t h = _mm512_reduce_add_epi64(sum_hi), l = _mm512_reduce_add_epi64(sum_lo);
+  for (; i < n; ++i) {
+    h += int64_t{w[i]} * hi[i];
+    l += int64_t{w[i]} * lo[i];
+  }
+  return static_cast<double>(h) + static_cast<double>(l) * 0x1p-15;
+}
+#endif
+
+constexpr bool int8_split_compiled() {
+#ifdef MEGATON_GEMV_INT8_SPLIT
+  return true;
+#else
+  return false;
+#endif
+}
 
 constexpr bool bf16_pairs_compiled() {
 #ifdef MEGATON_GEMV_BF16_PAIRS
