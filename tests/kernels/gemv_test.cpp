@@ -126,3 +126,26 @@ TEST(Gemv, LinearForwardOfAFewRowsIsTheOneRowGemvOfEach) {
     for (int64_t r = 0; r < out; ++r) EXPECT_NEAR(one[r], gemm[n * out + r], 1e-5) << n << "," << r;
   }
 }
+
+// A multi-row call widens each weight register once for up to four x rows (gemv_dot.h's dot_lanes)
+// and must still give every row the bits of a one-row call, for every weight / activation pair and
+// on K with a main loop, single steps and a scalar tail; seven rows run as a group of four and one of
+// three. Planted: the single steps taken for the group's first row only (caught).
+template <typename T, typename W>
+void expect_rows_are_one_row_calls() {
+  const int64_t in = 203, out = 37, rows = 7;
+  const auto x = random_as<T>(rows * in, 11);
+  const auto w = random_as<W>(in * out, 12);
+  std::vector<T> all(rows * out), one(out);
+  gemv(all.data(), x.data(), w.data(), static_cast<const float*>(nullptr), rows, in, out);
+  for (int64_t n = 0; n < rows; ++n) {
+    gemv(one.data(), x.data() + n * in, w.data(), static_cast<const float*>(nullptr), 1, in, out);
+    EXPECT_EQ(std::memcmp(one.data(), all.data() + n * out, sizeof(T) * out), 0) << "row " << n;
+  }
+}
+
+TEST(Gemv, EveryRowOfAGroupHasTheBitsOfAOneRowCall) {
+  expect_rows_are_one_row_calls<float, float>();
+  expect_rows_are_one_row_calls<float, BFloat16>();
+  expect_rows_are_one_row_calls<BFloat16, BFloat16>();
+}

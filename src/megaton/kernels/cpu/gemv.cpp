@@ -15,11 +15,15 @@ constexpr int64_t kParallelMin = 1 << 15;
 // x [rows, in_f]: each weight row is read from memory once, for all the x rows.
 template <typename T, typename W, typename B, typename X>
 void gemv_rows(T* y, const X* x, const W* w, const B* bias, int64_t rows, int64_t in_f, int64_t out_f, bool simd) {
-#pragma omp parallel for schedule(static) if (out_f * in_f >= kParallelMin)
-  for (int64_t r = 0; r < out_f; ++r) {
-    const float b = bias ? static_cast<float>(load(bias[r])) : 0.0f;
-    for (int64_t n = 0; n < rows; ++n)
-      y[n * out_f + r] = store<T>(gemv_detail::dot(w + r * in_f, x + n * in_f, in_f, simd) + b);
+#pragma omp parallel if (out_f * in_f >= kParallelMin)
+  {
+    std::vector<float> dots(static_cast<size_t>(rows));
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < out_f; ++r) {
+      const float b = bias ? static_cast<float>(load(bias[r])) : 0.0f;
+      gemv_detail::dot_rows(w + r * in_f, x, in_f, in_f, rows, dots.data(), simd);
+      for (int64_t n = 0; n < rows; ++n) y[n * out_f + r] = store<T>(dots[static_cast<size_t>(n)] + b);
+    }
   }
 }
 

@@ -120,6 +120,9 @@ struct Lanes16 {
   static V fma(V w, V x, V acc) { return _mm512_fmadd_ps(w, x, acc); }
   static V add(V a, V b) { return _mm512_add_ps(a, b); }
   static float sum(V v) { return _mm512_reduce_add_ps(v); }
+  static V mul_by(float s) { return _mm512_set1_ps(s); }
+  static V scaled(V w, V s) { return _mm512_mul_ps(w, s); }
+  static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
 };
 using SimdLanes = Lanes16;
 #else
@@ -133,34 +136,65 @@ struct Lanes8 {
   static V fma(V w, V x, V acc) { return _mm256_fmadd_ps(w, x, acc); }
   static V add(V a, V b) { return _mm256_add_ps(a, b); }
   static float sum(V v) { return hsum(v); }
+  static V mul_by(float s) { return _mm256_set1_ps(s); }
+  static V scaled(V w, V s) { return _mm256_mul_ps(w, s); }
+  static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
 };
 using SimdLanes = Lanes8;
 #endif  // MEGATON_GEMV_AVX512
 
-// Four accumulators (four independent chains cover the FMA latency), 4 x L::kWeights weights per
-// iteration, then single steps, then a scalar tail; the four are added pairwise at the end.
-template <typename L, typename W, typename X>
-float dot_lanes(const W* w, const X* x, int64_t n) {
+// Four accumulators per x row (four independent chains cover the FMA latency), 4 x L::kWeights
+// weights per iteration, then single steps, then a scalar tail; the four are added pairwise at the
+// end. G x rows (x + g * ld) are done at once, each weight register widened once for all of them,
+// and each row's sums associate exactly as a one-row call's do, so a row's result does not depend
+// on how many rows share the call.
+template <typename L, int G, typename W, typename X>
+void dot_lanes(const W* w, const X* x, int64_t ld, int64_t n, float* out) {
   constexpr int64_t k = L::kWeights;
-  typename L::V a0 = L::zero(), a1 = a0, a2 = a0, a3 = a0;
+  typename L::V a[G][4];
+  for (int g = 0; g < G; ++g) a[g][0] = a[g][1] = a[g][2] = a[g][3] = L::zero();
   int64_t i = 0;
   for (; i + 4 * k <= n; i += 4 * k) {
-    a0 = L::fma(L::weights(w + i), L::xs(x + i), a0);
-    a1 = L::fma(L::weights(w + i + k), L::xs(x + i + k), a1);
-    a2 = L::fma(L::weights(w + i + 2 * k), L::xs(x + i + 2 * k), a2);
-    a3 = L::fma(L::weights(w + i + 3 * k), L::xs(x + i + 3 * k), a3);
+    const auto w0 = L::weights(w + i), w1 = L::weights(w + i + k), w2 = L::weights(w + i + 2 * k),
+               w3 = L::weights(w + i + 3 * k);
+    for (int g = 0; g < G; ++g) {
+      const X* xg = x + g * ld + i;
+      a[g][0] = L::fma(w0, L::xs(xg), a[g][0]);
+      a[g][1] = L::fma(w1, L::xs(xg + k), a[g][1]);
+      a[g][2] = L::fma(w2, L::xs(xg + 2 * k), a[g][2]);
+      a[g][3] = L::fma(w3, L::xs(xg + 3 * k), a[g][3]);
+    }
   }
-  for (; i + k <= n; i += k) a0 = L::fma(L::weights(w + i), L::xs(x + i), a0);
-  float tail = 0;
-  for (; i < n; ++i) tail += load(w[i]) * load(x[i]);
-  return L::sum(L::add(L::add(a0, a1), L::add(a2, a3))) + tail;
-}
-
-template <typename W>
-float dot_simd(const W* w, const float* x, int64_t n) {
-  return dot_lanes<SimdLanes>(w, x, n);
+  for (; i + k <= n; i += k) {
+    const auto w0 = L::weights(w + i);
+    for (int g = 0; g < G; ++g) a[g][0] = L::fma(w0, L::xs(x + g * ld + i), a[g][0]);
+  }
+  for (int g = 0; g < G; ++g) {
+    float tail = 0;
+    for (int64_t j = i; j < n; ++j) tail += load(w[j]) * load(x[g * ld + j]);
+    out[g] = L::sum(L::add(L::add(a[g][0], a[g][1]), L::add(a[g][2], a[g][3]))) + tail;
+  }
 }
 #endif
+
+// Calls f.template operator()<G>(first row) over `rows` in groups of four and one group of the rest:
+// how many rows a dot kernel takes at once (sixteen accumulators, four widened weight registers and
+// the x loads fit AVX-512's 32 registers).
+template <typename F>
+void for_row_groups(int64_t rows, F&& f) {
+  int64_t g = 0;
+  for (; g + 4 <= rows; g += 4) f.template operator()<4>(g);
+  switch (rows - g) {
+    case 3:
+      return f.template operator()<3>(g);
+    case 2:
+      return f.template operator()<2>(g);
+    case 1:
+      return f.template operator()<1>(g);
+    default:
+      return;
+  }
+}
 
 #ifdef MEGATON_GEMV_BF16_PAIRS
 // bf16 weights times a bf16 x (bf16 decode) with VDPBF16PS: each instruction takes 32 weights and
@@ -178,10 +212,12 @@ struct Bf16Pairs {
   static V add(V a, V b) { return _mm512_add_ps(a, b); }
   static float sum(V v) { return _mm512_reduce_add_ps(v); }
 };
-inline float dot_bf16_pairs(const BFloat16* w, const BFloat16* x, int64_t n) { return dot_lanes<Bf16Pairs>(w, x, n); }
 
 // bf16 weights and a bf16 x: only the pair path has this overload (gemv.cpp reaches it only there).
-inline float dot(const BFloat16* w, const BFloat16* x, int64_t n, bool /*simd*/) { return dot_bf16_pairs(w, x, n); }
+inline void dot_rows(const BFloat16* w, const BFloat16* x, int64_t ld, int64_t n, int64_t rows, float* out,
+                     bool /*simd*/) {
+  for_row_groups(rows, [&]<int G>(int64_t g) { dot_lanes<Bf16Pairs, G>(w, x + g * ld, ld, n, out + g); });
+}
 #endif
 
 #ifdef MEGATON_GEMV_INT8_SPLIT
@@ -199,30 +235,48 @@ inline __m512i add_lanes_i64(__m512i acc, __m512i v32) {
   return _mm512_add_epi64(acc, _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(v32, 1)));
 }
 
-// Returns sum_i w[i] * (hi[i] + lo[i] / 2^15), the integer sums exact, one rounding to double.
-inline double dot_int8_split(const int8_t* w, const int16_t* hi, const int16_t* lo, int64_t n) {
-  __m512i sum_hi = _mm512_setzero_si512(), sum_lo = sum_hi;
+// out[g] = sum_i w[i] * (hi[g * ld + i] + lo[g * ld + i] / 2^15) for G x rows at once, each code
+// widened once for all of them; the integer sums are exact, so every row gets the bits a one-row call
+// gives it. Two accumulators per term and row (four chains per row cover VPDPWSSD's latency).
+template <int G>
+void dot_int8_split(const int8_t* w, const int16_t* hi, const int16_t* lo, int64_t ld, int64_t n, double* out) {
+  __m512i sum_hi[G], sum_lo[G];
+  for (int g = 0; g < G; ++g) sum_hi[g] = sum_lo[g] = _mm512_setzero_si512();
   int64_t i = 0;
   for (int64_t c0 = 0; c0 + 64 <= n; c0 = i) {
     const int64_t end = std::min(n, c0 + kSplitChunk);
-    __m512i h0 = _mm512_setzero_si512(), h1 = h0, l0 = h0, l1 = h0;
+    __m512i h0[G], h1[G], l0[G], l1[G];
+    for (int g = 0; g < G; ++g) h0[g] = h1[g] = l0[g] = l1[g] = _mm512_setzero_si512();
     for (; i + 64 <= end; i += 64) {
       const __m512i w0 = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + i)));
       const __m512i w1 = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + i + 32)));
-      h0 = _mm512_dpwssd_epi32(h0, w0, _mm512_loadu_si512(hi + i));
-      h1 = _mm512_dpwssd_epi32(h1, w1, _mm512_loadu_si512(hi + i + 32));
-      l0 = _mm512_dpwssd_epi32(l0, w0, _mm512_loadu_si512(lo + i));
-      l1 = _mm512_dpwssd_epi32(l1, w1, _mm512_loadu_si512(lo + i + 32));
+      for (int g = 0; g < G; ++g) {
+        const int16_t* hg = hi + g * ld + i;
+        const int16_t* lg = lo + g * ld + i;
+        h0[g] = _mm512_dpwssd_epi32(h0[g], w0, _mm512_loadu_si512(hg));
+        h1[g] = _mm512_dpwssd_epi32(h1[g], w1, _mm512_loadu_si512(hg + 32));
+        l0[g] = _mm512_dpwssd_epi32(l0[g], w0, _mm512_loadu_si512(lg));
+        l1[g] = _mm512_dpwssd_epi32(l1[g], w1, _mm512_loadu_si512(lg + 32));
+      }
     }
-    sum_hi = add_lanes_i64(add_lanes_i64(sum_hi, h0), h1);
-    sum_lo = add_lanes_i64(add_lanes_i64(sum_lo, l0), l1);
+    for (int g = 0; g < G; ++g) {
+      sum_hi[g] = add_lanes_i64(add_lanes_i64(sum_hi[g], h0[g]), h1[g]);
+      sum_lo[g] = add_lanes_i64(add_lanes_i64(sum_lo[g], l0[g]), l1[g]);
+    }
   }
-  int64_t h = _mm512_reduce_add_epi64(sum_hi), l = _mm512_reduce_add_epi64(sum_lo);
-  for (; i < n; ++i) {
-    h += int64_t{w[i]} * hi[i];
-    l += int64_t{w[i]} * lo[i];
+  for (int g = 0; g < G; ++g) {
+    int64_t h = _mm512_reduce_add_epi64(sum_hi[g]), l = _mm512_reduce_add_epi64(sum_lo[g]);
+    for (int64_t j = i; j < n; ++j) {
+      h += int64_t{w[j]} * hi[g * ld + j];
+      l += int64_t{w[j]} * lo[g * ld + j];
+    }
+    out[g] = static_cast<double>(h) + static_cast<double>(l) * 0x1p-15;
   }
-  return static_cast<double>(h) + static_cast<double>(l) * 0x1p-15;
+}
+
+inline void dot_int8_split_rows(const int8_t* w, const int16_t* hi, const int16_t* lo, int64_t ld, int64_t n,
+                                int64_t rows, double* out) {
+  for_row_groups(rows, [&]<int G>(int64_t g) { dot_int8_split<G>(w, hi + g * ld, lo + g * ld, ld, n, out + g); });
 }
 #endif
 
@@ -242,14 +296,28 @@ constexpr bool bf16_pairs_compiled() {
 #endif
 }
 
-// The dot product of one weight row with x on the chosen path.
+// out[i] = value(w[i]) * scale for n weights: the prefill GEMM's dequantised band (and loading). The
+// SIMD widenings are exact, so both paths write the same floats.
 template <typename W>
-float dot(const W* w, const float* x, int64_t n, bool simd) {
+void widen_scaled(float* out, const W* w, int64_t n, float scale) {
+  int64_t i = 0;
 #ifdef MEGATON_GEMV_SIMD
-  if (simd) return dot_simd(w, x, n);
+  using L = SimdLanes;
+  const typename L::V s = L::mul_by(scale);
+  for (; i + L::kWeights <= n; i += L::kWeights) L::store(out + i, L::scaled(L::weights(w + i), s));
+#endif
+  for (; i < n; ++i) out[i] = load(w[i]) * scale;
+}
+
+// The dot products of one weight row with the x rows [rows, ld] on the chosen path, into out[rows].
+template <typename W>
+void dot_rows(const W* w, const float* x, int64_t ld, int64_t n, int64_t rows, float* out, bool simd) {
+#ifdef MEGATON_GEMV_SIMD
+  if (simd)
+    return for_row_groups(rows, [&]<int G>(int64_t g) { dot_lanes<SimdLanes, G>(w, x + g * ld, ld, n, out + g); });
 #endif
   (void)simd;
-  return dot_portable(w, x, n);
+  for (int64_t g = 0; g < rows; ++g) out[g] = dot_portable(w, x + g * ld, n);
 }
 
 constexpr bool simd_compiled() {

@@ -1,5 +1,6 @@
 #include "megaton/kernels/cpu/gemv_quantized.h"
 
+#include <algorithm>
 #include <cmath>
 #include <type_traits>
 #include <vector>
@@ -47,13 +48,14 @@ SplitX split_x(const float* x, int64_t rows, int64_t in_f) {
   return s;
 }
 
+// The int8 rows' dots with every x row on the integer path (gemv_dot.h), into dots[rows].
 template <typename C>
-double int8_split_dot(const C* w, const SplitX& x, int64_t n, int64_t in_f) {
+void int8_split_dots(const C* w, const SplitX& x, int64_t rows, int64_t in_f, double* dots) {
 #ifdef MEGATON_GEMV_INT8_SPLIT
   if constexpr (std::is_same_v<C, int8_t>)
-    return gemv_detail::dot_int8_split(w, x.hi.data() + n * in_f, x.lo.data() + n * in_f, in_f);
+    return gemv_detail::dot_int8_split_rows(w, x.hi.data(), x.lo.data(), in_f, in_f, rows, dots);
 #endif
-  (void)w, (void)x, (void)n, (void)in_f;
+  (void)w, (void)x, (void)rows, (void)in_f, (void)dots;
   fail("quantized gemv: the int8 dot path is not compiled in");
 }
 
@@ -74,6 +76,8 @@ void gemv_rows(T* y, const float* x, const C* codes, const QuantizedRows& w, con
 #pragma omp parallel if (out_f * in_f >= kParallelMin)
   {
     std::vector<float> xs(sc == 1 ? 0 : static_cast<size_t>(rows * in_f));
+    std::vector<double> dots(static_cast<size_t>(rows));
+    std::vector<float> fdots(static_cast<size_t>(rows));
     int64_t band = -1;
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < out_f; ++r) {
@@ -85,15 +89,16 @@ void gemv_rows(T* y, const float* x, const C* codes, const QuantizedRows& w, con
             xs[static_cast<size_t>(n * in_f + c)] = x[n * in_f + c] * s[c / w.block_cols];
       }
       const float b = bias ? static_cast<float>(load(bias[r])) : 0.0f;
+      if (!split.unit.empty()) {
+        int8_split_dots(codes + r * in_f, split, rows, in_f, dots.data());
+        for (int64_t n = 0; n < rows; ++n)
+          y[n * out_f + r] = store<T>(
+              static_cast<float>(s[0] * split.unit[static_cast<size_t>(n)] * dots[static_cast<size_t>(n)]) + b);
+        continue;
+      }
+      gemv_detail::dot_rows(codes + r * in_f, sc == 1 ? x : xs.data(), in_f, in_f, rows, fdots.data(), simd);
       for (int64_t n = 0; n < rows; ++n) {
-        float v;
-        if (!split.unit.empty())
-          v = static_cast<float>(s[0] * split.unit[static_cast<size_t>(n)] *
-                                 int8_split_dot(codes + r * in_f, split, n, in_f));
-        else if (sc == 1)
-          v = s[0] * gemv_detail::dot(codes + r * in_f, x + n * in_f, in_f, simd);
-        else
-          v = gemv_detail::dot(codes + r * in_f, xs.data() + n * in_f, in_f, simd);
+        const float v = sc == 1 ? s[0] * fdots[static_cast<size_t>(n)] : fdots[static_cast<size_t>(n)];
         y[n * out_f + r] = store<T>(v + b);
       }
     }
@@ -128,8 +133,9 @@ void dequantize_rows(float* out, const QuantizedRows& w, int64_t in_f, int64_t r
 #pragma omp parallel for schedule(static) if ((r1 - r0) * in_f >= kParallelMin)
     for (int64_t r = r0; r < r1; ++r) {
       const float* s = w.scale_inv + (r / w.block_rows) * sc;
-      for (int64_t c = 0; c < in_f; ++c)
-        out[(r - r0) * in_f + c] = gemv_detail::load(codes[r * in_f + c]) * s[c / w.block_cols];
+      for (int64_t c = 0; c < in_f; c += w.block_cols)
+        gemv_detail::widen_scaled(out + (r - r0) * in_f + c, codes + r * in_f + c, std::min(w.block_cols, in_f - c),
+                                  s[c / w.block_cols]);
     }
   });
 }
