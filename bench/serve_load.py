@@ -9,7 +9,8 @@ the server's /metrics summaries), the most KV pages in use (polled), errors, and
 resident memory before and after the concurrent phase (flat = nothing leaked per request).
 
   /usr/bin/python3 bench/serve_load.py --megaton build/megaton [--requests 16] [--max-tokens 64]
-      [--precision fp32|bf16] [--kv-cache-dtype auto|f32|bf16] [--threads 2] [--shape 110m]
+      [--precision fp32|bf16] [--kv-cache-dtype auto|f32|bf16] [--weights-dtype auto|int8|fp8-block]
+      [--threads 2] [--shape 110m]
 """
 import argparse
 import http.client
@@ -75,6 +76,8 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     ap.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "f32", "bf16"])
+    ap.add_argument("--weights-dtype", default="auto", choices=["auto", "int8", "fp8-block"],
+                    help="serve's --weights-dtype: the weights as stored (auto) or quantised at load")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--shape", default="110m", choices=sorted(decode.SHAPES))
     args = ap.parse_args()
@@ -86,7 +89,7 @@ def main():
         decode.write_hf(folder, decode.random_weights(*dims, seed=1), *dims)
         server = subprocess.Popen([args.megaton, "serve", "--model", folder, "--port", "0", "--threads",
                                    str(args.threads), "--precision", args.precision, "--kv-cache-dtype",
-                                   args.kv_cache_dtype, "--max-sequences", str(max(16, args.requests))],
+                                   args.kv_cache_dtype, "--weights-dtype", args.weights_dtype, "--max-sequences", str(max(16, args.requests))],
                                   stdout=subprocess.PIPE, text=True)
         try:
             line = server.stdout.readline()
@@ -138,7 +141,8 @@ def main():
                if a[0] == b[0] == 200 and a[1]["choices"][0]["text"] == b[1]["choices"][0]["text"])
     seq_rate, conc_rate = tokens(sequential) / seq_s, tokens(results) / conc_s
     report = {
-        "shape": args.shape, "precision": args.precision, "kv_cache_dtype": args.kv_cache_dtype,
+        "shape": args.shape, "precision": args.precision, "weights_dtype": args.weights_dtype,
+        "kv_cache_dtype": args.kv_cache_dtype,
         "requests": args.requests, "max_tokens": args.max_tokens, "errors": errors,
         "sequential_tokens_per_s": round(seq_rate, 1), "concurrent_tokens_per_s": round(conc_rate, 1),
         "speedup": round(conc_rate / seq_rate, 2),

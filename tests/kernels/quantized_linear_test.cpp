@@ -212,29 +212,32 @@ TEST(QuantizedGemv, BitwiseIndependentOfTheThreadCount) {
   EXPECT_EQ(std::memcmp(one.data(), two.data(), sizeof(float) * out), 0);
 }
 
-// More than kDecodeRows rows (prefill) run band-wise GEMMs over dequantised rows: equal to the
-// reference and to the GEMV of each row, across more than one band (out 640 > 256; planted: the
-// band's bias offset left at 0, caught).
+// More than kDecodeRows rows (prefill) run band-wise GEMMs over dequantised rows, split over the
+// threads: equal to the reference and to the GEMV of each row, across many narrow bands (11 rows)
+// and several wide ones with a ragged last (20 rows, out 640; planted: the band's bias offset left at
+// 0, caught).
 TEST(QuantizedLinear, PrefillBandsAgreeWithTheGemvAndTheReference) {
-  const int64_t in = 96, out = 640, N = kDecodeRows + 3;
-  for (WeightQuant kind : {WeightQuant::Int8Row, WeightQuant::Fp8Block}) {
-    const QuantizedWeight q = quantize_weight(from(fd::random_vector<float>(in * out, 8), {out, in}), kind);
-    const Tensor wd = dequantize_weight(q);
-    const auto xv = fd::random_vector<float>(N * in, 9), bv = fd::random_vector<float>(out, 10);
-    const Tensor x = from(xv, {N, in}, "x"), bias = from(bv, {out}, "b");
-    Tensor y = Tensor::empty({N, out}, DType::F32, MemCategory::Other, "y");
-    quantized_linear_forward(ExecContext{}, y, x, q, bias);
-    for (int64_t i = 0; i < N; ++i) {
-      Tensor yi = Tensor::empty({1, out}, DType::F32, MemCategory::Other, "yi");
-      quantized_linear_forward(ExecContext{}, yi, x.slice_rows(i, i + 1), q, bias);
-      for (int64_t r = 0; r < out; ++r) {
-        double want, mag;
-        reference(wd, xv.data() + i * in, bv.data(), r, want, mag);
-        ASSERT_NEAR(y.data<float>()[i * out + r], want, 1e-6 * mag) << weight_quant_name(kind) << " " << i << "," << r;
-        ASSERT_NEAR(yi.data<float>()[r], want, 1e-6 * mag) << weight_quant_name(kind) << " " << i << "," << r;
+  const int64_t in = 96, out = 640;
+  for (const int64_t N : {kDecodeRows + 3, int64_t{20}})
+    for (WeightQuant kind : {WeightQuant::Int8Row, WeightQuant::Fp8Block}) {
+      const QuantizedWeight q = quantize_weight(from(fd::random_vector<float>(in * out, 8), {out, in}), kind);
+      const Tensor wd = dequantize_weight(q);
+      const auto xv = fd::random_vector<float>(N * in, 9), bv = fd::random_vector<float>(out, 10);
+      const Tensor x = from(xv, {N, in}, "x"), bias = from(bv, {out}, "b");
+      Tensor y = Tensor::empty({N, out}, DType::F32, MemCategory::Other, "y");
+      quantized_linear_forward(ExecContext{}, y, x, q, bias);
+      for (int64_t i = 0; i < N; ++i) {
+        Tensor yi = Tensor::empty({1, out}, DType::F32, MemCategory::Other, "yi");
+        quantized_linear_forward(ExecContext{}, yi, x.slice_rows(i, i + 1), q, bias);
+        for (int64_t r = 0; r < out; ++r) {
+          double want, mag;
+          reference(wd, xv.data() + i * in, bv.data(), r, want, mag);
+          ASSERT_NEAR(y.data<float>()[i * out + r], want, 1e-6 * mag)
+              << weight_quant_name(kind) << " " << i << "," << r;
+          ASSERT_NEAR(yi.data<float>()[r], want, 1e-6 * mag) << weight_quant_name(kind) << " " << i << "," << r;
+        }
       }
     }
-  }
 }
 
 // Up to kDecodeRows rows run the GEMV, each row with the bits of a one-row call, with per-row and

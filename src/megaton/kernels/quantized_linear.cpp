@@ -1,5 +1,7 @@
 #include "megaton/kernels/quantized_linear.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -14,9 +16,12 @@
 namespace megaton::kernels {
 namespace {
 
-// Output rows dequantised per GEMM in the prefill path: a band of 256 x in f32 stays in L2 for
-// the widths served here, and is a tiny workspace next to the weight itself.
-constexpr int64_t kPrefillBand = 256;
+// Output rows dequantised per GEMM in the prefill path. A few rows (continuous batching past
+// kDecodeRows) take narrow bands, whose dequantised block and GEMM output stay in L1 / L2; many rows
+// (a prompt) take wide ones, so x is packed for fewer GEMMs. Measured on one thread, 8192 x 2048
+// int8: 16 rows 12.3 ms with 256-row bands, 6.8 ms with 16; 256 rows 71.5 ms with 256-row bands,
+// 126.7 ms with 16.
+int64_t prefill_band(int64_t rows) { return rows <= 16 ? 16 : 256; }
 
 // Calls f(T{}) for the activation type: f32 or bf16 (checked by the caller).
 template <typename F>
@@ -126,23 +131,42 @@ void quantized_linear_forward(const ExecContext& ctx, const Tensor& out, const T
       run(float{});
     });
   }
-  // Prefill: f32 GEMMs over one band of dequantised output rows at a time, scattered into out.
+  // Prefill: f32 GEMMs over bands of dequantised output rows, scattered into out. The bands are split
+  // over the threads, each dequantising its band and multiplying it alone (a GEMM inside a parallel
+  // region runs on its caller), so there is no fork / join per band.
   const Tensor xf = x.dtype() == DType::F32 ? x : x.to(DType::F32, MemCategory::Workspace);
   const Tensor bf = !bias.defined() || bias.dtype() == DType::F32 ? bias : bias.to(DType::F32, MemCategory::Workspace);
-  const int64_t band = std::min(kPrefillBand, s.out);
-  Tensor wband = Tensor::empty({band, s.in}, DType::F32, MemCategory::Workspace, "quantized_linear.band");
-  Tensor yband = Tensor::empty({s.rows, band}, DType::F32, MemCategory::Workspace, "quantized_linear.out_band");
-  for (int64_t r0 = 0; r0 < s.out; r0 += band) {
-    const int64_t n = std::min(band, s.out - r0);
-    cpu::dequantize_rows(wband.data<float>(), rows, s.in, r0, r0 + n);
-    cpu::gemm({s.rows, n, s.in, DType::F32, {xf.data<float>(), false}, {wband.data<float>(), true},
-               yband.data<float>(), DType::F32, false, bf.defined() ? bf.data<float>() + r0 : nullptr, DType::F32});
-    with_activation_type(x.dtype(), [&]<typename T>(T) {
-      T* y = out.data<T>();
-      const float* yb = yband.data<float>();
-      for (int64_t i = 0; i < s.rows; ++i)
-        for (int64_t j = 0; j < n; ++j) y[i * s.out + r0 + j] = cpu::store<T>(yb[i * n + j]);
-    });
+  const int64_t band = std::min(prefill_band(s.rows), s.out), bands = (s.out + band - 1) / band;
+  const int threads = static_cast<int>(std::min<int64_t>(omp_get_max_threads(), bands));
+  Tensor wbands = Tensor::empty({threads, band, s.in}, DType::F32, MemCategory::Workspace, "quantized_linear.band");
+  Tensor ybands =
+      Tensor::empty({threads, s.rows, band}, DType::F32, MemCategory::Workspace, "quantized_linear.out_band");
+#pragma omp parallel num_threads(threads)
+  {
+    const int64_t t = omp_get_thread_num();
+    float* wb = wbands.data<float>() + t * band * s.in;
+    float* yb = ybands.data<float>() + t * s.rows * band;
+#pragma omp for schedule(static)
+    for (int64_t b = 0; b < bands; ++b) {
+      const int64_t r0 = b * band, n = std::min(band, s.out - r0);
+      cpu::dequantize_rows(wb, rows, s.in, r0, r0 + n);
+      cpu::gemm({s.rows,
+                 n,
+                 s.in,
+                 DType::F32,
+                 {xf.data<float>(), false},
+                 {wb, true},
+                 yb,
+                 DType::F32,
+                 false,
+                 bf.defined() ? bf.data<float>() + r0 : nullptr,
+                 DType::F32});
+      with_activation_type(x.dtype(), [&]<typename T>(T) {
+        T* y = out.data<T>();
+        for (int64_t i = 0; i < s.rows; ++i)
+          for (int64_t j = 0; j < n; ++j) y[i * s.out + r0 + j] = cpu::store<T>(yb[i * n + j]);
+      });
+    }
   }
 }
 
