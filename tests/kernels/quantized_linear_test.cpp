@@ -171,33 +171,6 @@ TEST(QuantizedGemv, MatchesTheDoubleReferenceOnOddShapes) {
   }
 }
 
-// int8 rows on the integer dot path (VPDPWSSD over x split into two int16 terms, gemv_dot.h): codes
-// at both ends of their range times an x at its row maximum over rows of several 4096-code chunks
-// plus a ragged tail, where an int32 lane would overflow if a chunk were longer, equal the exact
-// double result to fp32 rounding; an x element within 2^-20 of the row maximum still counts; a NaN in
-// x reaches y as in fp32 (planted: a chunk of 65536 codes, caught by the extreme rows).
-TEST(QuantizedGemv, Int8RowsAreExactAtTheCodeAndActivationExtremes) {
-  const int64_t in = 5 * 4096 + 37;
-  for (const int8_t code : {int8_t{127}, int8_t{-128}}) {
-    std::vector<int8_t> codes(static_cast<size_t>(in), code);
-    const float scale = 0.25f;
-    const cpu::QuantizedRows w{codes.data(), DType::I8, &scale, 1, in};
-    std::vector<float> x(static_cast<size_t>(in), -3.0f);
-    x[5] = 3.0f * 0x1p-20f;
-    double want = 0;
-    for (int64_t c = 0; c < in; ++c) want += double(code) * scale * x[static_cast<size_t>(c)];
-    for (cpu::GemvPath p : paths()) {
-      float y = 0;
-      cpu::gemv_quantized(&y, x.data(), w, static_cast<const float*>(nullptr), 1, in, 1, p);
-      EXPECT_NEAR(y, want, std::abs(want) * 1e-7) << path_name(p) << " code " << int(code);
-      x[7] = std::numeric_limits<float>::quiet_NaN();
-      cpu::gemv_quantized(&y, x.data(), w, static_cast<const float*>(nullptr), 1, in, 1, p);
-      EXPECT_TRUE(std::isnan(y)) << path_name(p);
-      x[7] = -3.0f;
-    }
-  }
-}
-
 TEST(QuantizedGemv, BitwiseIndependentOfTheThreadCount) {
   const int64_t in = 640, out = 384;
   const QuantizedWeight q = quantize_weight(from(fd::random_vector<float>(in * out, 6), {out, in}), WeightQuant::Fp8Block);

@@ -31,9 +31,6 @@
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
 #define MEGATON_GEMV_BF16_PAIRS 1
 #endif
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
-#define MEGATON_GEMV_INT8_SPLIT 1
-#endif
 #endif
 
 namespace megaton::kernels::cpu::gemv_detail {
@@ -219,74 +216,6 @@ inline void dot_rows(const BFloat16* w, const BFloat16* x, int64_t ld, int64_t n
   for_row_groups(rows, [&]<int G>(int64_t g) { dot_lanes<Bf16Pairs, G>(w, x + g * ld, ld, n, out + g); });
 }
 #endif
-
-#ifdef MEGATON_GEMV_INT8_SPLIT
-// int8 codes times an x held as two int16 terms, x = unit * (hi + lo / 2^15) (SplitX in
-// cpu/gemv_quantized.cpp), with VPDPWSSD: each instruction multiplies 32 codes (sign-extended to
-// int16, one instruction) by 32 x terms and adds both products of every pair of neighbours to an int32
-// lane, so a row costs one widening and two dot instructions per 32 codes where fp32 needs two
-// widenings, two conversions and two FMAs. The products are exact integers: each lane gains at most
-// 2 * 128 * 32767 < 2^23 per step, so a 4096-code chunk (64 steps per accumulator) cannot overflow
-// int32, and chunks are summed in int64; the row's dot is exact until the one rounding at the end.
-inline constexpr int64_t kSplitChunk = 4096;
-
-inline __m512i add_lanes_i64(__m512i acc, __m512i v32) {
-  acc = _mm512_add_epi64(acc, _mm512_cvtepi32_epi64(_mm512_castsi512_si256(v32)));
-  return _mm512_add_epi64(acc, _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(v32, 1)));
-}
-
-// out[g] = sum_i w[i] * (hi[g * ld + i] + lo[g * ld + i] / 2^15) for G x rows at once, each code
-// widened once for all of them; the integer sums are exact, so every row gets the bits a one-row call
-// gives it. Two accumulators per term and row (four chains per row cover VPDPWSSD's latency).
-template <int G>
-void dot_int8_split(const int8_t* w, const int16_t* hi, const int16_t* lo, int64_t ld, int64_t n, double* out) {
-  __m512i sum_hi[G], sum_lo[G];
-  for (int g = 0; g < G; ++g) sum_hi[g] = sum_lo[g] = _mm512_setzero_si512();
-  int64_t i = 0;
-  for (int64_t c0 = 0; c0 + 64 <= n; c0 = i) {
-    const int64_t end = std::min(n, c0 + kSplitChunk);
-    __m512i h0[G], h1[G], l0[G], l1[G];
-    for (int g = 0; g < G; ++g) h0[g] = h1[g] = l0[g] = l1[g] = _mm512_setzero_si512();
-    for (; i + 64 <= end; i += 64) {
-      const __m512i w0 = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + i)));
-      const __m512i w1 = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + i + 32)));
-      for (int g = 0; g < G; ++g) {
-        const int16_t* hg = hi + g * ld + i;
-        const int16_t* lg = lo + g * ld + i;
-        h0[g] = _mm512_dpwssd_epi32(h0[g], w0, _mm512_loadu_si512(hg));
-        h1[g] = _mm512_dpwssd_epi32(h1[g], w1, _mm512_loadu_si512(hg + 32));
-        l0[g] = _mm512_dpwssd_epi32(l0[g], w0, _mm512_loadu_si512(lg));
-        l1[g] = _mm512_dpwssd_epi32(l1[g], w1, _mm512_loadu_si512(lg + 32));
-      }
-    }
-    for (int g = 0; g < G; ++g) {
-      sum_hi[g] = add_lanes_i64(add_lanes_i64(sum_hi[g], h0[g]), h1[g]);
-      sum_lo[g] = add_lanes_i64(add_lanes_i64(sum_lo[g], l0[g]), l1[g]);
-    }
-  }
-  for (int g = 0; g < G; ++g) {
-    int64_t h = _mm512_reduce_add_epi64(sum_hi[g]), l = _mm512_reduce_add_epi64(sum_lo[g]);
-    for (int64_t j = i; j < n; ++j) {
-      h += int64_t{w[j]} * hi[g * ld + j];
-      l += int64_t{w[j]} * lo[g * ld + j];
-    }
-    out[g] = static_cast<double>(h) + static_cast<double>(l) * 0x1p-15;
-  }
-}
-
-inline void dot_int8_split_rows(const int8_t* w, const int16_t* hi, const int16_t* lo, int64_t ld, int64_t n,
-                                int64_t rows, double* out) {
-  for_row_groups(rows, [&]<int G>(int64_t g) { dot_int8_split<G>(w, hi + g * ld, lo + g * ld, ld, n, out + g); });
-}
-#endif
-
-constexpr bool int8_split_compiled() {
-#ifdef MEGATON_GEMV_INT8_SPLIT
-  return true;
-#else
-  return false;
-#endif
-}
 
 constexpr bool bf16_pairs_compiled() {
 #ifdef MEGATON_GEMV_BF16_PAIRS

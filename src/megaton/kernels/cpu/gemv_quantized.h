@@ -1,9 +1,8 @@
 // Decode over 8-bit weights: y[n, out] = dequant(W)[out, in] x[n, in] (+ bias) for a few rows n
 // (cpu/gemv.h: each weight row streamed once for all of them), with the
-// dequantisation inside the GEMV (each code widened in registers as its row streams by, never a
-// full-precision copy of W; int8 rows on a CPU with AVX512-VNNI multiply their codes as integers with
-// an x split into two int16 terms, exact to fp32 rounding: gemv_dot.h). Weight bytes per token are a
-// quarter of fp32's, so a decode bound by memory bandwidth runs up to 4x faster.
+// dequantisation inside the GEMV (each code widened to fp32 in registers as its row streams by,
+// never a full-precision copy of W). Weight bytes per token are a quarter of fp32's, so a decode
+// bound by memory bandwidth runs up to 4x faster.
 #pragma once
 #include <cstdint>
 
