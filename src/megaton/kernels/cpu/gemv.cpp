@@ -21,6 +21,10 @@ void gemv_rows(T* y, const X* x, const W* w, const B* bias, int64_t rows, int64_
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < out_f; ++r) {
       const float b = bias ? static_cast<float>(load(bias[r])) : 0.0f;
+      if (rows == 1) {
+        y[r] = store<T>(gemv_detail::dot(w + r * in_f, x, in_f, simd) + b);
+        continue;
+      }
       gemv_detail::dot_rows(w + r * in_f, x, in_f, in_f, rows, dots.data(), simd);
       for (int64_t n = 0; n < rows; ++n) y[n * out_f + r] = store<T>(dots[static_cast<size_t>(n)] + b);
     }

@@ -37,6 +37,11 @@ void gemv_rows(T* y, const float* x, const C* codes, const QuantizedRows& w, con
             xs[static_cast<size_t>(n * in_f + c)] = x[n * in_f + c] * s[c / w.block_cols];
       }
       const float b = bias ? static_cast<float>(load(bias[r])) : 0.0f;
+      if (rows == 1) {
+        const float d = gemv_detail::dot(codes + r * in_f, sc == 1 ? x : xs.data(), in_f, simd);
+        y[r] = store<T>((sc == 1 ? s[0] * d : d) + b);
+        continue;
+      }
       gemv_detail::dot_rows(codes + r * in_f, sc == 1 ? x : xs.data(), in_f, in_f, rows, dots.data(), simd);
       for (int64_t n = 0; n < rows; ++n) {
         const float v = sc == 1 ? s[0] * dots[static_cast<size_t>(n)] : dots[static_cast<size_t>(n)];
