@@ -21,7 +21,7 @@ void gemv_rows(T* y, const X* x, const W* w, const B* bias, int64_t rows, int64_
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < out_f; ++r) {
       const float b = bias ? static_cast<float>(load(bias[r])) : 0.0f;
-      if (rows == 1) {
+      if (rows == 1) {  // the common decode case, inline (see gemv_dot.h's dot)
         y[r] = store<T>(gemv_detail::dot(w + r * in_f, x, in_f, simd) + b);
         continue;
       }

@@ -1,6 +1,7 @@
 #include "megaton/kernels/cpu/gemv_quantized.h"
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "megaton/core/error.h"
@@ -37,16 +38,18 @@ void gemv_rows(T* y, const float* x, const C* codes, const QuantizedRows& w, con
             xs[static_cast<size_t>(n * in_f + c)] = x[n * in_f + c] * s[c / w.block_cols];
       }
       const float b = bias ? static_cast<float>(load(bias[r])) : 0.0f;
-      if (rows == 1) {
-        const float d = gemv_detail::dot(codes + r * in_f, sc == 1 ? x : xs.data(), in_f, simd);
-        y[r] = store<T>((sc == 1 ? s[0] * d : d) + b);
+      // Scale and bias as one explicit FMA, so the inline one-row path and the row loop below round
+      // alike (left to -ffp-contract, the two contracted differently).
+      const auto emit = [&](int64_t n, float d) {
+        y[n * out_f + r] = store<T>(sc == 1 ? std::fma(s[0], d, b) : d + b);
+      };
+      const float* xr = sc == 1 ? x : xs.data();
+      if (rows == 1) {  // the common decode case, inline (see gemv_dot.h's dot)
+        emit(0, gemv_detail::dot(codes + r * in_f, xr, in_f, simd));
         continue;
       }
-      gemv_detail::dot_rows(codes + r * in_f, sc == 1 ? x : xs.data(), in_f, in_f, rows, dots.data(), simd);
-      for (int64_t n = 0; n < rows; ++n) {
-        const float v = sc == 1 ? s[0] * dots[static_cast<size_t>(n)] : dots[static_cast<size_t>(n)];
-        y[n * out_f + r] = store<T>(v + b);
-      }
+      gemv_detail::dot_rows(codes + r * in_f, xr, in_f, in_f, rows, dots.data(), simd);
+      for (int64_t n = 0; n < rows; ++n) emit(n, dots[static_cast<size_t>(n)]);
     }
   }
 }
