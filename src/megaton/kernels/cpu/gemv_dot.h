@@ -8,7 +8,6 @@
 //   instructions as much as by memory once weights are 8 or 16 bits, and half as many of them per
 //   weight is what brings bf16 / int8 / E4M3 rows nearer the bandwidth limit.
 #pragma once
-#include <algorithm>
 #include <array>
 #include <cstdint>
 
@@ -174,18 +173,26 @@ void dot_lanes(const W* w, const X* x, int64_t ld, int64_t n, float* out) {
 }
 #endif
 
-// Calls f.template operator()<G>(first row) over `rows` in groups of four and one group of the rest:
-// how many rows a dot kernel takes at once (sixteen accumulators, four widened weight registers and
-// the x loads fit AVX-512's 32 registers).
+// How many x rows a dot kernel takes at once: four x rows' four accumulators, four widened weight
+// registers and the x loads fit AVX-512's 32 registers; AVX2's 16 hold two rows' worth.
+#ifdef MEGATON_GEMV_AVX512
+inline constexpr int kRowGroup = 4;
+#else
+inline constexpr int kRowGroup = 2;
+#endif
+
+// Calls f.template operator()<G>(first row) over `rows` in groups of kRowGroup and one of the rest.
 template <typename F>
 void for_row_groups(int64_t rows, F&& f) {
   int64_t g = 0;
-  for (; g + 4 <= rows; g += 4) f.template operator()<4>(g);
+  for (; g + kRowGroup <= rows; g += kRowGroup) f.template operator()<kRowGroup>(g);
   switch (rows - g) {
     case 3:
-      return f.template operator()<3>(g);
+      if constexpr (kRowGroup > 3) return f.template operator()<3>(g);
+      return;
     case 2:
-      return f.template operator()<2>(g);
+      if constexpr (kRowGroup > 2) return f.template operator()<2>(g);
+      return;
     case 1:
       return f.template operator()<1>(g);
     default:
