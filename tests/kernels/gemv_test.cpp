@@ -127,10 +127,10 @@ TEST(Gemv, LinearForwardOfAFewRowsIsTheOneRowGemvOfEach) {
   }
 }
 
-// A multi-row call widens each weight register once for up to four x rows (gemv_dot.h's dot_lanes)
+// A multi-row call widens each weight register once for a group of x rows (gemv_dot.h's dot_lanes)
 // and must still give every row the bits of a one-row call, for every weight / activation pair and
-// on K with a main loop, single steps and a scalar tail; seven rows run as a group of four and one of
-// three. Planted: the single steps taken for the group's first row only (caught).
+// on K with a main loop, single steps and a scalar tail; seven rows run as groups of four and three
+// (AVX-512) or three of two and one (AVX2). Planted: the single steps taken for the group's first row only (caught).
 template <typename T, typename W>
 void expect_rows_are_one_row_calls() {
   const int64_t in = 203, out = 37, rows = 7;

@@ -181,24 +181,28 @@ inline constexpr int kRowGroup = 4;
 inline constexpr int kRowGroup = 2;
 #endif
 
-// Calls f.template operator()<G>(first row) over `rows` in groups of kRowGroup and one of the rest.
-template <typename F>
-void for_row_groups(int64_t rows, F&& f) {
-  int64_t g = 0;
-  for (; g + kRowGroup <= rows; g += kRowGroup) f.template operator()<kRowGroup>(g);
-  switch (rows - g) {
-    case 3:
-      if constexpr (kRowGroup > 3) return f.template operator()<3>(g);
-      return;
-    case 2:
-      if constexpr (kRowGroup > 2) return f.template operator()<2>(g);
-      return;
-    case 1:
-      return f.template operator()<1>(g);
-    default:
-      return;
-  }
+// Calls f.template operator()<G>(first row) over rows [g, rows) in groups of G, the rest as one
+// smaller group.
+template <int G = kRowGroup, typename F>
+void for_row_groups(int64_t rows, F&& f, int64_t g = 0) {
+  for (; g + G <= rows; g += G) f.template operator()<G>(g);
+  if constexpr (G > 1)
+    if (g < rows) for_row_groups<G - 1>(rows, f, g);
 }
+
+#ifdef MEGATON_GEMV_SIMD
+// One x row with lanes L, and `rows` x rows [rows, ld] in row groups, into out[rows].
+template <typename L, typename W, typename X>
+float dot_one(const W* w, const X* x, int64_t n) {
+  float out;
+  dot_lanes<L, 1>(w, x, 0, n, &out);
+  return out;
+}
+template <typename L, typename W, typename X>
+void dot_groups(const W* w, const X* x, int64_t ld, int64_t n, int64_t rows, float* out) {
+  for_row_groups(rows, [&]<int G>(int64_t g) { dot_lanes<L, G>(w, x + g * ld, ld, n, out + g); });
+}
+#endif
 
 #ifdef MEGATON_GEMV_BF16_PAIRS
 // bf16 weights times a bf16 x (bf16 decode) with VDPBF16PS: each instruction takes 32 weights and
@@ -218,14 +222,10 @@ struct Bf16Pairs {
 };
 
 // bf16 weights and a bf16 x: only the pair path has these overloads (gemv.cpp reaches them only there).
-inline float dot(const BFloat16* w, const BFloat16* x, int64_t n, bool /*simd*/) {
-  float out;
-  dot_lanes<Bf16Pairs, 1>(w, x, 0, n, &out);
-  return out;
-}
+inline float dot(const BFloat16* w, const BFloat16* x, int64_t n, bool /*simd*/) { return dot_one<Bf16Pairs>(w, x, n); }
 inline void dot_rows(const BFloat16* w, const BFloat16* x, int64_t ld, int64_t n, int64_t rows, float* out,
                      bool /*simd*/) {
-  for_row_groups(rows, [&]<int G>(int64_t g) { dot_lanes<Bf16Pairs, G>(w, x + g * ld, ld, n, out + g); });
+  dot_groups<Bf16Pairs>(w, x, ld, n, rows, out);
 }
 #endif
 
@@ -255,11 +255,7 @@ void widen_scaled(float* out, const W* w, int64_t n, float scale) {
 template <typename W>
 float dot(const W* w, const float* x, int64_t n, bool simd) {
 #ifdef MEGATON_GEMV_SIMD
-  if (simd) {
-    float out;
-    dot_lanes<SimdLanes, 1>(w, x, 0, n, &out);
-    return out;
-  }
+  if (simd) return dot_one<SimdLanes>(w, x, n);
 #endif
   (void)simd;
   return dot_portable(w, x, n);
@@ -269,8 +265,7 @@ float dot(const W* w, const float* x, int64_t n, bool simd) {
 template <typename W>
 void dot_rows(const W* w, const float* x, int64_t ld, int64_t n, int64_t rows, float* out, bool simd) {
 #ifdef MEGATON_GEMV_SIMD
-  if (simd)
-    return for_row_groups(rows, [&]<int G>(int64_t g) { dot_lanes<SimdLanes, G>(w, x + g * ld, ld, n, out + g); });
+  if (simd) return dot_groups<SimdLanes>(w, x, ld, n, rows, out);
 #endif
   (void)simd;
   for (int64_t g = 0; g < rows; ++g) out[g] = dot_portable(w, x + g * ld, n);
