@@ -4,6 +4,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <limits>
 
 #include "../support/temp_dir.h"
 
@@ -241,4 +242,14 @@ TEST(IndexedDataset, PointersBeyondDataFileAreRejected) {
   write_bytes(prefix + ".bin", bin.substr(0, bin.size() - 4));
   EXPECT_ERROR_CONTAINS(IndexedDataset::open(prefix), prefix + ".idx", prefix + ".bin", "sequence 4",
                         "has only " + std::to_string(bin.size() - 4) + " bytes");
+  // A pointer near the int64 limit: the message's end of the span must not overflow (found by the
+  // indexed-dataset fuzzer under UBSan).
+  write_bytes(prefix + ".bin", bin);
+  const std::string idx = read_bytes(prefix + ".idx");
+  int32_t len0 = 0;
+  std::memcpy(&len0, idx.data() + kIndexHeaderBytes, 4);        // the int32 lengths, then the pointers
+  const int64_t far = std::numeric_limits<int64_t>::max() - 3;  // a multiple of the 4-byte tokens
+  patch(prefix + ".idx", kIndexHeaderBytes + 4 * 5, &far, 8);
+  EXPECT_ERROR_CONTAINS(IndexedDataset::open(prefix), "sequence 0 spans bytes [" + std::to_string(far) + ", " +
+                                                          std::to_string(uint64_t(far) + uint64_t(len0) * 4) + ")");
 }

@@ -117,8 +117,9 @@ IndexedDataset IndexedDataset::open(const std::string& prefix) {
     if (ptr < 0 || static_cast<uint64_t>(ptr) % esize != 0)
       fail(idx, ": sequence ", i, " has pointer ", ptr, "; expected a non-negative multiple of ", esize);
     if (static_cast<uint64_t>(ptr) > bin_size || static_cast<uint64_t>(len) * esize > bin_size - ptr)
-      fail(idx, ": sequence ", i, " spans bytes [", ptr, ", ", ptr + len * static_cast<int64_t>(esize), ") but ",
-           ds.bin_.path(), " has only ", bin_size, " bytes");
+      fail(idx, ": sequence ", i, " spans bytes [", ptr, ", ",
+           static_cast<uint64_t>(ptr) + static_cast<uint64_t>(len) * esize, ") but ", ds.bin_.path(), " has only ",
+           bin_size, " bytes");
   }
   return ds;
 }
