@@ -14,6 +14,7 @@
 #include "megaton/core/dtype.h"
 #include "megaton/core/fp8_format.h"
 #include "megaton/kernels/cpu/element.h"
+#include "megaton/kernels/cpu/prefetch.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
 // GCC 12's AVX-512 intrinsics start from _mm512_undefined_*() and trip its own -Wuninitialized /
@@ -151,6 +152,7 @@ void dot_lanes(const W* w, const X* x, int64_t ld, int64_t n, float* out) {
   for (int g = 0; g < G; ++g) a[g][0] = a[g][1] = a[g][2] = a[g][3] = L::zero();
   int64_t i = 0;
   for (; i + 4 * k <= n; i += 4 * k) {
+    prefetch_lines(w + i, kPrefetchBytes, 4 * k * static_cast<int64_t>(sizeof(W)));  // the rows ahead (prefetch.h)
     const auto w0 = L::weights(w + i), w1 = L::weights(w + i + k), w2 = L::weights(w + i + 2 * k),
                w3 = L::weights(w + i + 3 * k);
     for (int g = 0; g < G; ++g) {
