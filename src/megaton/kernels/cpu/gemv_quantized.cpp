@@ -33,9 +33,12 @@ void gemv_rows(T* y, const float* x, const C* codes, const QuantizedRows& w, con
       const float* s = w.scale_inv + (r / w.block_rows) * sc;
       if (sc != 1 && r / w.block_rows != band) {
         band = r / w.block_rows;
+        // Block by block: a division per element cost as much as the band's dot products.
         for (int64_t n = 0; n < rows; ++n)
-          for (int64_t c = 0; c < in_f; ++c)
-            xs[static_cast<size_t>(n * in_f + c)] = x[n * in_f + c] * s[c / w.block_cols];
+          for (int64_t c0 = 0, b = 0; c0 < in_f; c0 += w.block_cols, ++b) {
+            const int64_t c1 = std::min(in_f, c0 + w.block_cols);
+            for (int64_t c = c0; c < c1; ++c) xs[static_cast<size_t>(n * in_f + c)] = x[n * in_f + c] * s[b];
+          }
       }
       const float b = bias ? static_cast<float>(load(bias[r])) : 0.0f;
       // Scale and bias as one explicit FMA, so the inline one-row path and the row loop below round
