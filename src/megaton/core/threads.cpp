@@ -3,6 +3,8 @@
 #include <cblas.h>
 #include <omp.h>
 
+#include "megaton/core/error.h"
+
 namespace megaton {
 
 void set_num_threads(int n) {
@@ -12,5 +14,9 @@ void set_num_threads(int n) {
 }
 
 int num_threads() { return omp_get_max_threads(); }
+
+void release_idle_threads() {
+  if (omp_pause_resource_all(omp_pause_hard) != 0) fail("releasing the idle OpenMP threads failed");
+}
 
 }  // namespace megaton

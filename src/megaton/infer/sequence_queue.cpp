@@ -5,6 +5,8 @@
 #include <list>
 #include <span>
 
+#include "megaton/core/threads.h"
+
 namespace megaton::infer {
 
 std::vector<std::string> Sequence::take_pieces() {
@@ -22,9 +24,17 @@ std::vector<LoggedToken> Sequence::take_logprobs() {
   return out;
 }
 
+void Sequence::finish(const std::string& failure) {
+  std::lock_guard lock(mutex);
+  error = failure;
+  done = true;
+  changed.notify_all();
+  finished.notify_all();
+}
+
 void Sequence::wait_done() {
   std::unique_lock lock(mutex);
-  changed.wait(lock, [&] { return done; });
+  finished.wait(lock, [&] { return done; });
 }
 
 SequenceQueue::SequenceQueue(models::TransformerModel& model, const data::Tokenizer& tokenizer, int capacity,
@@ -33,8 +43,10 @@ SequenceQueue::SequenceQueue(models::TransformerModel& model, const data::Tokeni
       tokenizer_(tokenizer),
       capacity_(capacity),
       kv_cache_tokens_(kv_cache_tokens),
-      kv_dtype_(kv_dtype),
-      thread_([this] { run(); }) {}
+      kv_dtype_(kv_dtype) {
+  release_idle_threads();  // generation's OpenMP regions run on thread_ from now on (core/threads.h)
+  thread_ = std::thread([this] { run(); });
+}
 
 SequenceQueue::~SequenceQueue() {
   stopping_ = true;
@@ -44,12 +56,7 @@ SequenceQueue::~SequenceQueue() {
   }
   wake_.notify_all();
   thread_.join();
-  for (const auto& seq : waiting_) {
-    std::lock_guard lock(seq->mutex);
-    seq->error = "the server is shutting down";
-    seq->done = true;
-    seq->changed.notify_all();
-  }
+  for (const auto& seq : waiting_) seq->finish("the server is shutting down");
 }
 
 bool SequenceQueue::submit(const std::shared_ptr<Sequence>& seq) {
@@ -77,10 +84,7 @@ std::vector<std::shared_ptr<Sequence>> SequenceQueue::take_waiting(std::unique_l
 
 void SequenceQueue::end(Sequence& seq, const std::string& error) {
   --running_;
-  std::lock_guard lock(seq.mutex);
-  seq.error = error;
-  seq.done = true;
-  seq.changed.notify_all();
+  seq.finish(error);
 }
 
 void SequenceQueue::publish(Sequence& seq, std::string piece) {
