@@ -16,7 +16,7 @@ void set_num_threads(int n) {
 int num_threads() { return omp_get_max_threads(); }
 
 void release_idle_threads() {
-  if (omp_pause_resource_all(omp_pause_hard) != 0) fail("releasing the idle OpenMP threads failed");
+  if (omp_pause_resource_all(omp_pause_soft) != 0) fail("releasing the idle OpenMP threads failed");
 }
 
 }  // namespace megaton

@@ -14,6 +14,7 @@ int num_threads();
 // futex wake-up. A thread that hands its OpenMP work to another thread for good (serve loads the
 // model, then decodes on its queue's thread) calls this first: measured on 2 cores, a region after a
 // short serial gap cost ~70 us with the idle team alive and ~11 us without, and a decode token runs
-// ~60 regions.
+// ~60 regions. A soft pause: libgomp frees the threads for either kind, while a hard pause shut
+// LLVM's libomp down (the sanitizer build's runtime: its next region on this thread crashed).
 void release_idle_threads();
 }  // namespace megaton
