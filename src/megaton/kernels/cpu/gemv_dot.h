@@ -152,7 +152,8 @@ void dot_lanes(const W* w, const X* x, int64_t ld, int64_t n, float* out) {
   for (int g = 0; g < G; ++g) a[g][0] = a[g][1] = a[g][2] = a[g][3] = L::zero();
   int64_t i = 0;
   for (; i + 4 * k <= n; i += 4 * k) {
-    prefetch_lines(w + i, kPrefetchBytes, 4 * k * static_cast<int64_t>(sizeof(W)));  // the rows ahead (prefetch.h)
+    if constexpr (sizeof(W) == 1)  // 8-bit codes: the rows ahead (prefetch.h says why not wider weights)
+      prefetch_lines(w + i, kPrefetchBytes, 4 * k);
     const auto w0 = L::weights(w + i), w1 = L::weights(w + i + k), w2 = L::weights(w + i + 2 * k),
                w3 = L::weights(w + i + 3 * k);
     for (int g = 0; g < G; ++g) {
