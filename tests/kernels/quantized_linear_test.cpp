@@ -171,6 +171,33 @@ TEST(QuantizedGemv, MatchesTheDoubleReferenceOnOddShapes) {
   }
 }
 
+// Blocks of any size, odd ones included (3 x 5 here, ragged at both edges): decode takes weight rows
+// two at a time, and a pair that straddles two row bands must not share one band's scaled x
+// (planted: pairs formed across bands, caught).
+TEST(QuantizedGemv, OddBlocksStraddlingAPairOfRowsMatchTheReference) {
+  const int64_t in = 37, out = 11, br = 3, bc = 5, sc = (in + bc - 1) / bc;
+  const auto wf = fd::random_vector<float>(in * out, 13), sf = fd::random_vector<float>(sc * ((out + br - 1) / br), 14);
+  std::vector<int8_t> codes;
+  for (float v : wf) codes.push_back(static_cast<int8_t>(std::lround(v * 127)));
+  std::vector<float> scales;
+  for (float v : sf) scales.push_back(0.01f + std::abs(v));
+  const auto x = fd::random_vector<float>(in, 15);
+  for (cpu::GemvPath p : paths()) {
+    std::vector<float> y(out);
+    cpu::gemv_quantized(y.data(), x.data(), {codes.data(), DType::I8, scales.data(), br, bc},
+                        static_cast<const float*>(nullptr), 1, in, out, p);
+    for (int64_t r = 0; r < out; ++r) {
+      double want = 0, mag = 0;
+      for (int64_t c = 0; c < in; ++c) {
+        const double v = double(codes[size_t(r * in + c)]) * scales[size_t((r / br) * sc + c / bc)] * x[size_t(c)];
+        want += v;
+        mag += std::abs(v);
+      }
+      ASSERT_NEAR(y[size_t(r)], want, 1e-6 * mag) << path_name(p) << " row " << r;
+    }
+  }
+}
+
 TEST(QuantizedGemv, BitwiseIndependentOfTheThreadCount) {
   const int64_t in = 640, out = 384;
   const QuantizedWeight q = quantize_weight(from(fd::random_vector<float>(in * out, 6), {out, in}), WeightQuant::Fp8Block);

@@ -18,21 +18,24 @@ int64_t scale_cols(const QuantizedRows& w, int64_t in_f) { return (in_f + w.bloc
 // product. With blocks along the row (128 x 128), x is multiplied by the band's block scales once per
 // band instead (each thread keeps its own scaled copy of the x rows, remade when its weight rows
 // enter the next band), so the inner loop stays the plain dot product of the codes. Each weight row
-// is read once for all the x rows [rows, in_f].
+// is read once for all the x rows [rows, in_f]; one x row (decode) takes the weight rows two at a
+// time where both lie in one band (gemv_dot.h's dot_pair).
 template <typename C, typename T, typename B>
 void gemv_rows(T* y, const float* x, const C* codes, const QuantizedRows& w, const B* bias, int64_t rows, int64_t in_f,
                int64_t out_f, bool simd) {
   const int64_t sc = scale_cols(w, in_f);
+  const int64_t step = rows == 1 ? 2 : 1;
 #pragma omp parallel if (out_f * in_f >= kParallelMin)
   {
     std::vector<float> xs(sc == 1 ? 0 : static_cast<size_t>(rows * in_f));
-    std::vector<float> dots(static_cast<size_t>(rows));
+    std::vector<float> dots(static_cast<size_t>(std::max<int64_t>(rows, 2)));
     int64_t band = -1;
-#pragma omp for schedule(static)
-    for (int64_t r = 0; r < out_f; ++r) {
-      const float* s = w.scale_inv + (r / w.block_rows) * sc;
-      if (sc != 1 && r / w.block_rows != band) {
+    // x for row r's band: x itself, or the band's scaled copy (remade on entering a new band).
+    const auto x_for = [&](int64_t r) -> const float* {
+      if (sc == 1) return x;
+      if (r / w.block_rows != band) {
         band = r / w.block_rows;
+        const float* s = w.scale_inv + band * sc;
         // Block by block: a division per element cost as much as the band's dot products.
         for (int64_t n = 0; n < rows; ++n)
           for (int64_t c0 = 0, b = 0; c0 < in_f; c0 += w.block_cols, ++b) {
@@ -40,19 +43,30 @@ void gemv_rows(T* y, const float* x, const C* codes, const QuantizedRows& w, con
             for (int64_t c = c0; c < c1; ++c) xs[static_cast<size_t>(n * in_f + c)] = x[n * in_f + c] * s[b];
           }
       }
+      return xs.data();
+    };
+    // Scale and bias as one explicit FMA, so that every path rounds alike (left to -ffp-contract,
+    // the inline one-row path and the row loop once contracted differently).
+    const auto emit = [&](int64_t n, int64_t r, float d) {
       const float b = bias ? static_cast<float>(load(bias[r])) : 0.0f;
-      // Scale and bias as one explicit FMA, so the inline one-row path and the row loop below round
-      // alike (left to -ffp-contract, the two contracted differently).
-      const auto emit = [&](int64_t n, float d) {
-        y[n * out_f + r] = store<T>(sc == 1 ? std::fma(s[0], d, b) : d + b);
-      };
-      const float* xr = sc == 1 ? x : xs.data();
-      if (rows == 1) {  // the common decode case, inline (see gemv_dot.h's dot)
-        emit(0, gemv_detail::dot(codes + r * in_f, xr, in_f, simd));
+      y[n * out_f + r] = store<T>(sc == 1 ? std::fma(w.scale_inv[r / w.block_rows], d, b) : d + b);
+    };
+    const auto one_row = [&](int64_t r) {
+      const float* xr = x_for(r);
+      if (rows == 1) return emit(0, r, gemv_detail::dot(codes + r * in_f, xr, in_f, simd));
+      gemv_detail::dot_rows(codes + r * in_f, xr, in_f, in_f, rows, dots.data(), simd);
+      for (int64_t n = 0; n < rows; ++n) emit(n, r, dots[static_cast<size_t>(n)]);
+    };
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < out_f; r += step) {
+      const bool pair = step == 2 && r + 1 < out_f && (sc == 1 || (r + 1) / w.block_rows == r / w.block_rows);
+      if (!pair) {
+        for (int64_t q = r; q < std::min(out_f, r + step); ++q) one_row(q);
         continue;
       }
-      gemv_detail::dot_rows(codes + r * in_f, xr, in_f, in_f, rows, dots.data(), simd);
-      for (int64_t n = 0; n < rows; ++n) emit(n, dots[static_cast<size_t>(n)]);
+      gemv_detail::dot_pair(codes + r * in_f, in_f, x_for(r), in_f, dots.data(), simd);
+      emit(0, r, dots[0]);
+      emit(0, r + 1, dots[1]);
     }
   }
 }
