@@ -35,7 +35,8 @@ InferenceModel load_inference_model(const std::string& model_dir, const std::str
 
 void add_inference_dtype_options(CLI::App* cmd, std::string& precision, std::string& weights_dtype) {
   cmd->add_option("--precision", precision,
-                  "Activations and weights in fp32, or bf16 (bf16 copies of the weights: half the bytes per token)")
+                  "Activations and weights in fp32, or bf16 (bf16 copies of the weights and a bf16 KV cache: half the "
+                  "bytes per token)")
       ->capture_default_str()
       ->check(CLI::IsMember({"fp32", "bf16"}));
   cmd->add_option("--weights-dtype", weights_dtype,

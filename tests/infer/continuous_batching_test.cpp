@@ -256,6 +256,33 @@ TEST_P(PagedModel, DecodingThroughPagesGivesTheContiguousCachesLogits) {
   }
 }
 
+// A bf16 model's contiguous cache (generate, speculative decoding) is bf16, as serve's pages are under
+// bf16 (half the bytes), with the paged decode's logits bitwise at every step: both round the new keys
+// and values to bf16 and attend in f32. Planted: the contiguous cache left f32 (caught: dtype and
+// logits).
+TEST_P(PagedModel, ABf16ModelsContiguousCacheIsBf16AndMatchesBf16Pages) {
+  models::TransformerModel m(tiny(GetParam()));
+  m.init_weights(5);
+  m.set_compute_dtype(DType::BF16);
+  m.refresh_compute_weights();
+  auto caches = m.new_kv_caches(1, 100);
+  EXPECT_EQ(caches[0].k.dtype(), m.config().is_mla() ? DType::F32 : DType::BF16);  // MLA's latent cache stays f32
+  if (m.config().is_mla()) return;
+  nn::PagedKVCache paged = m.new_paged_kv_cache(8, 64, DType::BF16);
+  nn::PagedSequence seq;
+  ASSERT_TRUE(paged.reserve(seq, 100));
+  const std::vector<int32_t> prompt = prompt_of(70, 3);
+  Tensor want = m.forward_cached(caches, ids(prompt)), got = m.forward_paged(paged, {&seq}, ids(prompt));
+  for (int step = 0; step < 20; ++step) {
+    ASSERT_EQ(want.nbytes(), got.nbytes());
+    ASSERT_EQ(std::memcmp(want.raw(), got.raw(), want.nbytes()), 0) << "step " << step;
+    const float* w = want.data<float>();
+    const auto next = static_cast<int32_t>(std::max_element(w, w + want.numel()) - w);
+    want = m.forward_cached(caches, ids({next}));
+    got = m.forward_paged(paged, {&seq}, ids({next}));
+  }
+}
+
 // FP8 KV heads: each decodes to within half an E4M3 quantum of its values (relative to the head's
 // largest, 2^-4), an all-zero head to zeros with scale 0.
 TEST(PagedKVCache, Fp8HeadsRoundTripWithinHalfAQuantum) {

@@ -108,6 +108,23 @@ TEST(DecodeAttention, EachOfSeveralQueriesHasTheBitsOfAOneTokenCall) {
     }
 }
 
+// A bf16 cache (a bf16 model's, nn/attention.cpp): f32 math on the widened elements, so the f32
+// kernel over the same rounded values gives the same result, to the order the vectorised dot
+// products sum in; k and v must share a dtype. Planted: values widened from the keys, caught.
+TEST(DecodeAttention, ABf16CacheIsTheF32KernelOverItsRoundedValues) {
+  for (const DecodeShape& s : kShapes) {
+    Inputs in = random_inputs(s, DType::F32, 17);
+    const Inputs bf16{in.qkv, in.k.to(DType::BF16), in.v.to(DType::BF16)};
+    const Inputs rounded{in.qkv, bf16.k.to(DType::F32), bf16.v.to(DType::F32)};
+    const Tensor got = decode(s, bf16, DType::F32), want = decode(s, rounded, DType::F32);
+    for (int64_t e = 0; e < got.numel(); ++e) {
+      ASSERT_TRUE(std::isfinite(at(got, e)));
+      ASSERT_NEAR(at(got, e), at(want, e), 1e-6) << "Hq " << s.Hq << " Tk " << s.Tk << " element " << e;
+    }
+    EXPECT_THROW(decode(s, {in.qkv, bf16.k, in.v}, DType::F32), Error);
+  }
+}
+
 // A NaN in one cached key reaches the query heads of its group only.
 TEST(DecodeAttention, NaNInAKeyReachesItsGroupOnly) {
   const DecodeShape s{1, 6, 3, 16, 90, 96};

@@ -70,7 +70,7 @@ void check_decoding(const nn::MlaConfig& config) {
   std::copy(v.begin(), v.end(), x.data<float>());
   auto ctx = f.mla->new_ctx();
   const Tensor full = f.mla->forward(*ctx, x, B, T);
-  nn::KVCache absorbed = f.mla->new_cache(B, 16), naive = f.mla->new_cache(B, 16);
+  nn::KVCache absorbed = f.mla->new_cache(B, 16, DType::F32), naive = f.mla->new_cache(B, 16, DType::F32);
   EXPECT_EQ(absorbed.k.shape(), (Shape{B, 16, config.kv_lora_rank + config.qk_pos_emb_head_dim}));
   EXPECT_FALSE(absorbed.v.defined()) << "the cache holds the latent, no values";
   for (auto [t0, len] : {std::pair<int64_t, int64_t>{0, 5}, {5, 1}, {6, 1}, {7, 1}, {8, 1}}) {
@@ -101,12 +101,12 @@ TEST(MultiLatentAttention, AbsorbedWeightsFollowTheCurrentWeights) {
   Tensor x = Tensor::empty({2, Fixture::C}, DType::F32, MemCategory::Other, "x");
   auto v = fd::random_vector<float>(static_cast<size_t>(x.numel()), 4, -1.0, 1.0);
   std::copy(v.begin(), v.end(), x.data<float>());
-  nn::KVCache c1 = f.mla->new_cache(2, 4);
+  nn::KVCache c1 = f.mla->new_cache(2, 4, DType::F32);
   f.mla->forward_cached(c1, x, 2, 1);
   float* w = f.mla->kv_up.weight.value.data<float>();
   for (int64_t i = 0; i < f.mla->kv_up.weight.value.numel(); ++i) w[i] *= -1.5f;
   f.mla->kv_up.weight.version++;
-  nn::KVCache c2 = f.mla->new_cache(2, 4), c3 = f.mla->new_cache(2, 4);
+  nn::KVCache c2 = f.mla->new_cache(2, 4, DType::F32), c3 = f.mla->new_cache(2, 4, DType::F32);
   EXPECT_LT(max_rel(f.mla->forward_cached(c2, x, 2, 1), f.mla->forward_cached_naive(c3, x, 2, 1)), 2e-6);
 }
 
@@ -114,7 +114,7 @@ TEST(MultiLatentAttention, RefusesWhatTheAbsorbedFormCannotFold) {
   Fixture f({.q_lora_rank = 12, .kv_lora_rank = 10, .qk_head_dim = 6, .qk_pos_emb_head_dim = 4, .v_head_dim = 5},
             /*bias=*/true);
   Tensor x = Tensor::zeros({2, Fixture::C}, DType::F32, MemCategory::Other, "x");
-  nn::KVCache c = f.mla->new_cache(2, 4);
+  nn::KVCache c = f.mla->new_cache(2, 4, DType::F32);
   try {
     f.mla->forward_cached(c, x, 2, 1);
     FAIL() << "a biased kv up-projection was folded";

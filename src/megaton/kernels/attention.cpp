@@ -137,11 +137,15 @@ void decode_attention(const ExecContext& ctx, const Tensor& out, TensorAt q, Ten
   expect_kv_heads(op, k, d, Tk, kv_batch_stride, kv_at, D.qk);
   expect_kv_heads(op, v, d, Tk, kv_batch_stride, kv_at, D.v);
   if (!ctx.device.is_cpu()) fail_no_backend(ctx, op);
-  expect_dtype(q.t.dtype(), op, {&out, &k.t, &v.t});
-  dispatch_cpu_float(q.t.dtype(), op, [&]<typename T>(T) {
-    cpu::decode_attention(out.data<T>(), q.t.data<T>() + q.offset, k.t.data<T>() + k.offset, v.t.data<T>() + v.offset,
+  expect_dtype(q.t.dtype(), op, {&out});
+  expect_dtype(k.t.dtype(), op, {&v.t});
+  const auto run = [&]<typename T, typename KV>(T, KV) {
+    cpu::decode_attention(out.data<T>(), q.t.data<T>() + q.offset, k.t.data<KV>() + k.offset, v.t.data<KV>() + v.offset,
                           B, Tq, Hq, Hkv, D, q_at, kv_at, scale, Tk, kv_batch_stride);
-  });
+  };
+  if (k.t.dtype() == DType::BF16 && q.t.dtype() == DType::F32) return run(float{}, BFloat16{});
+  expect_dtype(q.t.dtype(), op, {&k.t});
+  dispatch_cpu_float(q.t.dtype(), op, [&]<typename T>(T) { run(T{}, T{}); });
 }
 
 void paged_decode_attention(const ExecContext& ctx, const Tensor& out, TensorAt q, const Tensor& k_pages,

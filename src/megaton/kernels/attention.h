@@ -54,7 +54,8 @@ void attention_forward(const ExecContext& ctx, const Tensor& out, const Tensor& 
 // softmax, each kv head read once for all the query heads of its group). out [B*Tq, Hq*D] is
 // written; q by q_at, k and v by kv_at with batch rows kv_batch_stride elements apart. Equal to
 // attention_forward with Tlen Tq and pos_offset Tk - Tq, without the lse; each query has the bits
-// it would have as the only one (Tq 1, Tk its prefix); f32 / f64. D as in attention_forward: out
+// it would have as the only one (Tq 1, Tk its prefix); f32 / f64, k and v in q's dtype or bf16
+// under f32 q (a bf16 KV cache: f32 math on the widened elements). D as in attention_forward: out
 // is [B*Tq, Hq*D.v] (MLA's absorbed decoding: D {R + r, R}, v = k).
 void decode_attention(const ExecContext& ctx, const Tensor& out, TensorAt q, TensorAt k, TensorAt v, int64_t B,
                       int64_t Tq, int64_t Hq, int64_t Hkv, HeadDim D, HeadStrides q_at, HeadStrides kv_at, double scale,

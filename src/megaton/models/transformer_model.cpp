@@ -349,7 +349,7 @@ void TransformerModel::backward_weight(ModelCtx& ctx) {
 std::vector<nn::KVCache> TransformerModel::new_kv_caches(int64_t B, int64_t max_len) const {
   check_whole("incremental decoding");
   std::vector<nn::KVCache> caches;
-  for (const auto& l : layers_) caches.push_back(l->attention->new_cache(B, max_len));
+  for (const auto& l : layers_) caches.push_back(l->attention->new_cache(B, max_len, compute_dtype_));
   return caches;
 }
 
@@ -371,7 +371,7 @@ Tensor TransformerModel::logits(const Tensor& hidden) { return head_->logits(hid
 
 nn::KVCache TransformerModel::new_mtp_cache(int64_t B, int64_t max_len) const {
   if (mtp_.empty()) fail("model '", config_.name, "' has no multi-token prediction layers (mtp_num_layers 0)");
-  return mtp_.front()->block.attention->new_cache(B, max_len);
+  return mtp_.front()->block.attention->new_cache(B, max_len, compute_dtype_);
 }
 
 Tensor TransformerModel::mtp_forward_cached(nn::KVCache& cache, const Tensor& next, const Tensor& hidden) {

@@ -135,10 +135,11 @@ void SelfAttention::backward_weight(SublayerCtx& c) {
   qkv.backward_weight(ctx.qkv_ctx);
 }
 
-KVCache SelfAttention::new_cache(int64_t B, int64_t max_len) const {
+KVCache SelfAttention::new_cache(int64_t B, int64_t max_len, DType compute) const {
+  const DType dtype = compute == DType::BF16 ? DType::BF16 : DType::F32;
   KVCache c;
-  c.k = Tensor::zeros({B, max_len, shape_.kv_size()}, DType::F32, MemCategory::Activations, "kv_cache.k");
-  c.v = Tensor::zeros({B, max_len, shape_.kv_size()}, DType::F32, MemCategory::Activations, "kv_cache.v");
+  c.k = Tensor::zeros({B, max_len, shape_.kv_size()}, dtype, MemCategory::Activations, "kv_cache.k");
+  c.v = Tensor::zeros({B, max_len, shape_.kv_size()}, dtype, MemCategory::Activations, "kv_cache.v");
   return c;
 }
 
@@ -151,7 +152,8 @@ Tensor SelfAttention::forward_cached(KVCache& cache, const Tensor& x, int64_t B,
   // Viewed with one group per row, the fused rows' k (or v) heads form a column block of width D,
   // and so do the cache's kv heads: one block copy each appends every group's k or v head.
   const auto on = kernels::ExecContext::on(qkv_buf);
-  const Tensor groups = qkv_buf.view({B, T * G, shape_.group_size()});
+  // A bf16 cache takes the new keys and values rounded to bf16 (as serve's bf16 pages do).
+  const Tensor groups = as_dtype(qkv_buf, cache.k.dtype()).view({B, T * G, shape_.group_size()});
   const Tensor k_heads = cache.k.view({B, max_len * G, D}), v_heads = cache.v.view({B, max_len * G, D});
   kernels::copy_rows(on, {k_heads, cache.len * G, 0}, {groups, 0, shape_.k_offset()}, T * G, D);
   kernels::copy_rows(on, {v_heads, cache.len * G, 0}, {groups, 0, shape_.v_offset()}, T * G, D);
@@ -161,8 +163,8 @@ Tensor SelfAttention::forward_cached(KVCache& cache, const Tensor& x, int64_t B,
                               scale_, cache.len + T, max_len * ks);
   } else {
     Tensor lse = new_activation({B, shape_.heads, T}, qkv.weight.name + ".lse");
-    kernels::attention_forward(on, out, lse, qkv_buf, cache.k, cache.v, B, T, shape_.heads, G, D, fused_strides(),
-                               {ks, D}, scale_, cache.len, max_len * ks);
+    kernels::attention_forward(on, out, lse, qkv_buf, as_dtype(cache.k, DType::F32), as_dtype(cache.v, DType::F32), B,
+                               T, shape_.heads, G, D, fused_strides(), {ks, D}, scale_, cache.len, max_len * ks);
   }
   cache.len += T;
   LinearCtx proj_scratch;

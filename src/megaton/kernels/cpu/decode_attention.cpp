@@ -147,13 +147,13 @@ void attend_groups(T* out, const T* q, int64_t B, int64_t Tq, int64_t Hq, int64_
 
 }  // namespace
 
-template <typename T>
-void decode_attention(T* out, const T* q, const T* k, const T* v, int64_t B, int64_t Tq, int64_t Hq, int64_t Hkv,
+template <typename T, typename KV>
+void decode_attention(T* out, const T* q, const KV* k, const KV* v, int64_t B, int64_t Tq, int64_t Hq, int64_t Hkv,
                       HeadDim D, HeadStrides q_at, HeadStrides kv_at, double scale, int64_t Tk,
                       int64_t kv_batch_stride) {
-  attend_groups<T, T>(out, q, B, Tq, Hq, Hkv, D, q_at, kv_at.row, scale, [=](int64_t b, int64_t g) {
+  attend_groups<T, KV>(out, q, B, Tq, Hq, Hkv, D, q_at, kv_at.row, scale, [=](int64_t b, int64_t g) {
     const int64_t kv = b * kv_batch_stride + g * kv_at.group;
-    const auto at = [=](int64_t t0) { return KeyRun<T>{k + kv + t0 * kv_at.row, v + kv + t0 * kv_at.row, Tk - t0}; };
+    const auto at = [=](int64_t t0) { return KeyRun<KV>{k + kv + t0 * kv_at.row, v + kv + t0 * kv_at.row, Tk - t0}; };
     return std::pair{at, Tk};
   });
 }
@@ -181,10 +181,13 @@ void paged_decode_attention(T* out, const T* q, const KV* k_pages, const KV* v_p
   });
 }
 
-template void decode_attention<float>(float*, const float*, const float*, const float*, int64_t, int64_t, int64_t,
-                                      int64_t, HeadDim, HeadStrides, HeadStrides, double, int64_t, int64_t);
-template void decode_attention<double>(double*, const double*, const double*, const double*, int64_t, int64_t, int64_t,
-                                       int64_t, HeadDim, HeadStrides, HeadStrides, double, int64_t, int64_t);
+#define MEGATON_DECODE(T, KV)                                                                                   \
+  template void decode_attention<T, KV>(T*, const T*, const KV*, const KV*, int64_t, int64_t, int64_t, int64_t, \
+                                        HeadDim, HeadStrides, HeadStrides, double, int64_t, int64_t);
+MEGATON_DECODE(float, float)
+MEGATON_DECODE(double, double)
+MEGATON_DECODE(float, BFloat16)
+#undef MEGATON_DECODE
 #define MEGATON_PAGED_DECODE(T, KV)                                                                                   \
   template void paged_decode_attention<T, KV>(T*, const T*, const KV*, const KV*, int64_t, int64_t, int64_t, int64_t, \
                                               HeadDim, HeadStrides, HeadStrides, double, const int32_t*, int64_t,     \

@@ -15,9 +15,10 @@ namespace megaton::kernels::cpu {
 // itself and what precedes it), g = h / (Hq/Hkv); q and k heads hold D.qk elements, v heads D.v
 // (MLA's absorbed decoding: keys [c | k_rope], values c, the keys' first columns). q holds Tq
 // tokens per batch row, addressed by q_at (token rows q_at.row apart); k and v by kv_at (token t of
-// row b at b * kv_batch_stride + t * kv_at.row + g * kv_at.group). float or double.
-template <typename T>
-void decode_attention(T* out, const T* q, const T* k, const T* v, int64_t B, int64_t Tq, int64_t Hq, int64_t Hkv,
+// row b at b * kv_batch_stride + t * kv_at.row + g * kv_at.group). float or double; KV is T, or bf16
+// under float (a bf16 cache: each element widened as it is read).
+template <typename T, typename KV>
+void decode_attention(T* out, const T* q, const KV* k, const KV* v, int64_t B, int64_t Tq, int64_t Hq, int64_t Hkv,
                       HeadDim D, HeadStrides q_at, HeadStrides kv_at, double scale, int64_t Tk,
                       int64_t kv_batch_stride);
 
