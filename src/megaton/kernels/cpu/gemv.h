@@ -13,7 +13,8 @@
 
 namespace megaton::kernels::cpu {
 
-// Which inner loop (cpu/gemv_dot.h): Simd is AVX2 + FMA intrinsics (sixteen lanes wide on AVX-512), compiled where the build targets them
+// Which inner loop (cpu/gemv_dot.h): Simd is AVX2 + FMA (+ F16C) intrinsics (sixteen lanes wide on AVX-512), compiled
+// where the build targets them
 // (-march=native on an AVX2 machine, see MEGATON_NATIVE); Portable is plain C++ for any CPU.
 // Best picks Simd when it was compiled in. Tests run both.
 enum class GemvPath { Best, Simd, Portable };

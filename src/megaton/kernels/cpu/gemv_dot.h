@@ -2,7 +2,7 @@
 // cpu/gemv_quantized.cpp for 8-bit codes): one template per path over the stored weight type W, so
 // every weight format shares the same loops and the same association of the partial sums. What a
 // format adds is how one weight (load) or eight / sixteen (load8 / load16) widen to fp32.
-//   Portable: plain C++ for any CPU. Simd: AVX2 + FMA intrinsics, compiled where the
+//   Portable: plain C++ for any CPU. Simd: AVX2 + FMA (+ F16C, for E4M3) intrinsics, compiled where the
 //   build targets them (-march=native on such a CPU, MEGATON_GEMV_SIMD defined); on a CPU with
 //   AVX-512 (MEGATON_GEMV_AVX512) the same loops sixteen lanes wide: decode is bound by the widening
 //   instructions as much as by memory once weights are 8 or 16 bits, and half as many of them per
