@@ -281,6 +281,17 @@ TEST_P(PagedModel, ABf16ModelsContiguousCacheIsBf16AndMatchesBf16Pages) {
     want = m.forward_cached(caches, ids({next}));
     got = m.forward_paged(paged, {&seq}, ids({next}));
   }
+  // Two batch rows prefilled at once read each row's own keys (the flash path widens each row's
+  // prefix of the bf16 cache): row 1 as the one-row cache gives it, to the rounding of a GEMM over
+  // twice the rows (planted: every row's prefix taken from row 0, caught).
+  const std::vector<int32_t> second = prompt_of(70, 4);
+  std::vector<int32_t> both = prompt;
+  both.insert(both.end(), second.begin(), second.end());
+  auto two = m.new_kv_caches(2, 100), one = m.new_kv_caches(1, 100);
+  const Tensor rows = m.forward_cached(two, ids(both, 2)), alone = m.forward_cached(one, ids(second));
+  const int64_t V = alone.numel();
+  const Tensor row1 = rows.view({2 * V}).slice_rows(V, 2 * V).view({1, V});
+  EXPECT_LT(megaton::testing::relative_to_largest(row1, alone), 1e-2);
 }
 
 // FP8 KV heads: each decodes to within half an E4M3 quantum of its values (relative to the head's

@@ -135,6 +135,22 @@ void SelfAttention::backward_weight(SublayerCtx& c) {
   qkv.backward_weight(ctx.qkv_ctx);
 }
 
+namespace {
+
+// The first n positions of each batch row of a bf16 cache [B, max_len, cols], widened to f32 as
+// [B, n, cols] for the flash kernel: only what the new tokens attend over, not the cache's whole
+// capacity (a speculative verification of more than kDecodeRows tokens comes here every step).
+Tensor f32_prefix(const Tensor& cache, int64_t n) {
+  const int64_t B = cache.size(0), max_len = cache.size(1), cols = cache.size(2);
+  Tensor out = new_activation({B, n, cols}, cache.name() + ".f32");
+  const Tensor from = cache.view({B * max_len, cols}), to = out.view({B * n, cols});
+  for (int64_t b = 0; b < B; ++b)
+    to.slice_rows(b * n, (b + 1) * n).copy_from(from.slice_rows(b * max_len, b * max_len + n));
+  return out;
+}
+
+}  // namespace
+
 KVCache SelfAttention::new_cache(int64_t B, int64_t max_len, DType compute) const {
   const DType dtype = compute == DType::BF16 ? DType::BF16 : DType::F32;
   KVCache c;
@@ -163,8 +179,11 @@ Tensor SelfAttention::forward_cached(KVCache& cache, const Tensor& x, int64_t B,
                               scale_, cache.len + T, max_len * ks);
   } else {
     Tensor lse = new_activation({B, shape_.heads, T}, qkv.weight.name + ".lse");
-    kernels::attention_forward(on, out, lse, qkv_buf, as_dtype(cache.k, DType::F32), as_dtype(cache.v, DType::F32), B,
-                               T, shape_.heads, G, D, fused_strides(), {ks, D}, scale_, cache.len, max_len * ks);
+    const bool f32 = cache.k.dtype() == DType::F32;
+    const int64_t rows = f32 ? max_len : cache.len + T;  // the keys' positions per batch row, as passed
+    const Tensor k = f32 ? cache.k : f32_prefix(cache.k, rows), v = f32 ? cache.v : f32_prefix(cache.v, rows);
+    kernels::attention_forward(on, out, lse, qkv_buf, k, v, B, T, shape_.heads, G, D, fused_strides(), {ks, D}, scale_,
+                               cache.len, rows * ks);
   }
   cache.len += T;
   LinearCtx proj_scratch;
