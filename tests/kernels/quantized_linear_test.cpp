@@ -259,6 +259,54 @@ TEST(QuantizedLinear, AFewRowsAreTheOneRowGemvOfEach) {
   }
 }
 
+// A weight with one scale row per output row (as hf_format.cpp assembles one) is given one per band
+// where its rows share them: the widest power-of-two fraction of the asked band that fits, the same
+// values and bitwise the same GEMV output; rows whose scales differ anywhere keep per-row scales.
+TEST(QuantizedLinear, RowBandsKeepTheValuesAndTheGemvBits) {
+  const int64_t in = 300, out = 260;
+  const QuantizedWeight blocks =
+      quantize_weight(from(fd::random_vector<float>(in * out, 16), {out, in}), WeightQuant::Fp8Block);
+  // Per-row scales: 128-row blocks with rows swapped between the halves of each block stay 128-banded;
+  // blocks cut in 64-row halves and interleaved (as fused q / k / v heads are) band at 64.
+  const auto per_row = [&](auto source_row) {
+    QuantizedWeight w = blocks;
+    w.codes = Tensor::empty({out, in}, DType::F8E4M3, MemCategory::Other, "codes");
+    w.scale_inv = Tensor::empty({out, blocks.scale_inv.size(1)}, DType::F32, MemCategory::Other, "s");
+    w.block_rows = 1;
+    const int64_t sc = w.scale_inv.size(1);
+    for (int64_t r = 0; r < out; ++r) {
+      const int64_t from_row = source_row(r);
+      std::memcpy(static_cast<uint8_t*>(w.codes.raw()) + r * in,
+                  static_cast<const uint8_t*>(blocks.codes.raw()) + from_row * in, in);
+      std::memcpy(w.scale_inv.data<float>() + r * sc, blocks.scale_inv.data<float>() + (from_row / 128) * sc,
+                  sizeof(float) * sc);
+    }
+    return w;
+  };
+  const auto same = [](int64_t r) { return r; };
+  const auto halves = [](int64_t r) {  // 64-row halves of blocks 0 and 1 interleaved: 0a 1a 0b 1b
+    if (r >= 256) return r;
+    const int64_t half = r / 64;
+    return (half % 2) * 128 + (half / 2) * 64 + r % 64;
+  };
+  const auto x = fd::random_vector<float>(in, 17);
+  for (const auto& [w, band] : {std::pair{per_row(same), int64_t{128}}, std::pair{per_row(halves), int64_t{64}}}) {
+    const QuantizedWeight banded = with_row_bands(w, 128);
+    EXPECT_EQ(banded.block_rows, band);
+    EXPECT_EQ(banded.scale_inv.size(0), (out + band - 1) / band);
+    const Tensor a = dequantize_weight(banded), b = dequantize_weight(w);
+    EXPECT_EQ(std::memcmp(a.raw(), b.raw(), a.nbytes()), 0) << band;
+    std::vector<float> y(out), yb(out);
+    cpu::gemv_quantized(y.data(), x.data(), rows_of(w), static_cast<const float*>(nullptr), 1, in, out);
+    cpu::gemv_quantized(yb.data(), x.data(), rows_of(banded), static_cast<const float*>(nullptr), 1, in, out);
+    EXPECT_EQ(std::memcmp(y.data(), yb.data(), sizeof(float) * out), 0) << band;
+  }
+  QuantizedWeight odd = per_row(same);
+  odd.scale_inv.data<float>()[5 * odd.scale_inv.size(1) + 2] *= 2;  // one row's third block differs
+  EXPECT_EQ(with_row_bands(odd, 128).block_rows, 1);
+  EXPECT_EQ(with_row_bands(blocks, 64).block_rows, 128) << "a weight already banded is left as it is";
+}
+
 TEST(QuantizedLinear, ErrorsNameTheTensor) {
   auto v = fd::random_vector<float>(12, 11);
   v[5] = std::numeric_limits<float>::infinity();

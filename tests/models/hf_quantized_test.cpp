@@ -130,6 +130,11 @@ TEST_P(HfQuantized, StoresCodesAndScalesAndLoadsTheirValues) {
   }
   EXPECT_EQ(loaded.quantized.size(), static_cast<size_t>(gpt ? 4 * c.num_layers : 4 * c.num_layers + 1));
   for (const auto& [param, w] : loaded.quantized) {
+    // Rows that share their stored block's scales share one scale row again (kernels::with_row_bands):
+    // 128-row bands, or a head's rows in the fused qkv, whose heads of q, k and v alternate. int8's
+    // scales are per row. Planted (the banding skipped): caught.
+    const bool qkv = param->name.find("linear_qkv") != std::string::npos;
+    EXPECT_EQ(w->block_rows, q == WeightQuant::Int8Row ? 1 : qkv ? c.head_dim() : 128) << param->name;
     const Tensor values = kernels::dequantize_weight(*w);
     ASSERT_EQ(std::memcmp(values.raw(), param->value.raw(), values.nbytes()), 0) << param->name;
   }

@@ -112,6 +112,28 @@ Tensor dequantize_weight(const QuantizedWeight& w) {
   return t;
 }
 
+QuantizedWeight with_row_bands(QuantizedWeight w, int64_t max_band) {
+  if (w.block_rows != 1) return w;
+  const int64_t out = w.scale_inv.size(0), cols = w.scale_inv.size(1);
+  // Compared as bits: -0 / +0 and NaN payloads differ.
+  const auto* s = static_cast<const uint32_t*>(w.scale_inv.raw());
+  const auto uniform = [&](int64_t b) {
+    for (int64_t r = 0; r < out; ++r)
+      if (!std::equal(s + r * cols, s + (r + 1) * cols, s + (r - r % b) * cols)) return false;
+    return true;
+  };
+  int64_t band = max_band;
+  while (band > 1 && !uniform(band)) band /= 2;
+  if (band <= 1) return w;
+  const int64_t bands = (out + band - 1) / band;
+  Tensor banded = Tensor::empty({bands, cols}, DType::F32, w.scale_inv.category(), w.scale_inv.name());
+  for (int64_t b = 0; b < bands; ++b)
+    std::copy(s + b * band * cols, s + (b * band + 1) * cols, static_cast<uint32_t*>(banded.raw()) + b * cols);
+  w.scale_inv = std::move(banded);
+  w.block_rows = band;
+  return w;
+}
+
 void quantized_linear_forward(const ExecContext& ctx, const Tensor& out, const Tensor& x, const QuantizedWeight& w,
                               const Tensor& bias) {
   constexpr std::string_view op = "quantized_linear_forward";

@@ -33,6 +33,14 @@ QuantizedWeight quantize_weight(const Tensor& w, WeightQuant q);
 // The f32 values the codes stand for (tests, and the bound on the quantisation error).
 Tensor dequantize_weight(const QuantizedWeight& w);
 
+// w (one scale row per output row, block_rows 1) with its scales kept once per band of rows, the
+// widest of max_band, max_band / 2, ... (> 1) for which every row of each band carries bitwise the
+// same scales; w unchanged if none does. A weight assembled row by row from stored blocks
+// (hf_format.cpp) has per-row scales, and the fp8-block GEMV scales x once per band and pairs rows
+// only within one: per-row bands cost 110M-shape fp8-block decode a third of its speed. The fused
+// q / k / v interleaves 64-row heads of 128-row stored blocks: 64-row bands. Every value stays.
+QuantizedWeight with_row_bands(QuantizedWeight w, int64_t max_band);
+
 // out[N, out] = x[N, in] dequant(w)^T + bias: x and out f32 or bf16 alike, bias f32 or x's dtype
 // (or undefined).
 void quantized_linear_forward(const ExecContext& ctx, const Tensor& out, const Tensor& x, const QuantizedWeight& w,

@@ -538,11 +538,13 @@ Tensor hf_tensor(const Binding& b, const Tensor& full) {
 // A parameter's codes and scales in Megaton's layout, gathered from the stored tensors bound to its
 // rows. Each row keeps the scales of the stored block it came from (block_rows 1), so fused weights
 // (q / k / v, gate / up) whose parts have their own blocks, and RoPE's row permutation, need no
-// re-quantisation.
+// re-quantisation; once assembled, rows that still share their scales in bands of the stored block
+// height are given one scale row per band again (kernels::with_row_bands).
 struct RowAssembly {
   kernels::QuantizedWeight w;
   int64_t rows_filled = 0;
   bool codes_in_place = false;  // w.codes is a view of the mapped file (file_span): only scales to gather
+  int64_t out_block = 0;        // the stored blocks' height along Megaton's output rows; 1 if parts differ
 };
 
 void assemble_rows(RowAssembly& a, const Binding& b, const StoredQuantized& s, kernels::WeightQuant q,
@@ -561,6 +563,8 @@ void assemble_rows(RowAssembly& a, const Binding& b, const StoredQuantized& s, k
     fail(source, ": tensor '", b.hf_name, "' has blocks of ", block, " along its input, the other parts of ",
          b.param->name, " ", a.w.block_cols);
   }
+  const int64_t out_block = b.transpose ? s.block_cols : s.block_rows;
+  a.out_block = a.out_block == 0 || a.out_block == out_block ? out_block : 1;
   const int64_t rows = b.transpose ? s.codes.size(1) : s.codes.size(0);
   const auto* src = static_cast<const uint8_t*>(s.codes.raw());
   auto* codes = static_cast<uint8_t*>(a.w.codes.raw());
@@ -808,7 +812,8 @@ TransformerModel::StoredQuantizedWeights load_tensors(TransformerModel& model, c
       fail(source, ": ", param->name, " is stored partly quantised (", a.rows_filled, " of its ", param->value.size(0),
            " rows): all of a weight's tensors must be quantised, or none");
     if (as_codes.count(param)) param->value = a.w.codes;  // the same storage as the codes the kernels read
-    quantized.emplace(param, std::make_shared<const kernels::QuantizedWeight>(std::move(a.w)));
+    quantized.emplace(
+        param, std::make_shared<const kernels::QuantizedWeight>(kernels::with_row_bands(std::move(a.w), a.out_block)));
   }
   return quantized;
 }
