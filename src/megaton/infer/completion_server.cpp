@@ -1,9 +1,15 @@
 #include "megaton/infer/completion_server.h"
 
 #include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 #include <atomic>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
 #include <ctime>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "megaton/core/error.h"
@@ -220,11 +226,38 @@ CompletionServer::CompletionServer(models::TransformerModel& model, const data::
 
 CompletionServer::~CompletionServer() { stop(); }
 
+namespace {
+
+// Debian's cpp-httplib (a compiled 0.11.4) listens with a backlog of 5. Sixteen clients connecting
+// at once to a server on a loaded 2-core machine overflowed it (the kernel's ListenOverflows rose),
+// and now and then one of them read a closed connection, its request never handled. Linux lets a
+// listening socket's backlog be changed by calling listen() on it again; httplib keeps the socket
+// to itself, so it is found among this process's descriptors by its port.
+void widen_listen_backlog(int port) {
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+    const int fd = std::atoi(entry.path().filename().c_str());
+    int listening = 0;
+    socklen_t len = sizeof listening;
+    if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 || !listening) continue;
+    sockaddr_storage addr{};
+    socklen_t addr_len = sizeof addr;
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &addr_len) != 0) continue;
+    const in_port_t p = addr.ss_family == AF_INET6  ? reinterpret_cast<const sockaddr_in6&>(addr).sin6_port
+                        : addr.ss_family == AF_INET ? reinterpret_cast<const sockaddr_in&>(addr).sin_port
+                                                    : 0;
+    if (ntohs(p) == port && listen(fd, SOMAXCONN) != 0)
+      fail("serve: cannot widen the listen backlog of port ", port, ": ", std::strerror(errno));
+  }
+}
+
+}  // namespace
+
 int CompletionServer::bind() {
   const ServerOptions& o = impl_->options;
   const int port = o.port == 0 ? impl_->http.bind_to_any_port(o.host)
                                : (impl_->http.bind_to_port(o.host, o.port) ? o.port : -1);
   if (port < 0) fail("serve: cannot listen on ", o.host, ":", o.port, " (in use, or not an address of this machine)");
+  widen_listen_backlog(port);
   return port;
 }
 
