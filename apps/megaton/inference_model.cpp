@@ -2,6 +2,7 @@
 
 #include <chrono>
 
+#include "megaton/core/allocator.h"
 #include "megaton/core/error.h"
 #include "megaton/models/hf_format.h"
 
@@ -25,6 +26,7 @@ InferenceModel load_inference_model(const std::string& model_dir, const std::str
   else if (folder.quantization)
     m.model->install_quantized_weights(*folder.quantization, folder.quantized);
   m.model->set_compute_dtype(precision == "bf16" ? DType::BF16 : DType::F32);
+  Allocator::host().empty_cache();  // the values quantisation or bf16 replaced
   m.tokenizer = data::make_tokenizer(tokenizer_spec);
   m.load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (m.tokenizer->vocab_size() > m.model->config().vocab_size)

@@ -363,7 +363,19 @@ TEST_P(QuantizedDecode, EqualsItsOwnForwardsArgmaxAndTheDequantisedModel) {
   const auto [preset, q] = GetParam();
   models::TransformerModel fp32(tiny(preset)), dequantised(tiny(preset)), m(tiny(preset));
   for (auto* model : {&fp32, &dequantised, &m}) model->init_weights(5);
+  const auto params_live = [] { return Allocator::host().stats().live[static_cast<size_t>(MemCategory::Params)]; };
+  const size_t before = params_live();
   m.quantize_weights(q);
+  // Each quantised weight but a tied head (the embedding's too) is held as its codes alone: its
+  // fp32 value is freed, 3 of every 4 bytes, and f32_values reads what the codes stand for.
+  size_t codes = 0;
+  for (nn::Parameter* p : m.quantizable_weights()) {
+    if (m.config().tie_embeddings && p == &m.head().weight()) continue;
+    EXPECT_TRUE(p->value.shares_storage_with(p->quantized->codes)) << p->name;
+    EXPECT_EQ(relative_to_largest(nn::f32_values(*p), kernels::dequantize_weight(*p->quantized)), 0.0) << p->name;
+    codes += static_cast<size_t>(p->value.numel());
+  }
+  EXPECT_LE(params_live() + 2 * codes, before);
   const GreedyRun run = greedy_run(m);
   const auto& generated = run.generated;
   const auto& seq = run.seq;

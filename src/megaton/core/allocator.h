@@ -49,7 +49,7 @@ class Allocator {
   void deallocate(void* p, size_t bytes, MemCategory cat);
   MemStats stats() const;
   void reset_peaks();  // also restarts the `allocated` counts
-  // Hands the caching pool's free blocks back to the device (nothing on the host).
+  // Hands the free blocks back: the caching pool's to the device, the C library's to the system (host).
   void empty_cache();
 
  private:

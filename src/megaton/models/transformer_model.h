@@ -95,9 +95,10 @@ class TransformerModel {
   void set_fusion(const nn::FusionConfig& config);
   // Inference with 8-bit weights (kernels/quantized_linear.h): from now on every transformer layer's
   // linears and the output head read int8 / FP8 codes with block scales, and their compute copies
-  // are dropped (a tied head's is the embedding's, which stays). The embedding lookup, norms, the MoE
-  // router and routed experts keep the compute dtype; the fp32 main weights stay. Forward only;
-  // refused under tensor or pipeline parallelism.
+  // are dropped (a tied head's is the embedding's, which stays), and so are their main weights: each
+  // such weight's value becomes its codes (nn::f32_values dequantises them). The embedding lookup,
+  // norms, the MoE router and routed experts keep the compute dtype. Forward only; refused under
+  // tensor or pipeline parallelism.
   void quantize_weights(kernels::WeightQuant q) { install_quantized_weights(q, {}); }
   // The same with the weights a quantised HF folder stored (models/hf_quantized.h), keyed by
   // parameter; a weight not among them (a tied head) is quantised to q from its main weight.
