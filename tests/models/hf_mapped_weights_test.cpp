@@ -207,8 +207,12 @@ TEST_P(Bf16OnlyFolder, HoldsNoF32GemmWeightsAndComputesTheSame) {
   }
   // A bf16 file's tensors in the run's layout that start on a cache line are views of it; an f32
   // file's are rounded into fresh memory.
-  if (file_dtype == DType::BF16 && preset == "llama-tiny") EXPECT_GT(lent, 0);
-  if (file_dtype == DType::F32) EXPECT_EQ(lent, 0);
+  if (file_dtype == DType::BF16 && preset == "llama-tiny") {
+    EXPECT_GT(lent, 0);
+  }
+  if (file_dtype == DType::F32) {
+    EXPECT_EQ(lent, 0);
+  }
 
   const double loss = loss_of(*held.model, dir.file("data"));
   EXPECT_TRUE(std::isfinite(loss));
@@ -223,7 +227,9 @@ TEST_P(Bf16OnlyFolder, HoldsNoF32GemmWeightsAndComputesTheSame) {
   const std::vector<int32_t> prompt = {5, 17, 3};
   const auto ids = infer::generate(*held.model, prompt, o);
   EXPECT_EQ(ids.size(), 12u);
-  if (file_dtype == DType::BF16 || preset == "llama-tiny") EXPECT_EQ(ids, infer::generate(*copied.model, prompt, o));
+  if (file_dtype == DType::BF16 || preset == "llama-tiny") {
+    EXPECT_EQ(ids, infer::generate(*copied.model, prompt, o));
+  }
   nn::refresh_compute_copies(held.model->parameters());  // nothing to copy: the copies are the values
   EXPECT_EQ(loss_of(*held.model, dir.file("data")), loss);
 
