@@ -119,6 +119,21 @@ TEST(Calibrate, RefusesDtypesItCannotMeasure) {
   EXPECT_THROW(calibrate_device(o), Error);
 }
 
+// Each timed kernel call takes operands no earlier call left in the caches: the copies span
+// kColdOperandBytes, and no more copies than that takes.
+TEST(Calibrate, ColdOperandCopiesSpanTheColdBytesAndNoMore) {
+  for (double bytes : {1.0, 4096.0, 3e6, kColdOperandBytes - 1, kColdOperandBytes, 5e8}) {
+    const int64_t n = cold_operand_copies(bytes);
+    EXPECT_GE(n, 1) << bytes;
+    EXPECT_GE(double(n) * bytes, kColdOperandBytes) << bytes;
+    if (n > 1) {
+      EXPECT_LT(double(n - 1) * bytes, kColdOperandBytes) << bytes;
+    }
+  }
+  EXPECT_EQ(cold_operand_copies(5e8), 1);
+  EXPECT_THROW(cold_operand_copies(0), Error);
+}
+
 void expect_terms(Collective c, int64_t ranks, double latency_steps, double byte_factor) {
   const CollectiveTerms t = collective_terms(c, ranks);
   EXPECT_DOUBLE_EQ(t.latency_steps, latency_steps) << collective_name(c) << " over " << ranks;

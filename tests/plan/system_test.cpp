@@ -75,9 +75,11 @@ TEST(CollectiveCost, RingFormulas) {
   EXPECT_DOUBLE_EQ(collective_time(Collective::AllReduce, link, 1, 1e6), 0.0);
 }
 
-TEST(System, TheCalibratedCpuSystemShippedInConfigsLoads) {
-  const SystemSpec s = load_system(std::string(MEGATON_SOURCE_DIR) + "/configs/systems/cpu-epyc-2core.toml");
-  EXPECT_EQ(s.source, "calibrated");
-  EXPECT_GT(s.gemm.size(), 20u);
-  EXPECT_GT(s.peak("f32"), 0.0);
+TEST(System, TheCalibratedCpuSystemsShippedInConfigsLoad) {
+  for (const char* file : {"cpu-epyc-2core.toml", "cpu-xeon-2core.toml"}) {
+    const SystemSpec s = load_system(std::string(MEGATON_SOURCE_DIR) + "/configs/systems/" + file);
+    EXPECT_EQ(s.source, "calibrated") << file;
+    EXPECT_GT(s.gemm.size(), 20u) << file;
+    EXPECT_GT(s.peak("f32"), 0.0) << file;
+  }
 }

@@ -100,6 +100,7 @@ void measure_until(const std::vector<Item>& items, Clock::time_point deadline, F
 // What `quick` shrinks: the shapes and sizes, and how long each figure is sampled.
 struct Sizes {
   double target_s;               // per figure
+  double cold_bytes;             // the operand copies of a GEMM or attention point span (cold_operand_copies)
   std::vector<int64_t> squares;  // n of the n x n x n GEMMs that look for the peak
   std::vector<int64_t> grid_m, grid_nk;
   std::vector<int64_t> attention_seq, attention_head_dim;
@@ -108,19 +109,22 @@ struct Sizes {
 };
 
 Sizes sizes_for(bool quick) {
-  if (quick) return {2e-3, {256, 512}, {128, 512}, {64, 256}, {128, 256}, {64}, int64_t{1} << 16, 512};
+  if (quick) return {2e-3, 4.0 * (1 << 20), {256, 512}, {128, 512}, {64, 256}, {128, 256}, {64}, int64_t{1} << 16, 512};
   return {2e-2,
+          kColdOperandBytes,
           {512, 1024, 2048, 4096, 8192},
           {128, 512, 2048, 8192, 16384},
-          {64, 256, 1024, 4096, 8192},
-          {128, 256, 512, 1024, 2048, 4096},  // small models train at short sequences and small heads:
-          {16, 32, 64, 128},                  // their attention is far from the large shapes' efficiency
+          {8, 24, 64, 256, 1024, 4096, 8192},  // from a router's n (experts) and MLA's small ranks up
+          {128, 256, 512, 1024, 2048, 4096},   // small models train at short sequences and small heads:
+          {16, 32, 64, 128},                   // their attention is far from the large shapes' efficiency
           int64_t{1} << 25,
           32768};
 }
 
 // The hidden size of the memory-bound ops' rows (their rate hardly depends on it).
 constexpr int64_t kHidden = 2048;
+
+constexpr double kF32 = sizeof(float);
 
 // Fills an f32 tensor with values in [-1, 1) from a hash of (seed, index): never constants or zeros
 // (those can run faster than real data), and cheap enough for operands of a gigabyte.
@@ -179,12 +183,27 @@ struct GemmShape {
   double flops() const { return gemm_flops(double(m), double(n), double(k)); }
 };
 
-// FLOP/s of out[m, n] = x[m, k] w[n, k]^T through kernels::linear_forward, the dispatch training runs.
-double gemm_rate(DType dtype, const GemmShape& s, double target_s) {
-  const Tensor x = random_tensor({s.m, s.k}, dtype, 1, "calibrate.x");
-  const Tensor w = random_tensor({s.n, s.k}, dtype, 2, "calibrate.w");
-  const Tensor y = Tensor::empty({s.m, s.n}, dtype, MemCategory::Workspace, "calibrate.y");
-  return s.flops() / sample_seconds([&] { kernels::linear_forward({}, y, x, w, Tensor{}); }, target_s);
+// FLOP/s of out[m, n] = x[m, k] w[n, k]^T through kernels::linear_forward, the dispatch training
+// runs, on cold operands.
+double gemm_rate(DType dtype, const GemmShape& s, const Sizes& z) {
+  const double bytes = double(s.m * s.k + s.n * s.k + s.m * s.n) * double(dtype_size(dtype));
+  struct Operands {
+    Tensor x, w, y;
+  };
+  std::vector<Operands> copies;
+  for (int64_t c = 0, n = cold_operand_copies(bytes, z.cold_bytes); c < n; ++c) {
+    const uint64_t seed = 2 * static_cast<uint64_t>(c);
+    copies.push_back({random_tensor({s.m, s.k}, dtype, seed + 1, "calibrate.x"),
+                      random_tensor({s.n, s.k}, dtype, seed + 2, "calibrate.w"),
+                      Tensor::empty({s.m, s.n}, dtype, MemCategory::Workspace, "calibrate.y")});
+  }
+  size_t next = 0;
+  return s.flops() / sample_seconds(
+                         [&] {
+                           const Operands& o = copies[next++ % copies.size()];
+                           kernels::linear_forward({}, o.y, o.x, o.w, Tensor{});
+                         },
+                         z.target_s);
 }
 
 std::vector<GemmShape> square_shapes(const Sizes& z) {
@@ -213,7 +232,7 @@ struct GemmRate {
 void time_gemms(const std::string& dtype, const Sizes& z, Budget& budget, double share, std::vector<GemmRate>& rates) {
   const auto flops = [](const GemmShape& s) { return s.flops(); };
   const auto measure = [&](const GemmShape& s) {
-    rates.push_back({dtype, s, gemm_rate(gemm_dtype(dtype), s, z.target_s)});
+    rates.push_back({dtype, s, gemm_rate(gemm_dtype(dtype), s, z)});
     return rates.back().flops_per_s;
   };
   measure_until(square_shapes(z), budget.next_section(kPeakShare * share), flops, measure);
@@ -236,27 +255,39 @@ struct AttentionRate {
 };
 
 // Forward and backward of `heads` heads of one sequence, q, k and v in place in a fused QKV tensor
-// as nn/attention.cpp lays them out (Megatron's [q | k | v] block per head here: Hq = Hkv).
-AttentionRate attention_rate(const AttentionShape& a, int64_t heads, double target_s) {
+// as nn/attention.cpp lays them out (Megatron's [q | k | v] block per head here: Hq = Hkv), on cold
+// operands.
+AttentionRate attention_rate(const AttentionShape& a, int64_t heads, const Sizes& z) {
   const int64_t T = a.seq, D = a.head_dim, qkv_size = 3 * heads * D;
-  const Tensor qkv = random_tensor({T, qkv_size}, DType::F32, 3, "calibrate.qkv");
-  const Tensor dout = random_tensor({T, heads * D}, DType::F32, 4, "calibrate.dout");
-  const Tensor out = workspace({T, heads * D}, "calibrate.out"), lse = workspace({1, heads, T}, "calibrate.lse");
-  const Tensor dqkv = workspace({T, qkv_size}, "calibrate.dqkv");
+  struct Operands {
+    Tensor qkv, dout, out, lse, dqkv;
+  };
+  std::vector<Operands> copies;
+  const double bytes = kF32 * double(T) * double(3 * qkv_size + 2 * heads * D + heads);
+  for (int64_t c = 0, n = cold_operand_copies(bytes, z.cold_bytes); c < n; ++c) {
+    const uint64_t seed = 2 * static_cast<uint64_t>(c);
+    copies.push_back({random_tensor({T, qkv_size}, DType::F32, seed + 3, "calibrate.qkv"),
+                      random_tensor({T, heads * D}, DType::F32, seed + 4, "calibrate.dout"),
+                      workspace({T, heads * D}, "calibrate.out"), workspace({1, heads, T}, "calibrate.lse"),
+                      workspace({T, qkv_size}, "calibrate.dqkv")});
+  }
   const kernels::HeadStrides at{qkv_size, 3 * D};
   const double scale = 1.0 / std::sqrt(double(D));
   const kernels::ExecContext ctx;
-  const double forward_s = sample_seconds(
-      [&] {
-        kernels::attention_forward(ctx, out, lse, qkv, {qkv, D}, {qkv, 2 * D}, 1, T, heads, heads, D, at, at, scale);
-      },
-      target_s);
+  const auto forward = [&](const Operands& o) {
+    kernels::attention_forward(ctx, o.out, o.lse, o.qkv, {o.qkv, D}, {o.qkv, 2 * D}, 1, T, heads, heads, D, at, at,
+                               scale);
+  };
+  size_t next = 0;
+  const double forward_s = sample_seconds([&] { forward(copies[next++ % copies.size()]); }, z.target_s);
+  for (const Operands& o : copies) forward(o);  // every copy's out and lse, as the backward reads them
   const double backward_s = sample_seconds(
       [&] {
-        kernels::attention_backward(ctx, dqkv, {dqkv, D}, {dqkv, 2 * D}, dout, out, lse, qkv, {qkv, D}, {qkv, 2 * D}, 1,
-                                    T, heads, heads, D, at, at, scale);
+        const Operands& o = copies[next++ % copies.size()];
+        kernels::attention_backward(ctx, o.dqkv, {o.dqkv, D}, {o.dqkv, 2 * D}, o.dout, o.out, o.lse, o.qkv, {o.qkv, D},
+                                    {o.qkv, 2 * D}, 1, T, heads, heads, D, at, at, scale);
       },
-      target_s);
+      z.target_s);
   return {a, double(heads) * a.flops(false) / forward_s, double(heads) * a.flops(true) / backward_s};
 }
 
@@ -272,7 +303,7 @@ std::vector<AttentionRate> time_attention(const Sizes& z, Clock::time_point dead
                    [&](const AttentionShape& a, const AttentionShape& b) { return flops(a) < flops(b); });
   std::vector<AttentionRate> rates;
   measure_until(shapes, deadline, flops, [&](const AttentionShape& a) {
-    rates.push_back(attention_rate(a, heads, z.target_s));
+    rates.push_back(attention_rate(a, heads, z));
     const AttentionRate& r = rates.back();
     const double seconds = double(heads) * (a.flops(false) / r.forward + a.flops(true) / r.backward);
     return flops(a) / seconds;
@@ -353,7 +384,6 @@ struct Traffic {
   double rate() const { return bytes / seconds; }
 };
 
-constexpr double kF32 = sizeof(float);
 constexpr double kEps = 1e-5;
 
 // LayerNorm and RMSNorm; backward is the input and the weight gradient, which training runs together.
@@ -611,6 +641,11 @@ std::string device_description(const CalibrateOptions& o, const StreamRates& str
 }
 
 }  // namespace
+
+int64_t cold_operand_copies(double bytes_per_copy, double cold_bytes) {
+  MEGATON_CHECK(bytes_per_copy > 0, "cold_operand_copies: bytes per copy must be positive, not ", bytes_per_copy);
+  return std::max<int64_t>(1, static_cast<int64_t>(std::ceil(cold_bytes / bytes_per_copy)));
+}
 
 SystemSpec calibrate_device(const CalibrateOptions& o) {
   check_dtypes(o.dtypes);
