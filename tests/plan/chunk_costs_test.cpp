@@ -89,3 +89,29 @@ TEST(ChunkCosts, MoeExpertsSplitOverExpertParallelRanksAndPayForTheirAllToAll) {
   EXPECT_GT(two.forward.comm_s, 0.0);
   EXPECT_EQ(one.forward.comm_s, 0.0);
 }
+
+// The engine overlaps one token transfer per direction with the shared expert (the dispatch in F,
+// the combine's backward in B) and waits for the other and for the forward's swap of the counts.
+// mixtral-tiny: 4 MoE layers, C 192, top-2 of 8 experts; f32 tokens.
+TEST(ChunkCosts, SharedExpertHidesOneTokenTransferPerDirection) {
+  const SystemSpec s = *shipped_system("h100");
+  const double layers = 4, slots = 2 * 64 * 2, C = 192;
+  const GroupShape ep{2, 1};
+  const double a2a = collective_seconds(s, Collective::AllToAll, ep, slots * C * 4.0);
+  const double counts = collective_seconds(s, Collective::AllToAll, ep, 8.0 * 8);
+  const std::vector<std::string> moe = {"model.preset=\"mixtral-tiny\"", "ep=2"};
+  // No shared expert: both transfers of each direction are waited for.
+  const ChunkCost bare = whole_model(config(moe, 2), s);
+  EXPECT_NEAR(bare.forward.comm_s, layers * (counts + 2 * a2a), 1e-12);
+  EXPECT_NEAR(bare.backward_input.comm_s, layers * 2 * a2a, 1e-12);
+  // A shared expert far longer than a transfer hides exactly one of them.
+  std::vector<std::string> shared = moe;
+  shared.push_back("model.moe_shared_expert_intermediate_size=65536");
+  const ChunkCost hidden = whole_model(config(shared, 2), s);
+  EXPECT_NEAR(hidden.forward.comm_s, layers * (counts + a2a), 1e-12);
+  EXPECT_NEAR(hidden.backward_input.comm_s, layers * a2a, 1e-12);
+  // Without the overlap nothing hides.
+  shared.push_back("model.moe_shared_expert_overlap=false");
+  const ChunkCost waited = whole_model(config(shared, 2), s);
+  EXPECT_NEAR(waited.forward.comm_s, layers * (counts + 2 * a2a), 1e-12);
+}

@@ -280,21 +280,24 @@ void moe_mlp(Ledger& L, const Shapes& sh) {
   Ledger shared(c, L.system());
   if (moe.moe_shared_expert_intermediate_size > 0)
     dense_mlp(shared, sh, double(moe.moe_shared_expert_intermediate_size), true);
-  const bool overlap = moe.moe_shared_expert_overlap;
+  // Of the two token transfers of each direction the engine overlaps one with the shared expert
+  // (token_dispatcher.cpp: the dispatch in F, the combine's backward in B) and waits for the other
+  // (the combine in F, the dispatch's backward in B); the forward first swaps the counts, blocking.
   if (ep > 1) {
-    const double bytes = slots * C * sh.elem;
-    for (Phase p : {F, B}) {
-      double travel = 0;
-      if (moe.moe_token_dispatcher_type == "alltoall") {
-        travel = 2.0 * collective_seconds(L.system(), Collective::AllToAll, gr.ep, bytes) +
-                 collective_seconds(L.system(), Collective::AllGather, gr.ep, ep * 8.0 * E);  // the counts
-      } else {  // allgather: tokens, slots and probs gathered; partial outputs reduce-scattered in f32
-        travel = collective_seconds(L.system(), Collective::AllGather, gr.ep, ep * sh.rows / sh.tp * C * sh.elem) +
-                 collective_seconds(L.system(), Collective::ReduceScatter, gr.ep, ep * sh.rows / sh.tp * C * 4.0);
-      }
-      const double hidden = overlap ? shared.at(p).seconds() : 0.0;
-      L.at(p).comm_s += std::max(0.0, travel - hidden);
+    const double hidden = moe.moe_shared_expert_overlap ? shared.at(F).seconds() : 0.0;
+    const double hidden_b = moe.moe_shared_expert_overlap ? shared.at(B).seconds() : 0.0;
+    const double rows = sh.rows / sh.tp;
+    double overlapped = 0, waited = 0, counts = 0;
+    if (moe.moe_token_dispatcher_type == "alltoall") {
+      overlapped = waited = collective_seconds(L.system(), Collective::AllToAll, gr.ep, slots * C * sh.elem);
+      counts = collective_seconds(L.system(), Collective::AllToAll, gr.ep, 8.0 * E);
+    } else {  // allgather: tokens gathered (and slots and probs, blocking); partial outputs reduce-scattered in f32
+      overlapped = collective_seconds(L.system(), Collective::AllGather, gr.ep, ep * rows * C * sh.elem);
+      waited = collective_seconds(L.system(), Collective::ReduceScatter, gr.ep, ep * rows * C * 4.0);
+      counts = 2.0 * collective_seconds(L.system(), Collective::AllGather, gr.ep, ep * rows * k * 4.0);
     }
+    L.at(F).comm_s += counts + waited + std::max(0.0, overlapped - hidden);
+    L.at(B).comm_s += waited + std::max(0.0, overlapped - hidden_b);
   }
   // Without sequence parallelism each tp rank's block of outputs (and input gradients) is gathered.
   if (!sh.sp && sh.tp > 1) {
