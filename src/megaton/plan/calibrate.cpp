@@ -183,24 +183,40 @@ struct GemmShape {
   double flops() const { return gemm_flops(double(m), double(n), double(k)); }
 };
 
+// Copies of a kernel's operands spanning z.cold_bytes (cold_operand_copies), each made by
+// make(seed) with seeds apart by 2 between copies, taken in turn: each call finds the ones it reads
+// out of the caches.
+template <typename T>
+class OperandCycle {
+ public:
+  template <typename Make>
+  OperandCycle(double bytes_per_copy, const Sizes& z, Make make) {
+    for (int64_t c = 0, n = cold_operand_copies(bytes_per_copy, z.cold_bytes); c < n; ++c)
+      copies_.push_back(make(2 * static_cast<uint64_t>(c)));
+  }
+  const T& next() { return copies_[next_++ % copies_.size()]; }
+  const std::vector<T>& all() const { return copies_; }
+
+ private:
+  std::vector<T> copies_;
+  size_t next_ = 0;
+};
+
 // FLOP/s of out[m, n] = x[m, k] w[n, k]^T through kernels::linear_forward, the dispatch training
 // runs, on cold operands.
 double gemm_rate(DType dtype, const GemmShape& s, const Sizes& z) {
-  const double bytes = double(s.m * s.k + s.n * s.k + s.m * s.n) * double(dtype_size(dtype));
   struct Operands {
     Tensor x, w, y;
   };
-  std::vector<Operands> copies;
-  for (int64_t c = 0, n = cold_operand_copies(bytes, z.cold_bytes); c < n; ++c) {
-    const uint64_t seed = 2 * static_cast<uint64_t>(c);
-    copies.push_back({random_tensor({s.m, s.k}, dtype, seed + 1, "calibrate.x"),
-                      random_tensor({s.n, s.k}, dtype, seed + 2, "calibrate.w"),
-                      Tensor::empty({s.m, s.n}, dtype, MemCategory::Workspace, "calibrate.y")});
-  }
-  size_t next = 0;
+  const double bytes = double(s.m * s.k + s.n * s.k + s.m * s.n) * double(dtype_size(dtype));
+  OperandCycle<Operands> operands(bytes, z, [&](uint64_t seed) {
+    return Operands{random_tensor({s.m, s.k}, dtype, seed + 1, "calibrate.x"),
+                    random_tensor({s.n, s.k}, dtype, seed + 2, "calibrate.w"),
+                    Tensor::empty({s.m, s.n}, dtype, MemCategory::Workspace, "calibrate.y")};
+  });
   return s.flops() / sample_seconds(
                          [&] {
-                           const Operands& o = copies[next++ % copies.size()];
+                           const Operands& o = operands.next();
                            kernels::linear_forward({}, o.y, o.x, o.w, Tensor{});
                          },
                          z.target_s);
@@ -262,15 +278,13 @@ AttentionRate attention_rate(const AttentionShape& a, int64_t heads, const Sizes
   struct Operands {
     Tensor qkv, dout, out, lse, dqkv;
   };
-  std::vector<Operands> copies;
   const double bytes = kF32 * double(T) * double(3 * qkv_size + 2 * heads * D + heads);
-  for (int64_t c = 0, n = cold_operand_copies(bytes, z.cold_bytes); c < n; ++c) {
-    const uint64_t seed = 2 * static_cast<uint64_t>(c);
-    copies.push_back({random_tensor({T, qkv_size}, DType::F32, seed + 3, "calibrate.qkv"),
-                      random_tensor({T, heads * D}, DType::F32, seed + 4, "calibrate.dout"),
-                      workspace({T, heads * D}, "calibrate.out"), workspace({1, heads, T}, "calibrate.lse"),
-                      workspace({T, qkv_size}, "calibrate.dqkv")});
-  }
+  OperandCycle<Operands> operands(bytes, z, [&](uint64_t seed) {
+    return Operands{random_tensor({T, qkv_size}, DType::F32, seed + 3, "calibrate.qkv"),
+                    random_tensor({T, heads * D}, DType::F32, seed + 4, "calibrate.dout"),
+                    workspace({T, heads * D}, "calibrate.out"), workspace({1, heads, T}, "calibrate.lse"),
+                    workspace({T, qkv_size}, "calibrate.dqkv")};
+  });
   const kernels::HeadStrides at{qkv_size, 3 * D};
   const double scale = 1.0 / std::sqrt(double(D));
   const kernels::ExecContext ctx;
@@ -278,12 +292,11 @@ AttentionRate attention_rate(const AttentionShape& a, int64_t heads, const Sizes
     kernels::attention_forward(ctx, o.out, o.lse, o.qkv, {o.qkv, D}, {o.qkv, 2 * D}, 1, T, heads, heads, D, at, at,
                                scale);
   };
-  size_t next = 0;
-  const double forward_s = sample_seconds([&] { forward(copies[next++ % copies.size()]); }, z.target_s);
-  for (const Operands& o : copies) forward(o);  // every copy's out and lse, as the backward reads them
+  const double forward_s = sample_seconds([&] { forward(operands.next()); }, z.target_s);
+  for (const Operands& o : operands.all()) forward(o);  // every copy's out and lse, as the backward reads them
   const double backward_s = sample_seconds(
       [&] {
-        const Operands& o = copies[next++ % copies.size()];
+        const Operands& o = operands.next();
         kernels::attention_backward(ctx, o.dqkv, {o.dqkv, D}, {o.dqkv, 2 * D}, o.dout, o.out, o.lse, o.qkv, {o.qkv, D},
                                     {o.qkv, 2 * D}, 1, T, heads, heads, D, at, at, scale);
       },

@@ -284,8 +284,7 @@ void moe_mlp(Ledger& L, const Shapes& sh) {
   // (token_dispatcher.cpp: the dispatch in F, the combine's backward in B) and waits for the other
   // (the combine in F, the dispatch's backward in B); the forward first swaps the counts, blocking.
   if (ep > 1) {
-    const double hidden = moe.moe_shared_expert_overlap ? shared.at(F).seconds() : 0.0;
-    const double hidden_b = moe.moe_shared_expert_overlap ? shared.at(B).seconds() : 0.0;
+    const auto hidden = [&](Phase p) { return moe.moe_shared_expert_overlap ? shared.at(p).seconds() : 0.0; };
     const double rows = sh.rows / sh.tp;
     double overlapped = 0, waited = 0, counts = 0;
     if (moe.moe_token_dispatcher_type == "alltoall") {
@@ -296,8 +295,8 @@ void moe_mlp(Ledger& L, const Shapes& sh) {
       waited = collective_seconds(L.system(), Collective::ReduceScatter, gr.ep, ep * rows * C * 4.0);
       counts = 2.0 * collective_seconds(L.system(), Collective::AllGather, gr.ep, ep * rows * k * 4.0);
     }
-    L.at(F).comm_s += counts + waited + std::max(0.0, overlapped - hidden);
-    L.at(B).comm_s += waited + std::max(0.0, overlapped - hidden_b);
+    L.at(F).comm_s += counts + waited + std::max(0.0, overlapped - hidden(F));
+    L.at(B).comm_s += waited + std::max(0.0, overlapped - hidden(B));
   }
   // Without sequence parallelism each tp rank's block of outputs (and input gradients) is gathered.
   if (!sh.sp && sh.tp > 1) {
