@@ -143,6 +143,15 @@ TEST(ShardedCheckpoint, MissingRanksGapsOverlapsAndOtherShapesAreRefused) {
   meta["tensors"]["w"]["shape"] = {4, -2};
   megaton::testing::write_bytes(d + "/metadata.json", meta.dump());
   EXPECT_ERROR_CONTAINS(ckpt::ShardedReader{d}, "'w'", "extent below 1");
+  // Floats where integers belong would convert to int with undefined behaviour (found by the manifest
+  // fuzzer in its own file); each is an error naming the key.
+  for (const auto& [key, where] :
+       {std::pair{"dim", "split dim"}, {"start", "piece start"}, {"length", "piece length"}}) {
+    meta = good;
+    (std::string(key) == "dim" ? meta["tensors"]["w"][key] : meta["tensors"]["w"]["pieces"][0][key]) = 1e30;
+    megaton::testing::write_bytes(d + "/metadata.json", meta.dump());
+    EXPECT_ERROR_CONTAINS(ckpt::ShardedReader{d}, "'w'", where, "must be an integer");
+  }
 }
 
 // A region is read from the pieces it overlaps alone: reading a small tensor from a shard that

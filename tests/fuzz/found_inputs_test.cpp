@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "../support/temp_dir.h"
+#include "megaton/ckpt/manifest.h"
 #include "megaton/ckpt/safetensors.h"
 #include "megaton/data/tokenizer.h"
 #include "megaton/models/hf_format.h"
@@ -84,6 +85,17 @@ TEST(FoundInputs, TrainStateCountsOutOfRange) {
                         "'step'");
   EXPECT_ERROR_CONTAINS(train::state_from_json(state("20", "-16"), config, "state.json", &steps), "state.json",
                         "'data.consumed_samples'");
+}
+
+// manifest_fuzzer: a byte count too large for uint64 is parsed as a double, which get<uint64_t>()
+// converted with undefined behaviour.
+TEST(FoundInputs, ManifestByteCountBeyondUint64) {
+  TempDir dir;
+  write_bytes(dir.file("state.json"), "{}\n");
+  write_bytes(dir.file("manifest.json"), R"({"format": "megaton-checkpoint", "files": {"state.json": )"
+                                         R"({"bytes": 1777777777777777777777770, "xxh3_64": "0000000000000000"}}})");
+  EXPECT_ERROR_CONTAINS(ckpt::verify_manifest(dir.file("")), "'state.json' bytes",
+                        "must be an unsigned 64-bit integer");
 }
 
 }  // namespace

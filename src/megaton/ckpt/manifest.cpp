@@ -18,6 +18,7 @@
 
 #include "megaton/core/atomic_file.h"
 #include "megaton/core/error.h"
+#include "megaton/core/json_integer.h"
 #include "megaton/core/regular_file.h"
 
 namespace megaton::ckpt {
@@ -92,7 +93,7 @@ void verify_manifest(const std::string& dir) {
     uint64_t bytes = 0;
     std::string want;
     try {
-      bytes = entry.at("bytes").get<uint64_t>();
+      bytes = json_uint64(entry.at("bytes"), path.string() + ": '" + name + "' bytes");
       want = entry.at("xxh3_64").get<std::string>();
     } catch (const nlohmann::json::exception& e) {
       fail(path.string(), ": corrupt entry for '", name, "': ", e.what());

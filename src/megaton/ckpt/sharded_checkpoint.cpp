@@ -11,6 +11,7 @@
 #include "megaton/core/atomic_file.h"
 #include "megaton/core/checked.h"
 #include "megaton/core/error.h"
+#include "megaton/core/json_integer.h"
 #include "megaton/core/regular_file.h"
 
 namespace megaton::ckpt {
@@ -38,14 +39,26 @@ nlohmann::json read_json(const std::string& path, const char* what) {
   }
 }
 
+// A piece's "start" or "length" along the split dimension: bounded so that summing the pieces of one
+// tensor cannot overflow.
+int64_t piece_extent(const nlohmann::json& piece, const char* key, const std::string& what) {
+  return json_integer(piece.at(key), what + ": piece " + key, 0, int64_t{1} << 56);
+}
+
+// The dimension a tensor is split along; checked against the shape's rank by the caller.
+int split_dim(const nlohmann::json& tensor, const std::string& what) {
+  return static_cast<int>(json_integer(tensor.at("dim"), what + ": split dim", 0, 64));
+}
+
 // A global shape as JSON gives it, every extent positive and the element count representable.
 Shape checked_shape(const nlohmann::json& j, const std::string& what) {
   if (!j.is_array() || j.empty()) fail(what, ": shape must be a non-empty array");
   Shape s;
   int64_t numel = 1;
   for (const auto& e : j) {
-    if (!e.is_number_integer() || e.get<int64_t>() < 1) fail(what, ": shape ", j.dump(), " has an extent below 1");
-    s.push_back(e.get<int64_t>());
+    if (!e.is_number_integer() || (!e.is_number_unsigned() && e.get<int64_t>() < 1))
+      fail(what, ": shape ", j.dump(), " has an extent below 1");
+    s.push_back(json_integer(e, what + ": shape extent", 1, INT64_MAX));
     numel = checked_mul(what, numel, s.back());
   }
   return s;
@@ -159,18 +172,19 @@ std::vector<FileDigest> merge_shard_indexes(const std::string& dir, int world_si
     }
     const nlohmann::json index = read_json(path, "checkpoint shard index");
     try {
-      digests.push_back({index.at("file").get<std::string>(), index.at("bytes").get<uint64_t>(),
-                         index.at("xxh3_64").get<uint64_t>()});
+      digests.push_back({index.at("file").get<std::string>(), json_uint64(index.at("bytes"), path + ": bytes"),
+                         json_uint64(index.at("xxh3_64"), path + ": xxh3_64")});
       for (const auto& p : index.at("pieces")) {
         const auto name = p.at("tensor").get<std::string>();
-        SavedTensor t{p.at("shape"), p.at("dtype").get<std::string>(), p.at("dim").get<int>(), {}};
+        const std::string what = path + ": tensor '" + name + "'";
+        SavedTensor t{p.at("shape"), p.at("dtype").get<std::string>(), split_dim(p, what), {}};
         auto [it, fresh] = tensors.emplace(name, t);
         if (!fresh && (it->second.shape != t.shape || it->second.dtype != t.dtype || it->second.dim != t.dim))
           fail(path, ": tensor '", name, "' is saved as ", t.dtype, " ", t.shape.dump(), " split along dim ", t.dim,
                ", a lower rank saved it as ", it->second.dtype, " ", it->second.shape.dump(), " along dim ",
                it->second.dim);
-        it->second.pieces.push_back({digests.back().name, p.at("key").get<std::string>(), p.at("start").get<int64_t>(),
-                                     p.at("length").get<int64_t>()});
+        it->second.pieces.push_back({digests.back().name, p.at("key").get<std::string>(),
+                                     piece_extent(p, "start", what), piece_extent(p, "length", what)});
       }
     } catch (const nlohmann::json::exception& e) {
       fail(path, ": corrupt shard index: ", e.what());
@@ -191,7 +205,7 @@ std::vector<FileDigest> merge_shard_indexes(const std::string& dir, int world_si
       covered += p.length;
       pieces.push_back({{"file", p.file}, {"key", p.key}, {"start", p.start}, {"length", p.length}});
     }
-    if (covered != t.shape.at(static_cast<size_t>(t.dim)).get<int64_t>())
+    if (covered != json_integer(t.shape.at(static_cast<size_t>(t.dim)), "tensor '" + name + "' shape", 0, INT64_MAX))
       fail("checkpoint ", dir, ": tensor '", name, "' is saved up to ", covered, " of ", t.shape.dump(), " along dim ",
            t.dim);
     out[name] = {{"shape", t.shape}, {"dtype", t.dtype}, {"dim", t.dim}, {"pieces", pieces}};
@@ -210,13 +224,15 @@ ShardedReader::ShardedReader(std::string dir) : dir_(std::move(dir)) {
            kMetadataFormat, " version ", kMetadataVersion);
     for (const auto& [name, t] : meta.at("tensors").items()) {
       const std::string what = path + ": tensor '" + name + "'";
-      Entry e{checked_shape(t.at("shape"), what), dtype_from_name(t.at("dtype").get<std::string>()), t.at("dim").get<int>(),
+      Entry e{checked_shape(t.at("shape"), what),
+              dtype_from_name(t.at("dtype").get<std::string>()),
+              split_dim(t, what),
               {}};
       if (e.dim < 0 || static_cast<size_t>(e.dim) >= e.shape.size()) fail(what, ": split dim ", e.dim, " out of range");
       int64_t covered = 0;
       for (const auto& p : t.at("pieces")) {
-        Piece piece{p.at("file").get<std::string>(), p.at("key").get<std::string>(), p.at("start").get<int64_t>(),
-                    p.at("length").get<int64_t>()};
+        Piece piece{p.at("file").get<std::string>(), p.at("key").get<std::string>(), piece_extent(p, "start", what),
+                    piece_extent(p, "length", what)};
         if (piece.file.empty() || piece.file.find('/') != std::string::npos || piece.file.starts_with("."))
           fail(what, ": piece file '", piece.file, "' is not a file name inside the checkpoint directory");
         if (piece.start != covered || piece.length < 1) fail(what, ": pieces are not consecutive at ", covered);

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "megaton/core/error.h"
+#include "megaton/core/json_integer.h"
 
 namespace megaton::train {
 
@@ -39,15 +40,11 @@ nlohmann::json state_to_json(const TrainProgress& p, const TrainConfig& cfg, int
 
 namespace {
 
-// An integer of state.json in [lo, hi]: a float there (1e30) would not convert to int64 without
-// undefined behaviour, and a count beyond what any run reaches would overflow the positions computed
-// from it (next_batch). The error names the file and key.
+// An integer of state.json in [lo, hi]: a count beyond what any run reaches would overflow the
+// positions computed from it (next_batch). The error names the file and key.
 int64_t integer_at(const nlohmann::json& v, const char* key, const std::string& source, int64_t lo = 0,
                    int64_t hi = int64_t{1} << 62) {
-  const bool ok = v.is_number_unsigned() ? v.get<uint64_t>() <= static_cast<uint64_t>(hi)
-                                         : v.is_number_integer() && v.get<int64_t>() >= lo && v.get<int64_t>() <= hi;
-  if (!ok) fail(source, ": '", key, "' must be an integer in [", lo, ", ", hi, "], got ", v.dump());
-  return v.get<int64_t>();
+  return json_integer(v, source + ": '" + key + "'", lo, hi);
 }
 
 }  // namespace
