@@ -56,6 +56,27 @@ TEST(Simulator, InterleavingDividesTheBubbleByTheChunks) {
   EXPECT_ERROR_CONTAINS(interleaved_1f1b(4, 2, 6), "multiple of the pipeline stages");
 }
 
+// What each compute part finds held when it starts, ZB-H1 on 2 stages: the first stage runs every W right
+// after its B (one call), the last defers them, so a finished B leaves its W's inputs behind while the
+// next micro-batch runs (planted: every B counted as fused, caught).
+TEST(Simulator, LiveActivationsTellSavedFromHeldForW) {
+  const Simulation sim = simulate(zb_h1(2, 4), {});
+  const auto as_text = [](const std::vector<LiveActivations>& live) {
+    std::string out;
+    for (const LiveActivations& e : live)
+      out += std::string(e.kind == OpKind::Forward         ? "F"
+                         : e.kind == OpKind::BackwardInput ? "B"
+                                                           : "W") +
+             (e.with_weight ? "+W" : "") + "(" + std::to_string(e.saved) + "," + std::to_string(e.held_for_w) + ") ";
+    return out;
+  };
+  // Stage 0: F0 F1 B0W0 F2 B1W1 F3 B2W2 B3W3.
+  EXPECT_EQ(as_text(sim.live[0]), "F(0,0) F(1,0) B+W(1,0) F(1,0) B+W(1,0) F(1,0) B+W(1,0) B+W(0,0) ");
+  // Stage 1: F0 B0 F1 B1 W0 F2 B2 W1 F3 B3 W2 W3.
+  EXPECT_EQ(as_text(sim.live[1]),
+            "F(0,0) B(0,0) F(0,1) B(0,1) W(0,1) F(0,1) B(0,1) W(0,1) F(0,1) B(0,1) W(0,1) W(0,0) ");
+}
+
 TEST(Simulator, ActivationPeaksAsPublished) {
   for (int p : {2, 4, 8}) {
     const int64_t m = 3 * p;

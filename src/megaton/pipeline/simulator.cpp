@@ -49,6 +49,28 @@ Simulation simulate(const Schedule& s, const OpCosts& costs) {
   std::vector<double> free_at(static_cast<size_t>(s.stages), 0.0);
   Simulation sim;
   sim.timeline.resize(static_cast<size_t>(s.stages));
+  sim.live.resize(static_cast<size_t>(s.stages));
+  struct Held {
+    int saved = 0, held_for_w = 0;
+  };
+  std::vector<Held> held(static_cast<size_t>(s.stages));
+  // Each stage runs its parts in list order, so counting as they are scheduled follows the stage's own
+  // order whatever the interleaving with other stages.
+  const auto record = [&](int stage, OpKind kind, bool with_weight) {
+    Held& h = held[static_cast<size_t>(stage)];
+    auto& live = sim.live[static_cast<size_t>(stage)];
+    if (kind == OpKind::Forward) {
+      live.push_back({kind, false, h.saved, h.held_for_w});
+      ++h.saved;
+    } else if (kind == OpKind::BackwardInput) {
+      live.push_back({kind, with_weight, h.saved - 1, h.held_for_w});
+      --h.saved;
+      h.held_for_w += with_weight ? 0 : 1;
+    } else {
+      live.push_back({kind, false, h.saved, h.held_for_w - 1});
+      --h.held_for_w;
+    }
+  };
 
   // The time a F / B / W part's input is available on `stage`, or a negative value while it is not
   // yet produced.
@@ -107,8 +129,10 @@ Simulation simulate(const Schedule& s, const OpCosts& costs) {
         // A B (alone or in an F&B) directly followed by its own W: one backward call, so the W runs now
         // and the gradient leaves after it.
         const Op& last = parts.back();
-        if (last.kind == OpKind::BackwardInput && i + 1 < ops.size() &&
-            ops[i + 1] == Op{OpKind::BackwardWeight, last.microbatch, last.chunk}) {
+        const bool fused = last.kind == OpKind::BackwardInput && i + 1 < ops.size() &&
+                           ops[i + 1] == Op{OpKind::BackwardWeight, last.microbatch, last.chunk};
+        for (const Op& part : parts) record(st, part.kind, fused && part.kind == OpKind::BackwardInput);
+        if (fused) {
           const double w = part_cost(OpKind::BackwardWeight, st, last.chunk);
           sim.timeline[static_cast<size_t>(st)].push_back({ops[i + 1], end, end + w});
           end += w;

@@ -37,6 +37,16 @@ struct TimedOp {
   bool with_weight = false;  // a B (or F&B) that ran its own W in the same call (the W is not listed)
 };
 
+// What a stage's activations hold when one of its compute parts starts, in micro-batch chunks other
+// than the part's own: `saved` hold their forward's saved activations (F started, B not ended),
+// `held_for_w` only what their deferred W reads (B ended, W not ended). `with_weight`: a B that runs
+// its own W in the same call. An F&B is its F part, then its B part.
+struct LiveActivations {
+  OpKind kind;
+  bool with_weight = false;
+  int saved = 0, held_for_w = 0;
+};
+
 struct Simulation {
   double step_time = 0;                      // last op's end
   double bubble_fraction = 0;                // idle share of stages x step_time
@@ -45,6 +55,7 @@ struct Simulation {
   // (W still reads the saved inputs), i.e. peak activation memory in units of one micro-batch's
   // activations of one chunk.
   std::vector<int> peak_activations;
+  std::vector<std::vector<LiveActivations>> live;  // per stage, one entry per compute part in order
   std::vector<int> param_copies;  // per stage: parameters held in units of 1/p of the model (DualPipe: 2)
 };
 

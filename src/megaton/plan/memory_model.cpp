@@ -1519,30 +1519,34 @@ bool defers_weight_grads(const train::TrainConfig& c) {
          std::find(kinds.begin(), kinds.end(), c.pipeline_schedule) != kinds.end();
 }
 
-// One micro-batch through `chunk`: F (with the loss op on the last chunk), then B and W.
+// One micro-batch through `chunk`: F (with the loss op on the last chunk), then B and W in one call,
+// and, for the schedules that defer W, again with W apart from B.
 ChunkActivations replay(const Build& b, const shadow::Chunk& chunk) {
-  Ledger ledger;
-  const Pass p = make_pass(b, ledger);
-  shadow::ChunkCtx ctx;
-  {  // the input (token ids or the previous chunk's output) stays only where the chunk keeps it
-    const Buf input = chunk.first() ? p.act(p.B, p.T, DType::I32) : boundary(p, b);
-    const Buf output = chunk.forward(p, ctx, input);
-    if (chunk.last()) chunk.loss(p, ctx, output);
-  }
   ChunkActivations a;
-  a.saved = ledger.live();
-  a.forward_transient = ledger.peak() - a.saved;
-  ledger.restart_peaks();
-  {
-    const Buf doutput = chunk.last() ? Buf() : boundary(p, b);
-    if (defers_weight_grads(b.c)) {
-      const Buf dinput = chunk.backward_input(p, ctx, doutput);
-      chunk.backward_weight(p, ctx);
-    } else {
-      const Buf dinput = chunk.backward(p, ctx, doutput);
+  for (const bool apart : {false, true}) {
+    if (apart && !defers_weight_grads(b.c)) break;
+    Ledger ledger;
+    const Pass p = make_pass(b, ledger);
+    shadow::ChunkCtx ctx;
+    {  // the input (token ids or the previous chunk's output) stays only where the chunk keeps it
+      const Buf input = chunk.first() ? p.act(p.B, p.T, DType::I32) : boundary(p, b);
+      const Buf output = chunk.forward(p, ctx, input);
+      if (chunk.last()) chunk.loss(p, ctx, output);
     }
+    a.saved = ledger.live();
+    a.forward_transient = ledger.peak() - a.saved;
+    ledger.restart_peaks();
+    {  // the incoming gradient and the input gradient (sent on) stay only where W keeps them
+      const Buf doutput = chunk.last() ? Buf() : boundary(p, b);
+      const Buf dinput = apart ? chunk.backward_input(p, ctx, doutput) : chunk.backward(p, ctx, doutput);
+    }
+    (apart ? a.input_transient : a.backward_transient) = ledger.peak() - a.saved;
+    if (!apart) continue;
+    a.held_for_w = ledger.live();
+    ledger.restart_peaks();
+    chunk.backward_weight(p, ctx);
+    a.weight_transient = ledger.peak() - a.held_for_w;
   }
-  a.backward_transient = ledger.peak() - a.saved;
   return a;
 }
 
@@ -1653,26 +1657,53 @@ ChunkActivations chunk_activations(const train::TrainConfig& c, int64_t model_ch
   return replay(b, chunk(b, k, own_head));
 }
 
-MemoryBreakdown peak_memory(const train::TrainConfig& c, int64_t pp_rank, int64_t in_flight, int64_t tp_rank,
-                            int64_t ep_rank) {
+MemoryBreakdown peak_memory(const train::TrainConfig& c, int64_t pp_rank, int64_t in_flight,
+                            const std::vector<pipeline::LiveActivations>& live, int64_t tp_rank, int64_t ep_rank) {
   check_ranks(c, pp_rank, tp_rank, ep_rank);
   if (in_flight < 1) fail("memory model: ", in_flight, " micro-batches in flight (at least 1)");
+  if (live.empty()) fail("memory model: pipeline rank ", pp_rank, " runs no compute op");
   const Build b = make_build(c);
   const Stage s = stage(b, pp_rank);
-  MemoryBreakdown saved, transient;
+  ChunkActivations w;  // the largest of this rank's chunks, each figure on its own
   for (const shadow::Chunk& chunk : s.chunks) {
     const ChunkActivations a = replay(b, chunk);
-    saved = max(saved, a.saved);
-    transient = max(transient, max(a.forward_transient, a.backward_transient));
+    w.saved = max(w.saved, a.saved);
+    w.held_for_w = max(w.held_for_w, a.held_for_w);
+    w.forward_transient = max(w.forward_transient, a.forward_transient);
+    w.backward_transient = max(w.backward_transient, a.backward_transient);
+    w.input_transient = max(w.input_transient, a.input_transient);
+    w.weight_transient = max(w.weight_transient, a.weight_transient);
   }
-  // Every micro-batch in flight also holds its targets (TrainingStage), B x T i32.
-  saved.activations += 4.0 * static_cast<double>(c.micro_batch_size * c.seq_length);
-  MemoryBreakdown step = static_cast<double>(in_flight) * saved + transient;
+  // Every micro-batch in flight also holds its targets (TrainingStage), B x T i32, until its last W.
+  const double targets = 4.0 * static_cast<double>(c.micro_batch_size * c.seq_length);
+  w.saved.activations += targets;
+  w.held_for_w.activations += targets;
+  MemoryBreakdown step;
+  for (const pipeline::LiveActivations& e : live) {
+    MemoryBreakdown at = static_cast<double>(e.saved) * w.saved + static_cast<double>(e.held_for_w) * w.held_for_w;
+    if (e.kind == pipeline::OpKind::Forward)
+      at += w.saved + w.forward_transient;
+    else if (e.kind == pipeline::OpKind::BackwardInput)
+      at += w.saved + (e.with_weight ? w.backward_transient : w.input_transient);
+    else
+      at += w.held_for_w + w.weight_transient;
+    step = max(step, at);
+  }
   const MemoryBreakdown extra = step_buffers(b, s, in_flight);
   step.activations += extra.activations;
   step.workspace = std::max(step.workspace, extra.workspace);
   step.other = std::max(step.other, extra.other);
   return persistent(b, s) + step;
+}
+
+MemoryBreakdown peak_memory(const train::TrainConfig& c, int64_t pp_rank, int64_t in_flight, int64_t tp_rank,
+                            int64_t ep_rank) {
+  // The peak comes with in_flight - 1 others saved, during a forward or a fused backward.
+  const auto others = static_cast<int>(std::max<int64_t>(0, in_flight - 1));
+  return peak_memory(
+      c, pp_rank, in_flight,
+      {{pipeline::OpKind::Forward, false, others, 0}, {pipeline::OpKind::BackwardInput, true, others, 0}}, tp_rank,
+      ep_rank);
 }
 
 }  // namespace megaton::plan

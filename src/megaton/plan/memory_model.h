@@ -18,8 +18,10 @@
 // buffers of finished collectives that the MPI progress thread has not let go of yet.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "megaton/core/allocator.h"
+#include "megaton/pipeline/simulator.h"
 #include "megaton/train/train_config.h"
 
 namespace megaton::plan {
@@ -53,23 +55,33 @@ MemoryBreakdown static_memory(const train::TrainConfig& c, int64_t pp_rank, int6
 // the chunk's forward until its backward frees them (its input included; on the last chunk the loss's
 // gradient too: the head never defers its weight gradient, and multi-token prediction runs its
 // forward and backward inside the loss op); `forward_transient` / `backward_transient` = the peak
-// above `saved` while the chunk's forward (with the loss op on the last chunk) / backward runs (B and
-// W fused, or one after the other for the schedules that defer W), its output, incoming gradient
-// and workspace included.
+// above `saved` while the chunk's forward (with the loss op on the last chunk) / backward with B and
+// W in one call runs, its output, incoming gradient and workspace included. For the schedules that
+// defer W, also B and W apart: `input_transient` = the peak above `saved` during B alone,
+// `held_for_w` = what the chunk keeps from its B until its W (the inputs and output gradients of its
+// linears), `weight_transient` = the peak above that during W (zero for the other schedules).
 struct ChunkActivations {
   MemoryBreakdown saved, forward_transient, backward_transient;
+  MemoryBreakdown input_transient, held_for_w, weight_transient;
 };
 ChunkActivations chunk_activations(const train::TrainConfig& c, int64_t model_chunk, int64_t tp_rank = 0);
 
-// The allocator's peak per category of the process at pipeline rank pp_rank when it holds
-// `in_flight` micro-batch chunks' saved activations at once at worst (1 without pipelining; the
-// pipeline simulator's activation peak otherwise): static + in_flight x (the largest saved chunk of
-// this rank + a micro-batch's targets) + the largest transient, plus what the step allocates beside
-// the modules: the pipeline sends it keeps until the step ends and a receive posted one op ahead,
-// the distributed optimizer's staging, the FP8 amax and expert-load reductions, collectives'
-// scalars. What train's first-step `peak_memory_mb` record reports (MB = 1e6 bytes). Exact without
-// pipelining and under 1F1B; for schedules that defer W or interleave chunks, in_flight x saved is
-// an estimate (what a micro-batch holds between its B and W, and when the sends pile up, vary).
+// The allocator's peak per category of the process at pipeline rank pp_rank: static + the largest,
+// over the rank's compute parts (`live`, from pipeline::simulate), of what the other micro-batch
+// chunks hold then (saved x the largest saved chunk of this rank, held_for_w x its largest
+// held_for_w, each with a micro-batch's targets) + what the part itself holds at its peak; plus what
+// the step allocates beside the modules: the pipeline sends it keeps until the step ends and a receive
+// posted one op ahead (`in_flight`: the simulator's activation peak), the distributed optimizer's
+// staging, the FP8 amax and expert-load reductions, collectives' scalars. What train's first-step
+// `peak_memory_mb` record reports (MB = 1e6 bytes). Exact without pipelining and under 1F1B. Where W
+// is deferred the sends are still counted as at a 1F1B peak (gpt-tiny zb-h1's last stage: one
+// boundary tensor short); with interleaved chunks of different sizes the largest stands for each.
+MemoryBreakdown peak_memory(const train::TrainConfig& c, int64_t pp_rank, int64_t in_flight,
+                            const std::vector<pipeline::LiveActivations>& live, int64_t tp_rank = 0,
+                            int64_t ep_rank = 0);
+
+// The same with `in_flight` micro-batch chunks saved at the peak, during a forward or a backward
+// with its W (1 without pipelining; the simulator's activation peak under 1F1B).
 MemoryBreakdown peak_memory(const train::TrainConfig& c, int64_t pp_rank, int64_t in_flight, int64_t tp_rank = 0,
                             int64_t ep_rank = 0);
 

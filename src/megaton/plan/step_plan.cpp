@@ -145,7 +145,7 @@ StepPlan plan_step(const train::TrainConfig& c, const SystemSpec& s, const pipel
       }
     }
     st.in_flight = std::max<int64_t>(1, p.simulation.peak_activations[size_t(r)]);
-    st.memory = peak_memory(c, r, st.in_flight);
+    st.memory = peak_memory(c, r, st.in_flight, p.simulation.live[size_t(r)]);
     st.peak_memory_bytes = st.memory.total();
     finish_stage(st, c, s, layout, r, backward_window, forward_window);
     ready = std::max(ready, st.pipeline_end_s + st.grad_sync_s);
