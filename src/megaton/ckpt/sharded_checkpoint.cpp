@@ -205,7 +205,8 @@ std::vector<FileDigest> merge_shard_indexes(const std::string& dir, int world_si
       covered += p.length;
       pieces.push_back({{"file", p.file}, {"key", p.key}, {"start", p.start}, {"length", p.length}});
     }
-    if (covered != json_integer(t.shape.at(static_cast<size_t>(t.dim)), "tensor '" + name + "' shape", 0, INT64_MAX))
+    if (covered != json_integer(t.shape.at(static_cast<size_t>(t.dim)),
+                                "checkpoint " + dir + ": tensor '" + name + "' shape", 0, INT64_MAX))
       fail("checkpoint ", dir, ": tensor '", name, "' is saved up to ", covered, " of ", t.shape.dump(), " along dim ",
            t.dim);
     out[name] = {{"shape", t.shape}, {"dtype", t.dtype}, {"dim", t.dim}, {"pieces", pieces}};
@@ -228,7 +229,7 @@ ShardedReader::ShardedReader(std::string dir) : dir_(std::move(dir)) {
               dtype_from_name(t.at("dtype").get<std::string>()),
               split_dim(t, what),
               {}};
-      if (e.dim < 0 || static_cast<size_t>(e.dim) >= e.shape.size()) fail(what, ": split dim ", e.dim, " out of range");
+      if (static_cast<size_t>(e.dim) >= e.shape.size()) fail(what, ": split dim ", e.dim, " out of range");
       int64_t covered = 0;
       for (const auto& p : t.at("pieces")) {
         Piece piece{p.at("file").get<std::string>(), p.at("key").get<std::string>(), piece_extent(p, "start", what),
