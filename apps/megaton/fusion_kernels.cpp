@@ -2,12 +2,15 @@
 
 #include <cstdio>
 #include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "bench_timing.h"
 #include "megaton/kernels/activation.h"
+#include "megaton/kernels/fp8_gemm.h"
 #include "megaton/kernels/fp8_sources.h"
 #include "megaton/kernels/linear.h"
 #include "megaton/kernels/norm.h"
@@ -120,6 +123,33 @@ void print_fusion_kernels(const models::TransformerConfig& c, int64_t N, int rep
                        quantize(kernels::fp8_source(a));
                      },
                      [&, quantize] { quantize(kernels::activation_fp8_source(h, none, swiglu, "act")); }});
+  }
+  // LayerNormMLP's epilogue: fc1's FP8 GEMM, then the activation + cast of fc2's input as one more
+  // pass over the written h (unfused), or the GEMM handing each 128-row stripe of h to the cast while
+  // it is in cache (fused; kernels/fp8_gemm.h's rows_done). The bytes are the passes over h outside
+  // the GEMM and the codes written; current scaling's second pass still reads h from memory.
+  const Tensor w1_fp8_src = t({F, H}, 19, "w1", DType::F32);
+  for (const auto& [recipe, ga, gw, given, passes] :
+       {std::tuple{"delayed", kernels::Fp8Granularity::Tensor, kernels::Fp8Granularity::Tensor, true, 1.0},
+        std::tuple{"tensorwise", kernels::Fp8Granularity::Tensor, kernels::Fp8Granularity::Tensor, false, 2.0},
+        std::tuple{"blockwise", kernels::Fp8Granularity::Tile1x128, kernels::Fp8Granularity::Block128x128, false,
+                   1.0}}) {
+    kernels::Fp8QuantizeOptions o{.granularity = ga};
+    if (given) o.scale = 16.0f;  // delayed scaling: a scale from earlier steps
+    const auto xq = std::make_shared<kernels::Fp8Matrix>(kernels::fp8_quantize(x, o));
+    const auto wq = std::make_shared<kernels::Fp8Matrix>(kernels::fp8_quantize(w1_fp8_src, {.granularity = gw}));
+    const kernels::Fp8Source act_src = kernels::activation_fp8_source(h, none, swiglu, "act");
+    cases.push_back({std::string("layernorm_mlp epilogue ") + recipe, "forward", e * NF * passes + 2 * NA,
+                     e * NF * (passes - 1) + 2 * NA,
+                     [&ctx, &h, xq, wq, act_src, o] {
+                       kernels::fp8_gemm(ctx, h, *xq, *wq);
+                       (void)kernels::fp8_quantize_both(act_src, o, "q", "q_t");
+                     },
+                     [&ctx, &h, xq, wq, act_src, o] {
+                       kernels::Fp8StripeQuantizer q(act_src, o, true, true, "q", "q_t");
+                       kernels::fp8_gemm(ctx, h, *xq, *wq, false, {}, [&q](int64_t r0, int64_t r1) { q.rows(r0, r1); });
+                       (void)q.finish();
+                     }});
   }
   if (!json)
     std::printf("%s fused kernels at %ld rows, hidden %ld, fc1 width %ld (%s, %s); elementwise MB unfused -> fused\n",

@@ -7,9 +7,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <optional>
+#include <utility>
+#include <vector>
 
-#include "megaton/kernels/cpu/gemm.h"
 #include "../support/fp8_reference.h"
+#include "megaton/kernels/cpu/gemm.h"
 
 namespace megaton::kernels {
 namespace {
@@ -102,6 +106,44 @@ TEST(Fp8Gemm, Bf16OutputAndAccumulation) {
   for (int64_t n = 0; n < 16; ++n) bias.data<float>()[n] = 0.5f * static_cast<float>(n) - 3.0f;
   fp8_gemm(ExecContext::on(biased), biased, a, b, false, bias);
   for (int64_t i = 0; i < f32.numel(); ++i) EXPECT_FLOAT_EQ(biased.data<float>()[i], f32.data<float>()[i] + bias.data<float>()[i % 16]);
+}
+
+TEST(Fp8Gemm, StripesForAnEpilogueGiveTheSameProductBitForBit) {
+  // rows_done: the GEMM runs kFp8GemmStripeRows rows at a time (on oneDNN) and hands them over
+  // kFp8StripeRows at a time, each once it is final (bias added, rounded to bf16); the values are
+  // those of the one-piece GEMM. 700 rows: two GEMM stripes, the second ragged.
+  static_assert(kFp8GemmStripeRows == 512 && kFp8StripeRows == 128);
+  const int64_t M = 700, N = 150, K = 300;
+  const Tensor x = fp8_test_matrix(M, K, 11, 2.0f), w = fp8_test_matrix(N, K, 12, 1.0f);
+  Tensor bias = Tensor::empty({N}, DType::F32);
+  for (int64_t n = 0; n < N; ++n) bias.data<float>()[n] = 0.25f * static_cast<float>(n % 7) - 0.5f;
+  for (const auto& [ga, gb] : {std::pair{Fp8Granularity::Tensor, Fp8Granularity::Tensor},
+                               std::pair{Fp8Granularity::Tile1x128, Fp8Granularity::Block128x128},
+                               std::pair{Fp8Granularity::Mx1x32, Fp8Granularity::Mx1x32}})
+    for (const DType dt : {DType::F32, DType::BF16})
+      for (const auto lib :
+           {std::optional<cpu::GemmLibrary>(cpu::GemmLibrary::OpenBlas), std::optional<cpu::GemmLibrary>()}) {
+        cpu::force_gemm_library(lib);
+        const std::string what =
+            std::string(granularity_name(ga)) + " " + std::string(dtype_name(dt)) + (lib ? " openblas" : " default");
+        const Fp8Matrix a = fp8_quantize(x, {.granularity = ga}), b = fp8_quantize(w, {.granularity = gb});
+        Tensor whole = Tensor::empty({M, N}, dt), striped = Tensor::empty({M, N}, dt);
+        fp8_gemm(ExecContext::on(whole), whole, a, b, false, bias);
+        std::vector<std::pair<int64_t, int64_t>> handed;
+        const size_t row_bytes = static_cast<size_t>(N) * dtype_size(dt);
+        fp8_gemm(ExecContext::on(striped), striped, a, b, false, bias, [&](int64_t r0, int64_t r1) {
+          handed.emplace_back(r0, r1);
+          for (int64_t r = r0; r < r1; ++r)  // final when handed over
+            ASSERT_EQ(std::memcmp(static_cast<const char*>(striped.raw()) + r * row_bytes,
+                                  static_cast<const char*>(whole.raw()) + r * row_bytes, row_bytes),
+                      0)
+                << what << " row " << r;
+        });
+        cpu::force_gemm_library(std::nullopt);
+        EXPECT_EQ(handed, (std::vector<std::pair<int64_t, int64_t>>{
+                              {0, 128}, {128, 256}, {256, 384}, {384, 512}, {512, 640}, {640, 700}}))
+            << what;
+      }
 }
 
 TEST(Fp8Gemm, RefusesMismatchedOperands) {

@@ -211,6 +211,61 @@ TEST(Fp8Quantize, ManyBlocksBothLayoutsInOnePassMatchATileLoop) {
   EXPECT_EQ(given.rowwise.scale_inv.data<float>()[0], 4.0f);
 }
 
+TEST(Fp8Quantize, StripeByStripeIsTheWholeQuantisation) {
+  // As an FP8 GEMM's epilogue hands rows over: two full stripes and a ragged one. Tiles and blocks
+  // encode each stripe as it comes; per-tensor current scaling waits for the whole amax.
+  const Tensor x = fixture_matrix(300, 1100), xt = transposed(x);
+  const auto stripes = [&](const Fp8QuantizeOptions& o) {
+    Fp8StripeQuantizer q(fp8_source(x), o, true, true, "x", "xt");
+    for (int64_t r0 = 0; r0 < 300; r0 += kFp8StripeRows) q.rows(r0, std::min<int64_t>(300, r0 + kFp8StripeRows));
+    return q.finish();
+  };
+  for (Fp8Granularity g :
+       {Fp8Granularity::Tensor, Fp8Granularity::Tile1x128, Fp8Granularity::Block128x128, Fp8Granularity::Mx1x32}) {
+    const std::string what(granularity_name(g));
+    const Fp8Layouts both = stripes({.granularity = g});
+    expect_same(both.rowwise, naive_quantize(x, g), what + " rowwise");
+    expect_same(both.columnwise, naive_quantize(xt, g), what + " columnwise");
+    EXPECT_EQ(both.rowwise.amax, fp8_quantize(x, {.granularity = g}).amax) << what;
+  }
+  const Fp8Layouts given = stripes({.scale = 0.25f});
+  expect_same(given.rowwise, fp8_quantize(x, {.scale = 0.25f}), "given scale");
+  expect_same(given.columnwise, fp8_transpose(given.rowwise, "t"), "given scale columnwise");
+  EXPECT_EQ(given.rowwise.amax, fp8_quantize(x, {}).amax);
+}
+
+TEST(Fp8Quantize, StripesOutOfOrderAreRefused) {
+  const Tensor x = fixture_matrix(300, 64);
+  const auto fresh = [&] { return Fp8StripeQuantizer(fp8_source(x), {}, true, true, "x", "xt"); };
+  EXPECT_THROW(fresh().rows(128, 256), std::exception);  // skips the first stripe
+  EXPECT_THROW(fresh().rows(0, 100), std::exception);    // ends inside a stripe
+  EXPECT_THROW(fresh().rows(0, 301), std::exception);    // past the last row
+  EXPECT_THROW(fresh().finish(), std::exception);        // before the last row
+  Fp8StripeQuantizer q = fresh();
+  q.rows(0, 256);                                // several stripes at once are fine
+  EXPECT_THROW(q.rows(0, 128), std::exception);  // again
+  q.rows(256, 300);
+  EXPECT_EQ(q.finish().rowwise.data.size(0), 300);
+}
+
+TEST(Fp8Quantize, ANanInsideWideRowsReachesTheAmaxAndItsTilesScales) {
+  // The amax sweeps run 16 columns at a time and whole columns for x^T's tiles: a NaN in the middle
+  // of a wide matrix must still reach the tensor's amax and its own tiles' scales (unit scale, as
+  // fp8_scale_from_amax keeps for a NaN amax), in both layouts.
+  Tensor x = fixture_matrix(130, 300);
+  x.data<float>()[129 * 300 + 17] = std::numeric_limits<float>::quiet_NaN();
+  for (Fp8Granularity g : {Fp8Granularity::Tensor, Fp8Granularity::Tile1x128, Fp8Granularity::Block128x128}) {
+    const std::string what(granularity_name(g));
+    const Fp8Layouts both = fp8_quantize_both(fp8_source(x), {.granularity = g}, "x", "xt");
+    EXPECT_TRUE(std::isnan(both.rowwise.amax)) << what;
+    EXPECT_TRUE(std::isnan(both.columnwise.amax)) << what;
+    EXPECT_EQ(both.rowwise.scale_inv_at(129, 17), 1.0f) << what;
+    EXPECT_EQ(both.columnwise.scale_inv_at(17, 129), 1.0f) << what;
+    if (g == Fp8Granularity::Tile1x128)  // x^T's next row is its own tile
+      EXPECT_NE(both.columnwise.scale_inv_at(18, 129), 1.0f) << what;
+  }
+}
+
 TEST(Fp8Quantize, AnEmptyMatrixGivesEmptyLayouts) {
   const Tensor x = Tensor::empty({0, 5}, DType::F32, MemCategory::Other, "empty");
   for (Fp8Granularity g : {Fp8Granularity::Tensor, Fp8Granularity::Tile1x128, Fp8Granularity::Block128x128, Fp8Granularity::Mx1x32}) {

@@ -24,7 +24,9 @@ struct Outcome {
   size_t activation_bytes;  // allocated by the measured forward and backward
 };
 
-constexpr int64_t kB = 2, kT = 32;
+// 576 rows: fc1's FP8 GEMM runs in two calls (kernels::kFp8GemmStripeRows, the second ragged) and
+// hands its output to the LayerNormMLP epilogue in five stripes, the last ragged.
+constexpr int64_t kB = 9, kT = 64;
 
 Outcome run(const std::string& preset, fp8::Recipe recipe, const nn::FusionConfig& fusion, DType dtype) {
   models::TransformerConfig c = megaton::testing::tiny_config(preset);

@@ -34,10 +34,19 @@ kernels::Fp8Matrix LinearQuantizer::quantize(Role& role, const Tensor& t, bool t
 }
 
 LinearQuantizer::Input LinearQuantizer::input(const kernels::Fp8Source& x) {
+  kernels::Fp8StripeQuantizer stripes = input_stripes(x);
+  if (x.rows > 0) stripes.rows(0, x.rows);
+  return finish_input(stripes);
+}
+
+kernels::Fp8StripeQuantizer LinearQuantizer::input_stripes(const kernels::Fp8Source& x) {
   // Per-tensor scales give the transposed codes exactly; tiles are re-cut along M (DeepSeek-V3's
   // re-tiling). Either way both layouts come from the one pass.
-  kernels::Fp8Layouts q = kernels::fp8_quantize_both(x, options(input_, false, MemCategory::Activations), input_.name,
-                                                     input_.name + "_t");
+  return {x, options(input_, false, MemCategory::Activations), true, true, input_.name, input_.name + "_t"};
+}
+
+LinearQuantizer::Input LinearQuantizer::finish_input(kernels::Fp8StripeQuantizer& stripes) {
+  kernels::Fp8Layouts q = stripes.finish();
   if (input_.delayed) input_.delayed->record(q.rowwise.amax);
   return {std::move(q.rowwise), std::move(q.columnwise)};
 }

@@ -32,6 +32,10 @@ class LinearQuantizer {
   // output that is never written in the compute dtype: kernels/fp8_sources.h).
   Input input(const kernels::Fp8Source& x);
   Input input(const Tensor& x) { return input(kernels::fp8_source(x)); }
+  // The same made stripe by stripe as x's producer finishes its rows (kernels::Fp8StripeQuantizer:
+  // fc1's GEMM epilogue making fc2's input); finish_input, after the last stripe, returns input(x).
+  kernels::Fp8StripeQuantizer input_stripes(const kernels::Fp8Source& x);
+  Input finish_input(kernels::Fp8StripeQuantizer& stripes);
   const kernels::Fp8Matrix& weight(const Tensor& w, uint64_t version);             // fprop operand
   const kernels::Fp8Matrix& weight_transposed(const Tensor& w, uint64_t version);  // dgrad operand
   kernels::Fp8Matrix grad_output(const Tensor& dy);              // dgrad operand

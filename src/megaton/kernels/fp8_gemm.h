@@ -17,14 +17,30 @@
 // cuBLASLt FP8 GEMM on Hopper's tensor cores, fp32 accumulation, scales applied per tensor or per
 // DeepSeek-V3 block by cuBLASLt; kernels/fp8_gemm_cublas.h says which combinations it takes.
 #pragma once
+#include <functional>
+
 #include "megaton/kernels/exec_context.h"
 #include "megaton/kernels/fp8_quantize.h"
 
 namespace megaton::kernels {
 
+// The rows one GEMM call of an epilogue's stripes computes (handed over kFp8StripeRows at a time).
+// Each call streams all of b again, so a stripe is as tall as lets its output stay in the last-level
+// cache: 512 rows of a 3072-wide bf16 output are 3 MB (docs/performance.md measures 128 and 512).
+constexpr int64_t kFp8GemmStripeRows = 4 * kFp8StripeRows;
+
+// Called with rows [r0, r1) of the output once they are final (bias added, rounded to out's dtype).
+using Fp8RowsDone = std::function<void(int64_t r0, int64_t r1)>;
+
 // out: f32 or bf16 [M, N]; accumulate adds to an f32 out instead of overwriting it; bias (f32 or
 // out's dtype, [N], optional) is added to every row in fp32 before the result is rounded.
-void fp8_gemm(const ExecContext& ctx, const Tensor& out, const Fp8Matrix& a, const Fp8Matrix& b, bool accumulate = false,
-              const Tensor& bias = {});
+// With rows_done the output is handed over in stripes of kFp8StripeRows rows, in order, each once it
+// is final: the epilogue of a fused layer (LayerNormMLP's activation and FP8 cast of fc2's input,
+// nn/mlp.h). On oneDNN the GEMM itself runs kFp8GemmStripeRows rows at a time, so a stripe is handed
+// over while it is still in cache, with b's panels widened once for all of them (N x K widened values
+// of workspace instead of N x 128); on OpenBLAS it runs whole first. The values are the same bit for
+// bit.
+void fp8_gemm(const ExecContext& ctx, const Tensor& out, const Fp8Matrix& a, const Fp8Matrix& b,
+              bool accumulate = false, const Tensor& bias = {}, const Fp8RowsDone& rows_done = {});
 
 }  // namespace megaton::kernels

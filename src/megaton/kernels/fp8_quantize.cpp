@@ -1,6 +1,7 @@
 #include "megaton/kernels/fp8_quantize.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -19,8 +20,9 @@ inline float nan_max(float a, float b) {
 }
 
 // Blocks the quantiser reads its source in: multiples of every tile's extent in both layouts
-// (1, 32 and 128 along either dimension), so each tile lies inside one block.
-constexpr int64_t kBlockRows = 128, kBlockCols = 512;
+// (1, 32 and 128 along either dimension), so each tile lies inside one block; a stripe is a row of
+// blocks.
+constexpr int64_t kBlockRows = kFp8StripeRows, kBlockCols = 512;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -59,23 +61,34 @@ float tile_scale(const Layout& l, int64_t at, float amax, const Fp8QuantizeOptio
   return scale;
 }
 
-// max |p[i * stride]| over n values, NaN if any is: a vectorised max with the NaNs counted aside.
-float strided_amax(const float* p, int64_t n, int64_t stride) {
-  float m = 0.0f;
-  bool nan = false;
-#pragma omp simd reduction(max : m) reduction(|| : nan)
-  for (int64_t i = 0; i < n; ++i) {
-    const float a = std::fabs(p[i * stride]);
-    m = a > m ? a : m;
-    nan = nan || a != a;
+// out[c] = max |buf[r * ld + c]| over rows [0, h), for columns [0, w), NaN where one is: a sweep along
+// the rows, vectorised across the columns (a NaN, once stored, stays: a > NaN is false).
+void column_amax(const float* buf, int64_t ld, int64_t h, int64_t w, float* out) {
+  std::fill(out, out + w, 0.0f);
+  for (int64_t r = 0; r < h; ++r) {
+    const float* row = buf + r * ld;
+#pragma omp simd
+    for (int64_t c = 0; c < w; ++c) {
+      const float a = std::fabs(row[c]), m = out[c];
+      out[c] = a > m || a != a ? a : m;
+    }
   }
-  return nan ? std::numeric_limits<float>::quiet_NaN() : m;
 }
 
-// The largest |value| of rows [0, h) x columns [0, w) of buf (row stride ld).
+// The largest |value| of rows [0, h) x columns [0, w) of buf (row stride ld), NaN if one is: runs
+// of 16 columns swept into 16 lanes by column_amax (whose loop vectorises, where a max-reduction
+// with a NaN flag did not), then the lanes and the ragged columns.
 float rect_amax(const float* buf, int64_t ld, int64_t h, int64_t w) {
+  constexpr int64_t kLanes = 16;
+  std::array<float, kLanes> lanes{}, part;
+  for (int64_t c0 = 0; c0 + kLanes <= w; c0 += kLanes) {
+    column_amax(buf + c0, ld, h, kLanes, part.data());
+    for (size_t j = 0; j < lanes.size(); ++j) lanes[j] = nan_max(lanes[j], part[j]);
+  }
   float m = 0.0f;
-  for (int64_t r = 0; r < h; ++r) m = nan_max(m, strided_amax(buf + r * ld, w, 1));
+  for (const float v : lanes) m = nan_max(m, v);
+  for (int64_t r = 0; r < h; ++r)
+    for (int64_t c = w - w % kLanes; c < w; ++c) m = nan_max(m, std::fabs(buf[r * ld + c]));
   return m;
 }
 
@@ -94,6 +107,22 @@ void encode_block(const Layout& l, const float* buf, int64_t ld, int64_t r0, int
                   int64_t rows, int64_t cols, const Fp8QuantizeOptions& o, float fp8_max, float tensor_scale) {
   auto* codes = static_cast<uint8_t*>(l.out->data.raw());
   const bool per_tensor = l.out->granularity == Fp8Granularity::Tensor;
+  if (l.transposed && l.tile_cols == 1 && !per_tensor) {
+    // x^T's 1 x n tiles are n x 1 columns of the source: every column's amax over a tile's rows in
+    // one sweep along the rows, instead of a strided walk per column.
+    std::array<float, kBlockCols> amax;
+    for (int64_t tr = r0; tr < r1; tr += l.tile_rows) {
+      const int64_t er = std::min(r1, tr + l.tile_rows);
+      const float* rows_at = buf + (tr - r0) * ld;
+      column_amax(rows_at, ld, er - tr, c1 - c0, amax.data());
+      for (int64_t c = c0; c < c1; ++c) {
+        const float scale =
+            tile_scale(l, c * l.scale_cols + tr / l.tile_rows, amax[static_cast<size_t>(c - c0)], o, fp8_max);
+        encode_run<F>(codes + c * rows + tr, 1, rows_at + (c - c0), ld, er - tr, scale);
+      }
+    }
+    return;
+  }
   for (int64_t tr = r0; tr < r1; tr += l.tile_rows)
     for (int64_t tc = c0; tc < c1; tc += l.tile_cols) {
       const int64_t er = std::min(r1, tr + l.tile_rows), ec = std::min(c1, tc + l.tile_cols);
@@ -112,11 +141,12 @@ void encode_block(const Layout& l, const float* buf, int64_t ld, int64_t r0, int
     }
 }
 
-// Runs body(r0, r1, c0, c1, buf, ld) on every block of the source with the block filled, blocks
-// spread over threads, one buffer per thread; returns the largest |value| seen (NaN if any was).
+// Runs body(r0, r1, c0, c1, buf, ld) on every block of source rows [row0, row1) (row0 a multiple of
+// kBlockRows) with the block filled, blocks spread over threads, one buffer per thread; returns the
+// largest |value| seen (NaN if any was).
 template <typename Body>
-float for_each_block(const Fp8Source& src, Body body) {
-  const int64_t block_rows = ceil_div(src.rows, kBlockRows), block_cols = ceil_div(src.cols, kBlockCols);
+float for_each_block(const Fp8Source& src, int64_t row0, int64_t row1, Body body) {
+  const int64_t block_rows = ceil_div(row1 - row0, kBlockRows), block_cols = ceil_div(src.cols, kBlockCols);
   const int64_t blocks = block_rows * block_cols;
   std::vector<float> block_amax(static_cast<size_t>(blocks), 0.0f);
 #pragma omp parallel
@@ -124,8 +154,8 @@ float for_each_block(const Fp8Source& src, Body body) {
     std::vector<float> buf(static_cast<size_t>(kBlockRows * kBlockCols));
 #pragma omp for schedule(static)
     for (int64_t b = 0; b < blocks; ++b) {
-      const int64_t r0 = b / block_cols * kBlockRows, c0 = b % block_cols * kBlockCols;
-      const int64_t r1 = std::min(src.rows, r0 + kBlockRows), c1 = std::min(src.cols, c0 + kBlockCols);
+      const int64_t r0 = row0 + b / block_cols * kBlockRows, c0 = b % block_cols * kBlockCols;
+      const int64_t r1 = std::min(row1, r0 + kBlockRows), c1 = std::min(src.cols, c0 + kBlockCols);
       const int64_t ld = c1 - c0;
       src.fill(r0, r1, c0, c1, buf.data(), ld);
       block_amax[static_cast<size_t>(b)] = rect_amax(buf.data(), ld, r1 - r0, ld);
@@ -137,30 +167,79 @@ float for_each_block(const Fp8Source& src, Body body) {
   return amax;
 }
 
-// The layouts asked for (rowwise and / or columnwise) from one pass over the source; a second,
-// earlier pass reads the amax when a per-tensor scale is not given.
-void quantize_layouts(const Fp8Source& src, const Fp8QuantizeOptions& o, Fp8Matrix* rowwise, Fp8Matrix* columnwise,
-                      const std::string& row_name, const std::string& column_name) {
-  check_fp8_quantize_options(src.name, o);
-  const float fp8_max = fp8::info(o.format).max;
-  std::vector<Layout> layouts;
-  if (rowwise) layouts.push_back(make_layout(*rowwise, o, false, src.rows, src.cols, row_name));
-  if (columnwise) layouts.push_back(make_layout(*columnwise, o, true, src.rows, src.cols, column_name));
-  float tensor_scale = 0.0f;
-  if (o.granularity == Fp8Granularity::Tensor) {
-    const float amax = o.scale ? 0.0f : for_each_block(src, [](auto...) {});
-    for (const Layout& l : layouts)  // an empty matrix has an empty scale grid
-      tensor_scale = l.out->scale_inv.numel() > 0 ? tile_scale(l, 0, amax, o, fp8_max) : 1.0f;
+}  // namespace
+
+struct Fp8StripeQuantizer::State {
+  Fp8Source src;
+  Fp8QuantizeOptions options;
+  float fp8_max;
+  Fp8Layouts out;
+  std::vector<Layout> layouts;  // point into `out`, so State stays where it was made
+  // Per-tensor current scaling: the scale waits for the whole amax, the codes for finish().
+  bool deferred;
+  float tensor_scale = 1.0f;
+  float amax = 0.0f;  // of the rows read so far
+  int64_t done = 0;   // rows read so far
+
+  // Rows [r0, r1) encoded into every layout at the scales known now.
+  void encode(int64_t r0, int64_t r1) {
+    const Fp8QuantizeOptions& o = options;
+    const auto encode_layouts = [&](int64_t b0, int64_t b1, int64_t c0, int64_t c1, const float* buf, int64_t ld) {
+      for (const Layout& l : layouts)
+        (o.format == fp8::Format::E4M3 ? encode_block<fp8::Format::E4M3>
+                                       : encode_block<fp8::Format::E5M2>)(l, buf, ld, b0, b1, c0, c1, src.rows,
+                                                                          src.cols, o, fp8_max, tensor_scale);
+    };
+    amax = nan_max(amax, for_each_block(src, r0, r1, encode_layouts));
   }
-  const float amax = for_each_block(src, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1, const float* buf, int64_t ld) {
-    for (const Layout& l : layouts)
-      (o.format == fp8::Format::E4M3 ? encode_block<fp8::Format::E4M3> : encode_block<fp8::Format::E5M2>)(
-          l, buf, ld, r0, r1, c0, c1, src.rows, src.cols, o, fp8_max, tensor_scale);
-  });
-  for (const Layout& l : layouts) l.out->amax = amax;
+};
+
+Fp8StripeQuantizer::Fp8StripeQuantizer(Fp8Source src, const Fp8QuantizeOptions& o, bool rowwise, bool columnwise,
+                                       const std::string& row_name, const std::string& column_name)
+    : s_(std::make_unique<State>()) {
+  check_fp8_quantize_options(src.name, o);
+  MEGATON_CHECK(rowwise || columnwise, "FP8 quantisation of '", src.name, "' asks for no layout");
+  s_->src = std::move(src);
+  s_->options = o;
+  s_->fp8_max = fp8::info(o.format).max;
+  const int64_t rows = s_->src.rows, cols = s_->src.cols;
+  if (rowwise) s_->layouts.push_back(make_layout(s_->out.rowwise, o, false, rows, cols, row_name));
+  if (columnwise) s_->layouts.push_back(make_layout(s_->out.columnwise, o, true, rows, cols, column_name));
+  const bool per_tensor = o.granularity == Fp8Granularity::Tensor;
+  s_->deferred = per_tensor && !o.scale;
+  if (per_tensor && o.scale)
+    for (const Layout& l : s_->layouts)  // an empty matrix has an empty scale grid
+      if (l.out->scale_inv.numel() > 0) s_->tensor_scale = tile_scale(l, 0, 0.0f, o, s_->fp8_max);
 }
 
-}  // namespace
+Fp8StripeQuantizer::~Fp8StripeQuantizer() = default;
+Fp8StripeQuantizer::Fp8StripeQuantizer(Fp8StripeQuantizer&&) noexcept = default;
+
+void Fp8StripeQuantizer::rows(int64_t r0, int64_t r1) {
+  State& s = *s_;
+  MEGATON_CHECK(r0 == s.done && r0 < r1 && r1 <= s.src.rows && (r1 % kFp8StripeRows == 0 || r1 == s.src.rows),
+                "FP8 quantisation of '", s.src.name, "': rows [", r0, ", ", r1, ") out of order (", s.done, " of ",
+                s.src.rows, " done; stripes of ", kFp8StripeRows, ")");
+  s.done = r1;
+  if (s.deferred)
+    s.amax = nan_max(s.amax, for_each_block(s.src, r0, r1, [](auto...) {}));
+  else
+    s.encode(r0, r1);
+}
+
+Fp8Layouts Fp8StripeQuantizer::finish() {
+  State& s = *s_;
+  MEGATON_CHECK(s.done == s.src.rows, "FP8 quantisation of '", s.src.name, "' finished after ", s.done, " of ",
+                s.src.rows, " rows");
+  if (s.deferred) {
+    for (const Layout& l : s.layouts)
+      s.tensor_scale = l.out->scale_inv.numel() > 0 ? tile_scale(l, 0, s.amax, s.options, s.fp8_max) : 1.0f;
+    s.amax = 0.0f;  // the codes' pass reads every value again and records their amax
+    if (s.src.rows > 0) s.encode(0, s.src.rows);
+  }
+  for (const Layout& l : s.layouts) l.out->amax = s.amax;
+  return std::move(s.out);
+}
 
 uint8_t mx_scale_code(float amax, float fp8_max) { return fp8::e8m0_from_float(amax * (1.0f / fp8_max)); }
 
@@ -234,18 +313,25 @@ Fp8Matrix fp8_quantize(const Tensor& x, const Fp8QuantizeOptions& options, const
   return fp8_quantize(fp8_source(x), options, name);
 }
 
+namespace {
+// The whole source in one stripe.
+Fp8Layouts quantize_all(const Fp8Source& x, const Fp8QuantizeOptions& options, bool rowwise, bool columnwise,
+                        const std::string& row_name, const std::string& column_name) {
+  Fp8StripeQuantizer q(x, options, rowwise, columnwise, row_name, column_name);
+  if (x.rows > 0) q.rows(0, x.rows);
+  return q.finish();
+}
+}  // namespace
+
 Fp8Matrix fp8_quantize(const Fp8Source& x, const Fp8QuantizeOptions& options, const std::string& name) {
-  Fp8Matrix q;
-  quantize_layouts(x, options, options.transpose ? nullptr : &q, options.transpose ? &q : nullptr, name, name);
-  return q;
+  Fp8Layouts q = quantize_all(x, options, !options.transpose, options.transpose, name, name);
+  return std::move(options.transpose ? q.columnwise : q.rowwise);
 }
 
 Fp8Layouts fp8_quantize_both(const Fp8Source& x, const Fp8QuantizeOptions& options, const std::string& row_name,
                              const std::string& column_name) {
   MEGATON_CHECK(!options.transpose, "fp8_quantize_both of '", x.name, "' writes both layouts; transpose is not an option");
-  Fp8Layouts q;
-  quantize_layouts(x, options, &q.rowwise, &q.columnwise, row_name, column_name);
-  return q;
+  return quantize_all(x, options, true, true, row_name, column_name);
 }
 
 Fp8Matrix fp8_transpose(const Fp8Matrix& q, const std::string& name) {

@@ -18,6 +18,7 @@
 // needs, x and x^T, come from one pass over the source.
 #pragma once
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -93,6 +94,32 @@ struct Fp8Layouts {
 };
 Fp8Layouts fp8_quantize_both(const Fp8Source& x, const Fp8QuantizeOptions& options, const std::string& row_name,
                              const std::string& column_name);
+
+// The rows a source is quantised in when its producer hands them over as it finishes them.
+constexpr int64_t kFp8StripeRows = 128;
+// Quantisation of a source stripe by stripe, in order, as its producer finishes rows: an FP8 GEMM's
+// epilogue (kernels/fp8_gemm.h's rows_done: LayerNormMLP's activation and cast of fc2's input,
+// while fc1's output rows are still in cache). The layouts asked for are allocated at construction.
+// When every scale is known as a stripe is done (a given per-tensor scale, or tiles and blocks,
+// each its own), rows() encodes the stripe; a per-tensor scale from the whole tensor's amax (current
+// scaling) is known only at the end, so rows() reads the stripe's amax and finish() encodes the
+// whole source in a second pass, as fp8_quantize does. The result is fp8_quantize's to the bit.
+class Fp8StripeQuantizer {
+ public:
+  Fp8StripeQuantizer(Fp8Source src, const Fp8QuantizeOptions& options, bool rowwise, bool columnwise,
+                     const std::string& row_name, const std::string& column_name);
+  ~Fp8StripeQuantizer();
+  Fp8StripeQuantizer(Fp8StripeQuantizer&&) noexcept;
+  // Rows [r0, r1): r0 the rows done so far, r1 a multiple of kFp8StripeRows or the last row.
+  void rows(int64_t r0, int64_t r1);
+  // After the last row: the layouts asked for (the other left empty).
+  Fp8Layouts finish();
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};
+
 // The same values transposed, without re-quantising: exact for per-tensor scales and 128x128
 // blocks (the block grid transposes with them); tiles along a row cannot be transposed (quantise
 // the source with `transpose` instead) and are refused.

@@ -42,13 +42,15 @@ Linear::Linear(const std::string& name, int64_t in_features, int64_t out_feature
   if (has_bias) bias = Parameter(name + ".bias", {out_}, false, column ? spec : ShardSpec::replicate());
 }
 
-Tensor Linear::forward(LinearCtx& ctx, const Tensor& x) {
+Tensor Linear::forward(LinearCtx& ctx, const Tensor& x, OutputEpilogue* epilogue) {
   if (x.size(-1) != in_)
     fail("linear '", weight.name, "': input '", x.name(), "' has ", x.size(-1), " features, expected ", in_);
   const bool column = parallel_ == LinearParallel::Column;
   const Tensor xin = column && tp_.splits_sequence() ? parallel::gather_rows(*tp_.group, x, weight.name + ".x") : x;
   const int64_t N = rows_of(xin);
-  if (fp8_active() && !weight.quantized) return reduce_output(fp8_forward(ctx, kernels::fp8_source(xin.view({N, in_})), x.dtype()));
+  if (forward_in_fp8())
+    return reduce_output(fp8_forward(ctx, kernels::fp8_source(xin.view({N, in_})), x.dtype(), epilogue));
+  MEGATON_CHECK(!epilogue, "linear '", weight.name, "': an output epilogue needs the FP8 forward");
   Tensor y = new_activation({N, out_}, weight.name + ".out", x.dtype());
   // A row-parallel bias is added once to the sum: by rank 0's partial output.
   const Tensor& b = bias_deferred_ || (!column && tp_.rank() != 0) ? Tensor() : bias.value;
@@ -66,21 +68,44 @@ Tensor Linear::forward(LinearCtx& ctx, const Tensor& x) {
   return reduce_output(std::move(y));
 }
 
-Tensor Linear::forward(LinearCtx& ctx, FusedInput& x) {
+Tensor Linear::forward(LinearCtx& ctx, FusedInput& x, OutputEpilogue* epilogue) {
   const bool gathers = parallel_ == LinearParallel::Column && tp_.splits_sequence();
-  if (!fp8_active() || gathers || weight.quantized) return forward(ctx, x.written());
+  if (!forward_in_fp8() || gathers) return forward(ctx, x.written(), epilogue);
   const kernels::Fp8Source src = x.source();
   if (src.cols != in_) fail("linear '", weight.name, "': input '", src.name, "' has ", src.cols, " features, expected ", in_);
-  return reduce_output(fp8_forward(ctx, src, x.dtype()));
+  return reduce_output(fp8_forward(ctx, src, x.dtype(), epilogue));
 }
 
-Tensor Linear::fp8_forward(LinearCtx& ctx, const kernels::Fp8Source& x, DType dtype) {
-  const bool column = parallel_ == LinearParallel::Column;
+Tensor Linear::forward(LinearCtx& ctx, fp8::LinearQuantizer::Input x, DType dtype) {
+  MEGATON_CHECK(forward_in_fp8(), "linear '", weight.name, "': a quantised input needs the FP8 forward");
+  const int64_t N = x.fprop.data.size(0);
+  if (x.fprop.data.size(1) != in_)
+    fail("linear '", weight.name, "': input '", x.fprop.data.name(), "' has ", x.fprop.data.size(1),
+         " features, expected ", in_);
+  return reduce_output(
+      fp8_gemm_forward(ctx, new_activation({N, out_}, weight.name + ".out", dtype), std::move(x), nullptr));
+}
+
+Tensor Linear::fp8_forward(LinearCtx& ctx, const kernels::Fp8Source& x, DType dtype, OutputEpilogue* epilogue) {
   Tensor y = new_activation({x.rows, out_}, weight.name + ".out", dtype);
+  return fp8_gemm_forward(ctx, std::move(y), fp8_->input(x), epilogue);
+}
+
+Tensor Linear::fp8_gemm_forward(LinearCtx& ctx, Tensor y, fp8::LinearQuantizer::Input&& x, OutputEpilogue* epilogue) {
+  const bool column = parallel_ == LinearParallel::Column;
+  // Rows summed over the group afterwards are not final when the GEMM writes them.
+  MEGATON_CHECK(!epilogue || column || !tp_.active(), "linear '", weight.name,
+                "': an output epilogue needs rows that are final after the GEMM (not a row-parallel linear)");
   const Tensor& b = bias_deferred_ || (!column && tp_.rank() != 0) ? Tensor() : bias.value;
-  fp8::LinearQuantizer::Input in = fp8_->input(x);
-  kernels::fp8_gemm(kernels::ExecContext::on(y), y, in.fprop, fp8_->weight(weight.value, weight.version), false, b);
-  ctx.x_fp8 = std::move(in.wgrad);  // backward-W reads the 8-bit x^T; the input itself is not kept
+  kernels::Fp8RowsDone rows_done;
+  if (epilogue) {
+    epilogue->begin(y);
+    rows_done = [epilogue](int64_t r0, int64_t r1) { epilogue->rows(r0, r1); };
+  }
+  const kernels::Fp8Matrix fprop = std::move(x.fprop);  // freed on return, before any reduction of y
+  kernels::fp8_gemm(kernels::ExecContext::on(y), y, fprop, fp8_->weight(weight.value, weight.version), false, b,
+                    rows_done);
+  ctx.x_fp8 = std::move(x.wgrad);  // backward-W reads the 8-bit x^T; the input itself is not kept
   return y;
 }
 

@@ -18,6 +18,16 @@ struct LinearCtx {
   std::optional<kernels::Fp8Matrix> x_fp8;
 };
 
+// Work on a linear's output stripe by stripe as its FP8 GEMM finishes the rows (kernels::fp8_gemm's
+// rows_done), while they are still in cache: LayerNormMLP's activation and FP8 cast of fc2's input in
+// fc1's epilogue (nn/mlp.h).
+class OutputEpilogue {
+ public:
+  virtual ~OutputEpilogue() = default;
+  virtual void begin(const Tensor& y) = 0;        // y is allocated; the GEMM has not written it yet
+  virtual void rows(int64_t r0, int64_t r1) = 0;  // rows [r0, r1) of y are final
+};
+
 // Megatron's split of a linear over the tensor-parallel group. Column splits the output features
 // (weight and bias along dim 0): the input enters the tensor-parallel region (forward identity,
 // or with sequence parallelism the all-gather of the rows; backward the all-reduce of the input
@@ -33,10 +43,17 @@ class Linear {
   // `out_pieces` (per rank; default: evenly), a row-parallel one's input features evenly.
   Linear(const std::string& name, int64_t in_features, int64_t out_features, bool bias, LinearParallel parallel,
          const TensorParallel& tp = {}, std::vector<std::vector<ShardPiece>> out_pieces = {});
-  Tensor forward(LinearCtx& ctx, const Tensor& x);           // x [N, in] -> [N, out]
+  // x [N, in] -> [N, out]. An epilogue may be given when forward_in_fp8() and the output is not
+  // summed over a group (a column-parallel or unsplit linear).
+  Tensor forward(LinearCtx& ctx, const Tensor& x, OutputEpilogue* epilogue = nullptr);
   // The same from an input that may never be written (fused_input.h): quantised straight from its
   // producer when the GEMMs run in FP8 and no sequence-parallel gather comes first.
-  Tensor forward(LinearCtx& ctx, FusedInput& x);
+  Tensor forward(LinearCtx& ctx, FusedInput& x, OutputEpilogue* epilogue = nullptr);
+  // The same from an input this linear's quantiser made already (fp8()->input_stripes, finished):
+  // forward_in_fp8() only; the output takes `dtype`.
+  Tensor forward(LinearCtx& ctx, fp8::LinearQuantizer::Input x, DType dtype);
+  // Whether forward runs its GEMM in FP8 (training under an FP8 recipe past calibration).
+  bool forward_in_fp8() const { return fp8_active() && !weight.quantized; }
   Tensor backward_input(LinearCtx& ctx, const Tensor& dy);   // -> dx [N, in]
   void backward_weight(LinearCtx& ctx);                      // dW += dy^T x, db += sum dy; frees ctx
   void parameters(ParameterList& out);
@@ -56,8 +73,10 @@ class Linear {
   Parameter bias;    // [out], undefined when the layer has no bias
 
  private:
-  // The FP8 forward GEMM on x's two quantised layouts (the transposed one kept in ctx for W).
-  Tensor fp8_forward(LinearCtx& ctx, const kernels::Fp8Source& x, DType dtype);
+  // The FP8 forward of x quantised here, and its GEMM on x's two quantised layouts (the transposed
+  // one kept in ctx for W) into y.
+  Tensor fp8_forward(LinearCtx& ctx, const kernels::Fp8Source& x, DType dtype, OutputEpilogue* epilogue);
+  Tensor fp8_gemm_forward(LinearCtx& ctx, Tensor y, fp8::LinearQuantizer::Input&& x, OutputEpilogue* epilogue);
   // A row-parallel output summed over the group (reduce-scattered under sequence parallelism).
   Tensor reduce_output(Tensor y);
   bool fp8_active() const { return fp8_ && !fp8_->calibrating(); }

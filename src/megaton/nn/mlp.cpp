@@ -1,5 +1,7 @@
 #include "megaton/nn/mlp.h"
 
+#include <optional>
+
 #include "megaton/kernels/activation.h"
 #include "megaton/kernels/fp8_sources.h"
 
@@ -30,6 +32,30 @@ namespace {
 Tensor bias_for(const Parameter& bias, const Tensor& h) {
   return as_dtype(bias.value, h.dtype() == DType::F64 ? DType::F64 : DType::F32);
 }
+
+// LayerNormMLP's fc1 epilogue: fc2's FP8 input quantised from each stripe of fc1's output as the
+// GEMM finishes it, the activation (+ fc1's deferred bias) computed in f32 as the quantiser reads
+// it (kernels::activation_fp8_source). The activation's output is never written, and h is read
+// back from cache instead of memory (per-tensor current scaling still reads it once more: its scale
+// needs the whole amax first).
+class ActivationCast final : public OutputEpilogue {
+ public:
+  ActivationCast(fp8::LinearQuantizer& fc2, const Parameter* bias, bool swiglu, std::string name)
+      : fc2_(fc2), bias_(bias), swiglu_(swiglu), name_(std::move(name)) {}
+  void begin(const Tensor& h) override {
+    const Tensor bias = bias_ ? bias_for(*bias_, h) : Tensor();
+    stripes_.emplace(fc2_.input_stripes(kernels::activation_fp8_source(h, bias, swiglu_, name_)));
+  }
+  void rows(int64_t r0, int64_t r1) override { stripes_->rows(r0, r1); }
+  fp8::LinearQuantizer::Input finish() { return fc2_.finish_input(*stripes_); }
+
+ private:
+  fp8::LinearQuantizer& fc2_;
+  const Parameter* bias_;
+  bool swiglu_;
+  std::string name_;
+  std::optional<kernels::Fp8StripeQuantizer> stripes_;
+};
 }  // namespace
 
 Tensor Mlp::forward(SublayerCtx& c, const Tensor& x, int64_t B, int64_t T) {
@@ -39,24 +65,23 @@ Tensor Mlp::forward(SublayerCtx& c, const Tensor& x, int64_t B, int64_t T) {
 
 Tensor Mlp::forward_fused(SublayerCtx& c, FusedInput& x, int64_t, int64_t) {
   auto& ctx = ctx_as<MlpCtx>(c);
-  ctx.h = fc1.forward(ctx.fc1_ctx, x);
-  const Tensor h = ctx.h;
-  const Tensor bias = fuse_bias_ ? bias_for(fc1.bias, h) : Tensor();
   const std::string name = fc1.weight.name + ".act";
-  FusedInput act(
-      h.dtype(),
-      [&] {
-        const int64_t N = rows_of(h);  // every row of the micro-batch under sequence parallelism
-        Tensor a = new_activation({N, ffn_}, name, h.dtype());
-        const auto on = kernels::ExecContext::on(h);
-        if (bias.defined())
-          swiglu_ ? kernels::bias_swiglu_forward(on, a, h, bias) : kernels::bias_gelu_forward(on, a, h, bias);
-        else
-          swiglu_ ? kernels::swiglu_forward(on, a, h) : kernels::gelu_forward(on, a, h);
-        return a;
-      },
-      [&] { return kernels::activation_fp8_source(h.view({rows_of(h), h.size(-1)}), bias, swiglu_, name); });
-  return fuse_act_cast_ ? fc2.forward(ctx.fc2_ctx, act) : fc2.forward(ctx.fc2_ctx, act.written());
+  if (fuse_act_cast_ && fc1.forward_in_fp8() && fc2.forward_in_fp8()) {
+    ActivationCast cast(*fc2.fp8(), fuse_bias_ ? &fc1.bias : nullptr, swiglu_, name);
+    ctx.h = fc1.forward(ctx.fc1_ctx, x, &cast);
+    return fc2.forward(ctx.fc2_ctx, cast.finish(), ctx.h.dtype());
+  }
+  ctx.h = fc1.forward(ctx.fc1_ctx, x);
+  const Tensor& h = ctx.h;
+  Tensor a = new_activation({rows_of(h), ffn_}, name, h.dtype());  // every row of the micro-batch under SP
+  const auto on = kernels::ExecContext::on(h);
+  if (fuse_bias_) {
+    const Tensor bias = bias_for(fc1.bias, h);
+    swiglu_ ? kernels::bias_swiglu_forward(on, a, h, bias) : kernels::bias_gelu_forward(on, a, h, bias);
+  } else {
+    swiglu_ ? kernels::swiglu_forward(on, a, h) : kernels::gelu_forward(on, a, h);
+  }
+  return fc2.forward(ctx.fc2_ctx, a);
 }
 
 Tensor Mlp::backward_input(SublayerCtx& c, const Tensor& dy, int64_t, int64_t) {

@@ -25,7 +25,7 @@ class Mlp final : public MlpLayer {
   // Rows are independent tokens: B and T are not used.
   Tensor forward(SublayerCtx& ctx, const Tensor& x, int64_t B, int64_t T) override;
   // LayerNormMLP when x is a norm's fused input and fc1 / fc2 run in FP8 (with the activation's
-  // fusion on, fc2's 8-bit input comes straight from fc1's output: set_activation_cast_fusion).
+  // fusion on, fc2's 8-bit input is made in fc1's GEMM epilogue: set_activation_cast_fusion).
   Tensor forward_fused(SublayerCtx& ctx, FusedInput& x, int64_t B, int64_t T) override;
   Tensor backward_input(SublayerCtx& ctx, const Tensor& dy, int64_t B, int64_t T) override;
   void backward_weight(SublayerCtx& ctx) override;
@@ -36,7 +36,8 @@ class Mlp final : public MlpLayer {
   // FusionConfig::bias_activation (on from construction); changes nothing when fc1 has no bias.
   void set_bias_activation_fusion(bool on);
   // FusionConfig::layernorm_mlp: under FP8 the activation is computed as fc2's quantiser reads it
-  // (kernels::activation_fp8_source) instead of being written in the compute dtype first.
+  // (kernels::activation_fp8_source), stripe by stripe in fc1's GEMM epilogue, instead of being
+  // written in the compute dtype first.
   void set_activation_cast_fusion(bool on) { fuse_act_cast_ = on; }
 
   Linear fc1;

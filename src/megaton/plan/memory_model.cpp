@@ -12,6 +12,7 @@
 #include "megaton/core/error.h"
 #include "megaton/kernels/attention.h"
 #include "megaton/kernels/cpu/gemm.h"
+#include "megaton/kernels/fp8_gemm.h"
 #include "megaton/nn/attention.h"
 #include "megaton/nn/param_and_grad_buffer.h"
 #include "megaton/train/pipeline_layout.h"
@@ -191,15 +192,24 @@ struct Fp8Weights {
 };
 
 // kernels/fp8_gemm.cpp's workspace for out[M, N] = a[M, K] b[N, K]^T, alive while it runs: an f32
-// accumulator unless `out` is f32, the per-group partial product and the two widened panels.
+// accumulator unless `out` is f32, the per-group partial product and the two widened panels, for
+// all M rows at once or, under an epilogue on oneDNN (bf16 panels), a stripe of them (with b
+// widened over all of K).
 void fp8_gemm(const Pass& p, int64_t M, int64_t N, int64_t K, kernels::Fp8Granularity ga, kernels::Fp8Granularity gb,
-              DType out) {
+              DType out, bool epilogue = false) {
   const bool mx = ga == kernels::Fp8Granularity::Mx1x32;
   const int64_t group = mx ? K : std::max<int64_t>(1, std::min({tile_cols(ga, K), tile_cols(gb, K), K}));
-  const Buf acc = out == DType::F32 ? Buf() : p.workspace(M, N, DType::F32);
-  const Buf partial = p.workspace(M, N, DType::F32);
-  const Buf pa = p.workspace(M, group, p.fp8_panel), pb = p.workspace(N, group, p.fp8_panel);
+  const int64_t stripe = epilogue && p.fp8_panel == DType::BF16 ? std::min(M, kernels::kFp8GemmStripeRows) : M;
+  const Buf acc = out == DType::F32 ? Buf() : p.workspace(stripe, N, DType::F32);
+  const Buf partial = p.workspace(stripe, N, DType::F32);
+  const Buf pa = p.workspace(stripe, group, p.fp8_panel);
+  const Buf pb = p.workspace(N, std::max<int64_t>(stripe < M ? K : group, 1), p.fp8_panel);
 }
+
+// A linear's FP8 input in both layouts (fp8::LinearQuantizer::Input).
+struct Fp8Input {
+  Fp8Buf fprop, wgrad;
+};
 
 // The tensor-parallel group a module is built with (nn/tensor_parallel.h).
 struct Tp {
@@ -248,21 +258,38 @@ class Linear {
   Linear(int64_t in, int64_t out, bool bias, Parallel parallel, Tp tp = {})
       : in_(in), out_(out), bias_(bias), column_(parallel == Parallel::Column), tp_(tp) {}
 
-  Buf forward(const Pass& p, LinearCtx& ctx, const Buf& x) const {
+  // nn::OutputEpilogue's begin (given the output's rows): what it allocates before the GEMM runs.
+  using Epilogue = std::function<void(int64_t rows)>;
+
+  Buf forward(const Pass& p, LinearCtx& ctx, const Buf& x, const Epilogue& epilogue = {}) const {
     const Buf xin = column_ && tp_.splits_sequence() ? p.gather_rows(x, tp_.size) : x;
     const int64_t N = xin.rows();
-    if (fp8_) return reduce_output(p, fp8_forward(p, ctx, N, x.dtype()));
+    if (fp8_) return reduce_output(p, fp8_forward(p, ctx, N, x.dtype(), epilogue));
     Buf y = p.act(N, out_, x.dtype());
     p.gemm(N, out_, in_, x.dtype(), y.dtype());
     ctx.x = xin;
     return reduce_output(p, y);
   }
   // nn::Linear::forward of a FusedInput: produced straight into FP8 unless rows are gathered first.
-  Buf forward(const Pass& p, LinearCtx& ctx, FusedBuf& x) const {
-    if (!fp8_ || (column_ && tp_.splits_sequence())) return forward(p, ctx, x.written());
+  Buf forward(const Pass& p, LinearCtx& ctx, FusedBuf& x, const Epilogue& epilogue = {}) const {
+    if (!fp8_ || (column_ && tp_.splits_sequence())) return forward(p, ctx, x.written(), epilogue);
     x.produce();
-    return reduce_output(p, fp8_forward(p, ctx, x.rows, x.dtype));
+    return reduce_output(p, fp8_forward(p, ctx, x.rows, x.dtype, epilogue));
   }
+  // nn::Linear::forward of an input its quantiser made already.
+  Buf forward(const Pass& p, LinearCtx& ctx, Fp8Input x, DType dtype) const {
+    const int64_t N = x.fprop.data.rows();
+    const Buf y = p.act(N, out_, dtype);
+    fp8_gemm_forward(p, ctx, N, y.dtype(), std::move(x), false);
+    return reduce_output(p, y);
+  }
+  // This linear's FP8 input of N rows, both layouts (the quantiser's allocations, in its order).
+  Fp8Input quantize_input(const Pass& p, int64_t N) const {
+    Fp8Buf fprop = fp8_quantize(p, N, in_, act_granularity(), MemCategory::Activations);
+    Fp8Buf wgrad = transposed_input(p, fprop, N);
+    return {std::move(fprop), std::move(wgrad)};
+  }
+  bool fp8() const { return fp8_.has_value(); }
 
   Buf backward_input(const Pass& p, LinearCtx& ctx, const Buf& dy) const {
     const Buf dyin = !column_ && tp_.splits_sequence() ? p.gather_rows(dy, tp_.size) : dy;
@@ -301,12 +328,17 @@ class Linear {
 
  private:
   kernels::Fp8Granularity act_granularity() const { return fp8_->activation_granularity(); }
-  Buf fp8_forward(const Pass& p, LinearCtx& ctx, int64_t N, DType dtype) const {
+  Buf fp8_forward(const Pass& p, LinearCtx& ctx, int64_t N, DType dtype, const Epilogue& epilogue) const {
     Buf y = p.act(N, out_, dtype);
-    const Fp8Buf fprop = fp8_quantize(p, N, in_, act_granularity(), MemCategory::Activations);
-    ctx.x_fp8 = transposed_input(p, fprop, N);
-    fp8_gemm(p, N, out_, in_, act_granularity(), fp8_->weight_granularity(), y.dtype());
+    Fp8Input in = quantize_input(p, N);
+    if (epilogue) epilogue(N);
+    fp8_gemm_forward(p, ctx, N, y.dtype(), std::move(in), static_cast<bool>(epilogue));
     return y;
+  }
+  // The GEMM on x's layouts: x^T kept for backward-W, x itself freed as it returns.
+  void fp8_gemm_forward(const Pass& p, LinearCtx& ctx, int64_t N, DType out, Fp8Input x, bool epilogue) const {
+    ctx.x_fp8 = std::move(x.wgrad);
+    fp8_gemm(p, N, out_, in_, act_granularity(), fp8_->weight_granularity(), out, epilogue);
   }
   Buf reduce_output(const Pass& p, const Buf& y) const {
     if (column_ || !tp_.active()) return y;
@@ -619,7 +651,8 @@ struct MlpCtx : SublayerCtx {
 };
 
 // nn::Mlp: fc1 -> GeLU / SwiGLU -> fc2 (the fused bias adds change no allocation; under FP8 with
-// the activation-cast fusion the activation's output is never allocated).
+// the activation-cast fusion the activation's output is never allocated, and fc2's 8-bit input is
+// allocated as fc1's GEMM starts, its epilogue filling it).
 class Mlp final : public Sublayer {
  public:
   Mlp(int64_t hidden, int64_t ffn, bool swiglu, bool bias, Tp tp, bool fuse_act_cast)
@@ -635,10 +668,14 @@ class Mlp final : public Sublayer {
   }
   Buf forward_fused(const Pass& p, SublayerCtx& c, FusedBuf& x) const override {
     auto& ctx = static_cast<MlpCtx&>(c);
+    if (fuse_act_cast_ && fc1_.fp8() && fc2_.fp8()) {  // fc2's input made in fc1's epilogue
+      std::optional<Fp8Input> act;
+      ctx.h = fc1_.forward(p, ctx.fc1_ctx, x, [&](int64_t rows) { act = fc2_.quantize_input(p, rows); });
+      return fc2_.forward(p, ctx.fc2_ctx, std::move(*act), ctx.h.dtype());
+    }
     ctx.h = fc1_.forward(p, ctx.fc1_ctx, x);
-    const Buf h = ctx.h;
-    FusedBuf act{h.rows(), h.dtype(), [this, &p, h] { return p.act(h.rows(), ffn_, h.dtype()); }, [] {}, {}};
-    return fuse_act_cast_ ? fc2_.forward(p, ctx.fc2_ctx, act) : fc2_.forward(p, ctx.fc2_ctx, act.written());
+    const Buf a = p.act(ctx.h.rows(), ffn_, ctx.h.dtype());
+    return fc2_.forward(p, ctx.fc2_ctx, a);
   }
   Buf backward_input(const Pass& p, SublayerCtx& c, const Buf& dy) const override {
     auto& ctx = static_cast<MlpCtx&>(c);
