@@ -25,7 +25,7 @@
 namespace megaton::kernels {
 
 // The rows one GEMM call of an epilogue's stripes computes (handed over kFp8StripeRows at a time).
-// Each call streams all of b again, so a stripe is as tall as lets its output stay in the last-level
+// Each call streams all of b again, so calls are as tall as keeps their output in the last-level
 // cache: 512 rows of a 3072-wide bf16 output are 3 MB (docs/performance.md measures 128 and 512).
 constexpr int64_t kFp8GemmStripeRows = 4 * kFp8StripeRows;
 

@@ -175,11 +175,12 @@ struct Fp8StripeQuantizer::State {
   float fp8_max;
   Fp8Layouts out;
   std::vector<Layout> layouts;  // point into `out`, so State stays where it was made
-  // Per-tensor current scaling: the scale waits for the whole amax, the codes for finish().
-  bool deferred;
   float tensor_scale = 1.0f;
   float amax = 0.0f;  // of the rows read so far
   int64_t done = 0;   // rows read so far
+
+  // Per-tensor current scaling: the scale waits for the whole amax, the codes for finish().
+  bool deferred() const { return options.granularity == Fp8Granularity::Tensor && !options.scale; }
 
   // Rows [r0, r1) encoded into every layout at the scales known now.
   void encode(int64_t r0, int64_t r1) {
@@ -205,9 +206,7 @@ Fp8StripeQuantizer::Fp8StripeQuantizer(Fp8Source src, const Fp8QuantizeOptions& 
   const int64_t rows = s_->src.rows, cols = s_->src.cols;
   if (rowwise) s_->layouts.push_back(make_layout(s_->out.rowwise, o, false, rows, cols, row_name));
   if (columnwise) s_->layouts.push_back(make_layout(s_->out.columnwise, o, true, rows, cols, column_name));
-  const bool per_tensor = o.granularity == Fp8Granularity::Tensor;
-  s_->deferred = per_tensor && !o.scale;
-  if (per_tensor && o.scale)
+  if (o.granularity == Fp8Granularity::Tensor && o.scale)
     for (const Layout& l : s_->layouts)  // an empty matrix has an empty scale grid
       if (l.out->scale_inv.numel() > 0) s_->tensor_scale = tile_scale(l, 0, 0.0f, o, s_->fp8_max);
 }
@@ -221,7 +220,7 @@ void Fp8StripeQuantizer::rows(int64_t r0, int64_t r1) {
                 "FP8 quantisation of '", s.src.name, "': rows [", r0, ", ", r1, ") out of order (", s.done, " of ",
                 s.src.rows, " done; stripes of ", kFp8StripeRows, ")");
   s.done = r1;
-  if (s.deferred)
+  if (s.deferred())
     s.amax = nan_max(s.amax, for_each_block(s.src, r0, r1, [](auto...) {}));
   else
     s.encode(r0, r1);
@@ -231,7 +230,7 @@ Fp8Layouts Fp8StripeQuantizer::finish() {
   State& s = *s_;
   MEGATON_CHECK(s.done == s.src.rows, "FP8 quantisation of '", s.src.name, "' finished after ", s.done, " of ",
                 s.src.rows, " rows");
-  if (s.deferred) {
+  if (s.deferred()) {
     for (const Layout& l : s.layouts)
       s.tensor_scale = l.out->scale_inv.numel() > 0 ? tile_scale(l, 0, s.amax, s.options, s.fp8_max) : 1.0f;
     s.amax = 0.0f;  // the codes' pass reads every value again and records their amax

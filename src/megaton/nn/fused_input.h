@@ -1,8 +1,8 @@
-// A linear's input that need not be written out: a norm's output (LayerNormLinear / RMSNormLinear)
-// or an activation's (LayerNormMLP's fc2 input). A linear running its GEMMs in FP8 quantises it
-// straight from its producer (kernels/fp8_sources.h), as TransformerEngine's fused layers cast it,
-// so the compute-dtype tensor never exists; any other linear, or one that must first gather the
-// rows over its sequence-parallel group, asks for written(), the tensor as the unfused op makes it.
+// A linear's input that need not be written out: a norm's output (LayerNormLinear / RMSNormLinear;
+// LayerNormMLP's fc2 input is made in fc1's GEMM epilogue instead, nn/mlp.h). A linear running its GEMMs in FP8
+// quantises it straight from its producer (kernels/fp8_sources.h), as TransformerEngine's fused layers cast it, so the
+// compute-dtype tensor never exists; any other linear, or one that must first gather the rows over its
+// sequence-parallel group, asks for written(), the tensor as the unfused op makes it.
 #pragma once
 #include <functional>
 

@@ -16,13 +16,13 @@
 //     amax and the two layouts) never exists. In f32 / bf16 the norm already writes the GEMM's
 //     dtype: nothing changes. Not under sequence parallelism (the linear gathers the written rows).
 //   - layernorm_mlp (TE's LayerNormMLP): norm -> fc1 -> activation -> fc2 with, under FP8, fc2's
-//     8-bit input made in fc1's GEMM epilogue: the GEMM runs in stripes of 128 rows, and each
-//     stripe's activation (+ fc1's deferred bias) is computed in f32 and quantised into both of
-//     fc2's layouts while the stripe is still in cache (the activation's output is never written).
-//     oneDNN has no hook for a dynamic-scale FP8 epilogue, so the stripes are the hook. Per-tensor
-//     current scaling needs the whole amax before any code, so its epilogue reads the amax and the
-//     codes take one more pass over fc1's output; delayed scaling (the scale is known) and the tiled
-//     recipes (each tile's scale is its own) encode in the epilogue.
+//     8-bit input made in fc1's GEMM epilogue: the GEMM hands its output over in stripes of 128
+//     rows (computing 512 per oneDNN call), and each stripe's activation (+ fc1's deferred bias) is computed in f32 and
+//     quantised into both of fc2's layouts while the stripe is still in cache (the activation's output is never
+//     written). oneDNN has no hook for a dynamic-scale FP8 epilogue, so the stripes are the hook. Per-tensor current
+//     scaling needs the whole amax before any code, so its epilogue reads the amax and the codes take one more pass
+//     over fc1's output; delayed scaling (the scale is known) and the tiled recipes (each tile's scale is its own)
+//     encode in the epilogue.
 #pragma once
 
 namespace megaton::nn {
