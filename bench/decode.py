@@ -2,12 +2,16 @@
 """Batch-1 greedy decode speed against the memory-bandwidth limit (issue 15), side by side.
 
 For random Llama weights of the stories110M and stories15M shapes (fp32, tied embeddings, as the
-llama2.c checkpoints) and of llama3-1b (GQA, 128256-token vocabulary, tied; megaton only), this writes an HF folder (config.json + model.safetensors) and the same
-weights as a llama2.c checkpoint, then times greedy decoding from a lone BOS (id 1) with:
+llama2.c checkpoints) and of llama3-1b (16 layers, 2048 wide, GQA 32 / 8 heads, 128256-token vocabulary,
+tied; RoPE base 10000 as run.c hard-codes), this writes an HF folder (config.json + model.safetensors)
+and the same weights as a llama2.c checkpoint, then times greedy decoding from a lone BOS (id 1) with:
   - megaton (this build: GEMV + decode attention for one token per step), fp32 and bf16 weights,
     and 8-bit weights (--weights-dtype int8 / fp8-block, fp32 activations),
   - optionally a megaton built before them (--before: every step on the GEMM path),
-  - optionally llama2.c's run.c (--llama2c-run, built by you in /tmp; never part of this repo),
+  - optionally llama2.c's run.c (--llama2c-run, built by you in /tmp; never part of this repo). Its
+    tokenizer.bin has 32000 pieces; for another vocabulary the script writes one whose piece for id i is
+    " i". Only the 32000-id shapes compare the two tools' text (--sp-model): with another vocabulary
+    megaton's greedy choice is limited to the ids its tokenizer can decode, run.c's is not,
 and measures a streaming-read memory bandwidth in the same run (a small C program, 2 threads, the best
 of three read patterns).
 
@@ -40,7 +44,7 @@ import numpy as np
 SHAPES = {  # dim, layers, heads, vocab, hidden, kv heads
     "110m": (768, 12, 12, 32000, 2048, 12),
     "15m": (288, 6, 6, 32000, 768, 6),
-    "llama3-1b": (2048, 16, 32, 128256, 8192, 8),  # GQA; no llama2.c row (its tokenizer has 32000 ids)
+    "llama3-1b": (2048, 16, 32, 128256, 8192, 8),  # GQA; run.c gets a tokenizer of id pieces
 }
 SEQ_LEN = 512  # positions: room for the 256-step runs
 SHORT, LONG = 16, 256
@@ -170,6 +174,16 @@ def write_llama2c(path, t, dim, layers, heads, vocab, hidden, kv_heads):
                 f.write((interleaved_rope_rows(w, rope_heads) if rope_heads else w).tobytes())
         f.write(t["model.norm.weight"].tobytes())
         f.write(np.zeros(SEQ_LEN * (dim // heads), np.float32).tobytes())  # the unused rope tables
+
+
+def write_id_tokenizer(path, vocab):
+    """A llama2.c tokenizer.bin (max piece length, then per id: float score, int length, bytes) whose
+    piece for id i is " i", so that run.c prints the ids it generates."""
+    pieces = [f" {i}".encode() for i in range(vocab)]
+    with open(path, "wb") as f:
+        f.write(struct.pack("<i", max(map(len, pieces))))
+        for piece in pieces:
+            f.write(struct.pack("<fi", 0.0, len(piece)) + piece)
 
 
 def weight_bytes_per_token(t, kind="fp32"):
@@ -310,13 +324,20 @@ def main():
                 rate, _ = measure("megaton before (GEMM path)",
                                   megaton_command(args.before, folder, tokenizer, args.threads, before=True), args.repeats, env)
                 row["before"] = {"rate": rate, "limit": limit}
-            if args.llama2c_run and dims[3] == 32000:  # run.c's tokenizer.bin has 32000 ids
+            if args.llama2c_run:
                 write_llama2c(ckpt, tensors, *dims)
+                own_vocab = dims[3] == 32000  # run.c's tokenizer.bin has 32000 pieces
+                pieces = args.llama2c_tokenizer if own_vocab else os.path.join(work, shape + ".tokenizer.bin")
+                if not own_vocab:
+                    write_id_tokenizer(pieces, dims[3])
                 rate, out_c = measure("llama2.c run.c", lambda steps: [args.llama2c_run, ckpt, "-t", "0", "-n",
-                                                                       str(steps), "-z", args.llama2c_tokenizer],
+                                                                       str(steps), "-z", pieces],
                                       args.repeats, env)
                 row["llama2c"] = {"rate": rate, "limit": limit}
-                if args.sp_model:
+                if not own_vocab and len(out_c[LONG].split()) < LONG:  # one piece per generated id
+                    sys.exit(f"run.c stopped after {len(out_c[LONG].split())} of {LONG} tokens (it ends on "
+                             f"id 1): its rate would not be a {LONG}-step rate")
+                if own_vocab and args.sp_model:
                     same = "".join(out_c[LONG].split()) == "".join(j["text"].split())
                     print(f"    same text as run.c (whitespace aside): {same}")
             for tool, r in row.items():

@@ -6,6 +6,7 @@
 
 #include "megaton/core/error.h"
 #include "megaton/kernels/cpu/gemv_dot.h"
+#include "megaton/kernels/cpu/gemv_row_pairs.h"
 
 namespace megaton::kernels::cpu {
 namespace {
@@ -14,23 +15,25 @@ namespace {
 constexpr int64_t kParallelMin = 1 << 15;
 
 // x [rows, in_f]: each weight row is read from memory once, for all the x rows. One x row (decode)
-// takes the weight rows two at a time (gemv_dot.h's dot_pair).
+// takes the weight rows two at a time (gemv_row_pairs.h says which two).
 template <typename T, typename W, typename B, typename X>
 void gemv_rows(T* y, const X* x, const W* w, const B* bias, int64_t rows, int64_t in_f, int64_t out_f, bool simd) {
   const auto b = [&](int64_t r) { return bias ? static_cast<float>(load(bias[r])) : 0.0f; };
-  const int64_t step = rows == 1 ? 2 : 1;
 #pragma omp parallel if (out_f * in_f >= kParallelMin)
   {
     std::vector<float> dots(static_cast<size_t>(std::max<int64_t>(rows, 2)));
+    if (rows == 1) {
+      for_row_pairs(
+          out_f, out_f,
+          [&](int64_t r, int64_t r2) {
+            gemv_detail::dot_pair(w + r * in_f, (r2 - r) * in_f, x, in_f, dots.data(), simd);
+            y[r] = store<T>(dots[0] + b(r));
+            y[r2] = store<T>(dots[1] + b(r2));
+          },
+          [&](int64_t r) { y[r] = store<T>(gemv_detail::dot(w + r * in_f, x, in_f, simd) + b(r)); });
+    } else {
 #pragma omp for schedule(static)
-    for (int64_t r = 0; r < out_f; r += step) {
-      if (rows == 1 && r + 1 < out_f) {
-        gemv_detail::dot_pair(w + r * in_f, in_f, x, in_f, dots.data(), simd);
-        y[r] = store<T>(dots[0] + b(r));
-        y[r + 1] = store<T>(dots[1] + b(r + 1));
-      } else if (rows == 1) {
-        y[r] = store<T>(gemv_detail::dot(w + r * in_f, x, in_f, simd) + b(r));
-      } else {
+      for (int64_t r = 0; r < out_f; ++r) {
         gemv_detail::dot_rows(w + r * in_f, x, in_f, in_f, rows, dots.data(), simd);
         for (int64_t n = 0; n < rows; ++n) y[n * out_f + r] = store<T>(dots[static_cast<size_t>(n)] + b(r));
       }

@@ -6,6 +6,7 @@
 
 #include "megaton/core/error.h"
 #include "megaton/kernels/cpu/gemv_dot.h"
+#include "megaton/kernels/cpu/gemv_row_pairs.h"
 
 namespace megaton::kernels::cpu {
 namespace {
@@ -19,12 +20,11 @@ int64_t scale_cols(const QuantizedRows& w, int64_t in_f) { return (in_f + w.bloc
 // band instead (each thread keeps its own scaled copy of the x rows, remade when its weight rows
 // enter the next band), so the inner loop stays the plain dot product of the codes. Each weight row
 // is read once for all the x rows [rows, in_f]; one x row (decode) takes the weight rows two at a
-// time where both lie in one band (gemv_dot.h's dot_pair).
+// time, both from one band (gemv_row_pairs.h).
 template <typename C, typename T, typename B>
 void gemv_rows(T* y, const float* x, const C* codes, const QuantizedRows& w, const B* bias, int64_t rows, int64_t in_f,
                int64_t out_f, bool simd) {
   const int64_t sc = scale_cols(w, in_f);
-  const int64_t step = rows == 1 ? 2 : 1;
 #pragma omp parallel if (out_f * in_f >= kParallelMin)
   {
     std::vector<float> xs(sc == 1 ? 0 : static_cast<size_t>(rows * in_f));
@@ -57,16 +57,19 @@ void gemv_rows(T* y, const float* x, const C* codes, const QuantizedRows& w, con
       gemv_detail::dot_rows(codes + r * in_f, xr, in_f, in_f, rows, dots.data(), simd);
       for (int64_t n = 0; n < rows; ++n) emit(n, r, dots[static_cast<size_t>(n)]);
     };
+    if (rows == 1) {
+      // Paired rows share a band, so that one scaled copy of x serves both.
+      for_row_pairs(
+          out_f, sc == 1 ? out_f : w.block_rows,
+          [&](int64_t r, int64_t r2) {
+            gemv_detail::dot_pair(codes + r * in_f, (r2 - r) * in_f, x_for(r), in_f, dots.data(), simd);
+            emit(0, r, dots[0]);
+            emit(0, r2, dots[1]);
+          },
+          one_row);
+    } else {
 #pragma omp for schedule(static)
-    for (int64_t r = 0; r < out_f; r += step) {
-      const bool pair = step == 2 && r + 1 < out_f && (sc == 1 || (r + 1) / w.block_rows == r / w.block_rows);
-      if (!pair) {
-        for (int64_t q = r; q < std::min(out_f, r + step); ++q) one_row(q);
-        continue;
-      }
-      gemv_detail::dot_pair(codes + r * in_f, in_f, x_for(r), in_f, dots.data(), simd);
-      emit(0, r, dots[0]);
-      emit(0, r + 1, dots[1]);
+      for (int64_t r = 0; r < out_f; ++r) one_row(r);
     }
   }
 }
