@@ -227,3 +227,15 @@ TEST(FitLink, NamesWhatTheTimingsLack) {
 }
 
 }  // namespace
+
+TEST(BusySendDelay, IsTheMeanArrivalPastWhatTheLinkChargesAndNeverNegative) {
+  // 1 MB over 1 GB/s with 1 us of latency: the link charges 1.049 ms; a step pays every boundary's
+  // delay, so the bimodal timings count by their mean (4 ms), not their median (1 ms).
+  const LinkSpec link{1e9, 1e-6, kEfficiencies};
+  const double bytes = 1 << 20, charged = collective_time(Collective::SendRecv, link, 2, bytes);
+  const std::vector<double> seconds = {charged + 1e-3, charged + 1e-3, charged + 10e-3};
+  EXPECT_NEAR(busy_send_delay(seconds, link, bytes), 4e-3, 1e-12);
+  const std::vector<double> fast = {charged / 2};
+  EXPECT_EQ(busy_send_delay(fast, link, bytes), 0.0);
+  EXPECT_THROW(busy_send_delay(std::vector<double>{}, link, bytes), Error);
+}

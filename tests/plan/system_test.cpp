@@ -22,6 +22,15 @@ TEST(System, ShippedSystemsRoundTripThroughToml) {
     EXPECT_EQ(back.gemm.size(), s.gemm.size());
     EXPECT_DOUBLE_EQ(back.intra_node.efficiency.at(Collective::AllToAll), s.intra_node.efficiency.at(Collective::AllToAll));
   }
+  // A calibrated link's busy-send delay survives the round trip; a file from before it reads as 0.
+  SystemSpec cpu = *shipped_system("h100");
+  cpu.inter_node.busy_send_delay_s = 2.5e-3;
+  EXPECT_DOUBLE_EQ(parse_system(to_toml(cpu), "cpu.toml").inter_node.busy_send_delay_s, 2.5e-3);
+  std::string old = to_toml(cpu);
+  const size_t at = old.find("busy_send_delay_s = 0.0025\n");
+  ASSERT_NE(at, std::string::npos);
+  old.erase(at, std::string("busy_send_delay_s = 0.0025\n").size());
+  EXPECT_EQ(parse_system(old, "old.toml").inter_node.busy_send_delay_s, 0.0);
   EXPECT_DOUBLE_EQ(shipped_system("h100")->peak("bf16"), 989e12);
   EXPECT_DOUBLE_EQ(shipped_system("h200")->memory_bytes, 141e9);
   EXPECT_FALSE(shipped_system("a100")->peak_flops.count("fp8"));
@@ -49,6 +58,7 @@ TEST(System, BadFilesAreRefusedNamingTheKey) {
   refused("all_to_all = 0.6", "", "missing key 'all_to_all'");
   refused("dtype = \"bf16\"", "dtype = \"bf17\"", "bf17");
   refused("bandwidth_Bps = 3.35e+12", "bandwidth_Bps = nan", "bandwidth_Bps");
+  refused("busy_send_delay_s = 0", "busy_send_delay_s = -1e-3", "busy_send_delay_s");
   EXPECT_THROW(parse_system("name = [", "x.toml"), Error);
   EXPECT_THROW(resolve_system("no-such-system"), Error);
 }

@@ -660,6 +660,12 @@ int64_t cold_operand_copies(double bytes_per_copy, double cold_bytes) {
   return std::max<int64_t>(1, static_cast<int64_t>(std::ceil(cold_bytes / bytes_per_copy)));
 }
 
+// busy_send_delay's message: a pipeline boundary's size (a few hundred rows of a hidden of 256 to 4096
+// in f32), and a computation longer than the delays seen (2-6 ms on 2 oversubscribed cores).
+constexpr double kBusySendBytes = 1 << 20;
+constexpr double kBusySend_s = 0.02;
+constexpr int kBusySendRepeats = 25, kBusySendRepeatsQuick = 3;
+
 SystemSpec calibrate_device(const CalibrateOptions& o) {
   check_dtypes(o.dtypes);
   MEGATON_CHECK(o.budget_s > 0, "calibrate: budget_s ", o.budget_s, " is not positive");
@@ -700,12 +706,19 @@ void calibrate_network(SystemSpec& s, parallel::Communicator& world, const Calib
                                     ? sizes_for(true).target_s
                                     : o.budget_s * (1 - kDeviceShare) / double(sizes.size() * std::size(kCollectives));
     s.intra_node = fit_link(time_collectives(world, sizes, per_sample_s), ranks);
+    const int busy_repeats = o.quick ? kBusySendRepeatsQuick : kBusySendRepeats;
+    s.intra_node.busy_send_delay_s = busy_send_delay(
+        busy_send_seconds(world, kBusySendBytes, kBusySend_s, busy_repeats), s.intra_node, kBusySendBytes);
     s.description += " Links: intra_node measured with " + std::to_string(ranks) +
                      " ranks on the communicator (all_reduce, all_gather, reduce_scatter, all_to_all and send / recv "
                      "ping-pong" +
                      format(" from %.0f KB to %.0f MB", sizes.front() / 1024, sizes.back() / (1 << 20)) +
                      "), fitted to collective_time: latency from the small messages, each collective's byte term "
-                     "from the large ones, bandwidth_Bps = the fastest fitted rate (normally send_recv's).";
+                     "from the large ones, bandwidth_Bps = the fastest fitted rate (normally send_recv's)." +
+                     format(
+                         " busy_send_delay_s: a %.0f KB send whose sender computes for %.0f ms after posting it, "
+                         "mean post-to-arrival of %.0f less the fitted send_recv time.",
+                         kBusySendBytes / 1024, kBusySend_s * 1e3, double(busy_repeats));
   }
   s.inter_node = s.intra_node;
   s.description += " inter_node: not measured: one node (a copy of intra_node).";
@@ -720,8 +733,8 @@ std::string calibration_summary(const SystemSpec& s) {
   for (MemoryOp op : kMemoryOps)
     out += std::string(" ") + memory_op_name(op) + format(" %.2f", s.memory_efficiency.at(op));
   out += format("\nop overhead: %.2f us", s.op_overhead_s * 1e6);
-  out += format("\nintra_node link: %.2f GB/s, latency %.2f us; efficiency", s.intra_node.bandwidth_Bps / 1e9,
-                s.intra_node.latency_s * 1e6);
+  out += format("\nintra_node link: %.2f GB/s, latency %.2f us, busy-send delay %.2f us; efficiency",
+                s.intra_node.bandwidth_Bps / 1e9, s.intra_node.latency_s * 1e6, s.intra_node.busy_send_delay_s * 1e6);
   for (Collective c : kCollectives)
     out += std::string(" ") + collective_name(c) + format(" %.2f", s.intra_node.efficiency.at(c));
   return out + "\n";

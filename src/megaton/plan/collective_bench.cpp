@@ -146,7 +146,53 @@ CollectiveSample time_collective(parallel::Communicator& comm, Collective c, dou
   return {c, static_cast<double>(elems) * 4.0, best / messages_per_call};
 }
 
+// Keeps the calling thread computing for `seconds`: dependent floating-point work, no memory traffic.
+void compute_for(double seconds) {
+  const Clock::time_point t0 = Clock::now();
+  double x = 1;
+  while (std::chrono::duration<double>(Clock::now() - t0).count() < seconds)
+    for (int i = 0; i < 1000; ++i) x = x * 1.0000001 + 1e-9;
+  [[maybe_unused]] volatile double sink = x;  // keeps the loop
+}
+
+double steady_seconds() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
+
 }  // namespace
+
+std::vector<double> busy_send_seconds(parallel::Communicator& comm, double bytes, double busy_s, int repeats) {
+  MEGATON_CHECK(comm.size() >= 2, "busy_send_seconds needs 2 ranks or more, not ", comm.size());
+  MEGATON_CHECK(repeats >= 1 && busy_s > 0 && bytes >= 4, "busy_send_seconds: repeats ", repeats, ", busy_s ", busy_s,
+                ", bytes ", bytes);
+  const Tensor msg =
+      Tensor::zeros({static_cast<int64_t>(bytes) / 4}, DType::F32, MemCategory::Workspace, "calibrate.busy_send");
+  std::vector<double> seconds;
+  for (int i = -1; i < repeats; ++i) {  // the first one warms up (connections, buffers)
+    // The receive is posted before the send, as a pipeline stage posts its next op's receive ahead.
+    parallel::WorkHandle recv = comm.rank() == 1 ? comm.recv_async(msg, 0, i + 1) : nullptr;
+    comm.barrier();
+    double posted = 0, arrived = 0;
+    if (comm.rank() == 0) {
+      posted = steady_seconds();
+      parallel::WorkHandle send = comm.send_async(msg, 1, i + 1);
+      compute_for(busy_s);
+      send->wait();
+    } else if (comm.rank() == 1) {
+      recv->wait();
+      arrived = steady_seconds();
+    }
+    posted = comm.all_reduce_scalar(posted, parallel::ReduceOp::Max);
+    arrived = comm.all_reduce_scalar(arrived, parallel::ReduceOp::Max);
+    if (i >= 0) seconds.push_back(arrived - posted);
+  }
+  return seconds;
+}
+
+double busy_send_delay(std::span<const double> seconds, const LinkSpec& link, double bytes) {
+  MEGATON_CHECK(!seconds.empty(), "busy_send_delay: no timings");
+  double mean = 0;
+  for (double s : seconds) mean += s / double(seconds.size());
+  return std::max(0.0, mean - collective_time(Collective::SendRecv, link, 2, bytes));
+}
 
 std::vector<CollectiveSample> time_collectives(parallel::Communicator& comm, const std::vector<double>& sizes,
                                                double target_s) {

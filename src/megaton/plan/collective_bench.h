@@ -50,4 +50,15 @@ LinkSpec fit_link(std::span<const CollectiveSample> samples, int64_t ranks);
 std::vector<CollectiveSample> time_collectives(parallel::Communicator& comm, const std::vector<double>& sizes,
                                                double target_s);
 
+// Seconds from posting to arrival of `repeats` sends of `bytes` from rank 0 to rank 1, which waits
+// for each, while rank 0 computes for `busy_s` right after posting (as a pipeline stage goes on to
+// its next op); the same on every rank. Post and arrival are read off the steady clock in two
+// processes, so the two ranks must share a node (the clock is the node's). Needs 2 ranks or more.
+std::vector<double> busy_send_seconds(parallel::Communicator& comm, double bytes, double busy_s, int repeats);
+
+// LinkSpec::busy_send_delay_s from those timings: their mean (a step pays every boundary's delay,
+// and on 2 oversubscribed cores they are bimodal, 0.5 or 2-7 ms) less what `link` already charges a
+// message of `bytes`, at least 0.
+double busy_send_delay(std::span<const double> seconds, const LinkSpec& link, double bytes);
+
 }  // namespace megaton::plan

@@ -120,8 +120,10 @@ StepPlan plan_step(const train::TrainConfig& c, const SystemSpec& s, const pipel
   const double sp_rows = c.sequence_parallel ? rows / double(c.tensor_model_parallel_size) : rows;
   const double elem = c.bf16 || c.fp16 ? 2.0 : 4.0;
   const GroupShape pp = groups_of(c).pp;
+  // The sender goes on to its next op at once, so a boundary also waits for its communication thread.
   costs.transfer =
-      collective_seconds(s, Collective::SendRecv, {2, pp.stride}, sp_rows * double(c.model.hidden_size) * elem);
+      collective_seconds(s, Collective::SendRecv, {2, pp.stride}, sp_rows * double(c.model.hidden_size) * elem) +
+      group_link(s, {2, pp.stride}).busy_send_delay_s;
   p.simulation = pipeline::simulate(sched, costs);
 
   double ready = 0;  // when the last rank's gradients are final

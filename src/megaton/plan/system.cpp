@@ -130,6 +130,7 @@ LinkSpec read_link(const toml::table& t, const std::string& where) {
   LinkSpec l;
   l.bandwidth_Bps = r.number("bandwidth_Bps", 1e3, kHuge);
   l.latency_s = r.number("latency_s", 0, 10);
+  l.busy_send_delay_s = r.number("busy_send_delay_s", 0, 10, 0.0);
   TableReader e(r.table("efficiency"), where + ".efficiency");
   for (Collective c : kCollectives) l.efficiency[c] = e.number(collective_name(c), 1e-4, 1.0);
   return l;
@@ -269,7 +270,7 @@ std::string num(double v) {
 std::string quoted(const std::string& s) { return nlohmann::json(s).dump(); }
 void write_link(std::ostringstream& os, const char* name, const LinkSpec& l) {
   os << "\n[network." << name << "]\nbandwidth_Bps = " << num(l.bandwidth_Bps) << "\nlatency_s = " << num(l.latency_s)
-     << "\n[network." << name << ".efficiency]\n";
+     << "\nbusy_send_delay_s = " << num(l.busy_send_delay_s) << "\n[network." << name << ".efficiency]\n";
   for (Collective c : kCollectives) os << collective_name(c) << " = " << num(l.efficiency.at(c)) << "\n";
 }
 }  // namespace

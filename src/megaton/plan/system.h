@@ -57,6 +57,11 @@ struct LinkSpec {
   double bandwidth_Bps = 0;  // per direction, per device
   double latency_s = 0;      // per message step
   std::map<Collective, double> efficiency;  // achieved / bandwidth; every collective present
+  // Extra seconds before a point-to-point message arrives when its sender computes right after
+  // posting it (a pipeline boundary): on CPU ranks the communication thread shares the sender's
+  // core, so the transfer waits for it. Measured by `plan calibrate`; 0 where not (GPUs' copies run
+  // beside their kernels).
+  double busy_send_delay_s = 0;
 };
 
 struct SystemSpec {
