@@ -5,6 +5,7 @@
 
 #include "megaton/pipeline/generators.h"
 #include "megaton/pipeline/trace.h"
+#include "megaton/plan/collective_cost.h"
 #include "megaton/plan/op_counts.h"
 #include "megaton/train/pipeline_layout.h"
 
@@ -121,9 +122,9 @@ StepPlan plan_step(const train::TrainConfig& c, const SystemSpec& s, const pipel
   const double elem = c.bf16 || c.fp16 ? 2.0 : 4.0;
   const GroupShape pp = groups_of(c).pp;
   // The sender goes on to its next op at once, so a boundary also waits for its communication thread.
-  costs.transfer =
-      collective_seconds(s, Collective::SendRecv, {2, pp.stride}, sp_rows * double(c.model.hidden_size) * elem) +
-      group_link(s, {2, pp.stride}).busy_send_delay_s;
+  const LinkSpec& pp_link = group_link(s, {2, pp.stride});
+  costs.transfer = collective_time(Collective::SendRecv, pp_link, 2, sp_rows * double(c.model.hidden_size) * elem) +
+                   pp_link.busy_send_delay_s;
   p.simulation = pipeline::simulate(sched, costs);
 
   double ready = 0;  // when the last rank's gradients are final
