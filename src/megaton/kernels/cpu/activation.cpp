@@ -1,8 +1,6 @@
 #include "megaton/kernels/cpu/activation.h"
 
-#include "megaton/kernels/cpu/column_slice.h"
-#include "megaton/kernels/cpu/element.h"
-#include "megaton/kernels/cpu/fast_exp.h"
+#include <omp.h>
 
 #include <algorithm>
 #include <bit>
@@ -13,7 +11,10 @@
 #include <utility>
 #include <vector>
 
-#include <omp.h>
+#include "megaton/kernels/cpu/column_slice.h"
+#include "megaton/kernels/cpu/element.h"
+#include "megaton/kernels/cpu/fast_exp.h"
+#include "megaton/kernels/cpu/parallel_min.h"
 
 namespace megaton::kernels::cpu {
 
@@ -97,7 +98,7 @@ void activation_rows(TO* __restrict out, int64_t ldo, const T* __restrict h, con
 // activation_rows over every row, rows split over threads.
 template <bool kSwiglu, bool kBias, typename T>
 void activation_forward(T* out, const T* h, const compute_t<T>* bias, int64_t N, int64_t F) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N > 1 && N * F >= kParallelMin)
   for (int64_t r = 0; r < N; ++r) activation_rows<kSwiglu, kBias>(out + r * F, F, h, bias, F, r, r + 1, 0, F);
 }
 
@@ -227,7 +228,7 @@ void activation_block_f32(float* out, int64_t ld, const T* h, const compute_t<T>
 // simd loop is safe.
 template <typename T>
 void residual_forward(T* out, const T* a, const T* b, int64_t n) {
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
   for (int64_t i = 0; i < n; ++i) out[i] = store<T>(load(a[i]) + load(b[i]));
 }
 

@@ -7,12 +7,10 @@
 #include "megaton/core/error.h"
 #include "megaton/kernels/cpu/gemv_dot.h"
 #include "megaton/kernels/cpu/gemv_row_pairs.h"
+#include "megaton/kernels/cpu/parallel_min.h"
 
 namespace megaton::kernels::cpu {
 namespace {
-
-// Below this many weight elements one thread finishes before a parallel region would start.
-constexpr int64_t kParallelMin = 1 << 15;
 
 // x [rows, in_f]: each weight row is read from memory once, for all the x rows. One x row (decode)
 // takes the weight rows two at a time (gemv_row_pairs.h says which two).

@@ -7,11 +7,10 @@
 #include "megaton/core/error.h"
 #include "megaton/kernels/cpu/gemv_dot.h"
 #include "megaton/kernels/cpu/gemv_row_pairs.h"
+#include "megaton/kernels/cpu/parallel_min.h"
 
 namespace megaton::kernels::cpu {
 namespace {
-
-constexpr int64_t kParallelMin = 1 << 15;  // weight elements below which one thread is faster
 
 int64_t scale_cols(const QuantizedRows& w, int64_t in_f) { return (in_f + w.block_cols - 1) / w.block_cols; }
 

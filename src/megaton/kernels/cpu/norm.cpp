@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "megaton/kernels/cpu/element.h"
+#include "megaton/kernels/cpu/parallel_min.h"
 
 namespace megaton::kernels::cpu {
 
@@ -151,7 +152,7 @@ template <typename T, typename W>
 void norm_forward(T* sum, T* out, compute_t<T>* mean, compute_t<T>* rstd, const T* x, const T* residual,
                   const W* weight, const W* bias, int64_t N, int64_t C, double eps) {
   using S = compute_t<T>;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N > 1 && N * C >= kParallelMin)
   for (int64_t n = 0; n < N; ++n) {
     const T* xr = x + n * C;
     if (residual) {

@@ -4,6 +4,7 @@
 
 #include "megaton/core/error.h"
 #include "megaton/kernels/cpu/element.h"
+#include "megaton/kernels/cpu/parallel_min.h"
 
 namespace megaton::kernels::cpu {
 
@@ -31,7 +32,7 @@ template <RopeLayout L, typename T, typename C = compute_t<T>>
 void rotate_tokens(T* x, const C* cos, const C* sin, int64_t B, int64_t Tlen, int64_t groups, int64_t H, int64_t D,
                    HeadStrides at, int64_t pos_offset, C sign) {
   const int64_t half = D / 2;
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static) if (B * Tlen * groups * H * D >= kParallelMin)
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t t = 0; t < Tlen; ++t) {
       T* token = x + (b * Tlen + t) * at.row;
