@@ -6,6 +6,7 @@
 
 #include "megaton/core/error.h"
 #include "megaton/kernels/cpu/gemv_dot.h"
+#include "megaton/kernels/cpu/gemv_fixed_x.h"
 #include "megaton/kernels/cpu/gemv_row_pairs.h"
 #include "megaton/kernels/cpu/parallel_min.h"
 
@@ -13,6 +14,45 @@ namespace megaton::kernels::cpu {
 namespace {
 
 int64_t scale_cols(const QuantizedRows& w, int64_t in_f) { return (in_f + w.block_cols - 1) / w.block_cols; }
+
+// y[n, r] = row r's dot product d times its row scale (row_scaled: one scale per row band; null when
+// x already carried the block scales) plus its bias, as one explicit FMA so that every path rounds
+// alike (left to -ffp-contract, the inline one-row path and the row loop once contracted differently).
+template <typename T, typename B>
+void emit_row(T* y, int64_t n, int64_t r, int64_t out_f, const QuantizedRows* row_scaled, float d, const B* bias) {
+  const float b = bias ? static_cast<float>(load(bias[r])) : 0.0f;
+  y[n * out_f + r] = store<T>(row_scaled ? std::fma(row_scaled->scale_inv[r / row_scaled->block_rows], d, b) : d + b);
+}
+
+// int8 codes with one scale per row band against x in fixed point (gemv_fixed_x.h): the same walk
+// over the rows as gemv_rows below, with exact integer sums.
+template <typename T, typename B>
+void gemv_rows_fixed(T* y, const gemv_detail::FixedX& xq, const int8_t* codes, const QuantizedRows& w, const B* bias,
+                     int64_t rows, int64_t in_f, int64_t out_f, bool simd) {
+  std::vector<gemv_detail::FixedRow> xr;
+  for (int64_t n = 0; n < rows; ++n) xr.push_back(xq.row(n));
+#pragma omp parallel if (out_f * in_f >= kParallelMin)
+  {
+    std::vector<int64_t> sums(static_cast<size_t>(std::max<int64_t>(rows, 2)));
+    const auto one_row = [&](int64_t r) {
+      gemv_detail::dot_fixed_rows(codes + r * in_f, xr.data(), in_f, rows, sums.data(), simd);
+      for (int64_t n = 0; n < rows; ++n) emit_row(y, n, r, out_f, &w, xq.value(n, sums[static_cast<size_t>(n)]), bias);
+    };
+    if (rows == 1) {
+      for_row_pairs(
+          out_f, out_f,
+          [&](int64_t r, int64_t r2) {
+            gemv_detail::dot_fixed_pair(codes + r * in_f, (r2 - r) * in_f, xr[0], in_f, sums.data(), simd);
+            emit_row(y, 0, r, out_f, &w, xq.value(0, sums[0]), bias);
+            emit_row(y, 0, r2, out_f, &w, xq.value(0, sums[1]), bias);
+          },
+          one_row);
+    } else {
+#pragma omp for schedule(static)
+      for (int64_t r = 0; r < out_f; ++r) one_row(r);
+    }
+  }
+}
 
 // With one scale per row band (int8 per row, per-tensor) the scale multiplies the row's dot
 // product. With blocks along the row (128 x 128), x is multiplied by the band's block scales once per
@@ -44,12 +84,7 @@ void gemv_rows(T* y, const float* x, const C* codes, const QuantizedRows& w, con
       }
       return xs.data();
     };
-    // Scale and bias as one explicit FMA, so that every path rounds alike (left to -ffp-contract,
-    // the inline one-row path and the row loop once contracted differently).
-    const auto emit = [&](int64_t n, int64_t r, float d) {
-      const float b = bias ? static_cast<float>(load(bias[r])) : 0.0f;
-      y[n * out_f + r] = store<T>(sc == 1 ? std::fma(w.scale_inv[r / w.block_rows], d, b) : d + b);
-    };
+    const auto emit = [&](int64_t n, int64_t r, float d) { emit_row(y, n, r, out_f, sc == 1 ? &w : nullptr, d, bias); };
     const auto one_row = [&](int64_t r) {
       const float* xr = x_for(r);
       if (rows == 1) return emit(0, r, gemv_detail::dot(codes + r * in_f, xr, in_f, simd));
@@ -92,6 +127,9 @@ void gemv_quantized(T* y, const T* x, const QuantizedRows& w, const B* bias, int
   const bool simd = path != GemvPath::Portable && gemv_simd_compiled();
   std::vector<float> xf(static_cast<size_t>(rows * in_f));  // x widened once: every weight row reads it
   for (int64_t i = 0; i < rows * in_f; ++i) xf[static_cast<size_t>(i)] = load(x[i]);
+  gemv_detail::FixedX xq;
+  if (w.dtype == DType::I8 && scale_cols(w, in_f) == 1 && xq.build(xf.data(), rows, in_f))
+    return gemv_rows_fixed(y, xq, static_cast<const int8_t*>(w.codes), w, bias, rows, in_f, out_f, simd);
   with_codes(w, [&](const auto* codes) { gemv_rows(y, xf.data(), codes, w, bias, rows, in_f, out_f, simd); });
 }
 

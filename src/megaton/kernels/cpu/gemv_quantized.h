@@ -1,8 +1,10 @@
 // Decode over 8-bit weights: y[n, out] = dequant(W)[out, in] x[n, in] (+ bias) for a few rows n
 // (cpu/gemv.h: each weight row streamed once for all of them), with the
-// dequantisation inside the GEMV (each code widened to fp32 in registers as its row streams by,
-// never a full-precision copy of W). Weight bytes per token are a quarter of fp32's, so a decode
-// bound by memory bandwidth runs up to 4x faster.
+// dequantisation inside the GEMV (each code widened in registers as its row streams by, never a
+// full-precision copy of W). Weight bytes per token are a quarter of fp32's, so a decode bound by
+// memory bandwidth runs up to 4x faster. int8 codes with one scale per row (or per tensor) meet x
+// in fixed point, in exact integer dot products (cpu/gemv_fixed_x.h); block-scaled codes and E4M3
+// are widened to fp32.
 #pragma once
 #include <cstdint>
 
@@ -23,7 +25,7 @@ struct QuantizedRows {
 };
 
 // x and y share T (f32 or bf16); the bias B is f32 or T (or null). Each row is accumulated in fp32
-// in a fixed order, so y does not depend on the thread count.
+// in a fixed order (or exactly, in integers), so y does not depend on the thread count.
 template <typename T, typename B>
 void gemv_quantized(T* y, const T* x, const QuantizedRows& w, const B* bias, int64_t rows, int64_t in_f, int64_t out_f,
                     GemvPath path = GemvPath::Best);
