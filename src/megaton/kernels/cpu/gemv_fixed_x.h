@@ -19,9 +19,8 @@
 namespace megaton::kernels::cpu::gemv_detail {
 
 // One x row: x[c] ~= (hi(c) * 2^15 + lo(c)) * step, lo in [0, 2^15). The halves are interleaved by
-// blocks of 32 (32 hi, then the same columns' 32 lo) so that x is one stream of loads: as two arrays,
-// the hi and lo of a column were in / 2 bytes apart, and with 8192 columns every load of both and of
-// the paired weight rows fell on one L1 set.
+// blocks of 32 (32 hi, then the same columns' 32 lo) so that x is one stream of loads: a 2-thread
+// 768-column GEMV over 84 MB ran at 43-45 GB/s with two arrays, 47.5-50 interleaved.
 inline constexpr int64_t kFixedBlock = 32;
 constexpr int64_t fixed_hi_offset(int64_t c) { return 2 * kFixedBlock * (c / kFixedBlock) + c % kFixedBlock; }
 struct FixedRow {
