@@ -98,8 +98,8 @@ void activation_rows(TO* __restrict out, int64_t ldo, const T* __restrict h, con
 // activation_rows over every row, rows split over threads.
 template <bool kSwiglu, bool kBias, typename T>
 void activation_forward(T* out, const T* h, const compute_t<T>* bias, int64_t N, int64_t F) {
-#pragma omp parallel for schedule(static) if (N > 1 && N * F >= kParallelMin)
-  for (int64_t r = 0; r < N; ++r) activation_rows<kSwiglu, kBias>(out + r * F, F, h, bias, F, r, r + 1, 0, F);
+  parallel_for(N, N > 1 ? N * F : 0,
+               [&](int64_t r) { activation_rows<kSwiglu, kBias>(out + r * F, F, h, bias, F, r, r + 1, 0, F); });
 }
 
 }  // namespace
@@ -228,8 +228,12 @@ void activation_block_f32(float* out, int64_t ld, const T* h, const compute_t<T>
 // simd loop is safe.
 template <typename T>
 void residual_forward(T* out, const T* a, const T* b, int64_t n) {
-#pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
-  for (int64_t i = 0; i < n; ++i) out[i] = store<T>(load(a[i]) + load(b[i]));
+  constexpr int64_t kChunk = 4096;
+  parallel_for((n + kChunk - 1) / kChunk, n, [&](int64_t k) {
+    const int64_t end = std::min(n, (k + 1) * kChunk);
+#pragma omp simd
+    for (int64_t i = k * kChunk; i < end; ++i) out[i] = store<T>(load(a[i]) + load(b[i]));
+  });
 }
 
 #define MEGATON_INSTANTIATE(T)                                                \

@@ -1,34 +1,32 @@
 #include "megaton/kernels/cpu/copy.h"
 
 #include <algorithm>
-
 #include <vector>
 
 #include "megaton/core/dtype.h"
 #include "megaton/kernels/cpu/element.h"
+#include "megaton/kernels/cpu/parallel_min.h"
 
 namespace megaton::kernels::cpu {
 
 template <typename T>
 void copy_rows(T* dst, int64_t dst_R, int64_t dst_C, int64_t dst_row, int64_t dst_col, const T* src, int64_t src_R,
                int64_t src_C, int64_t src_row, int64_t src_col, int64_t B, int64_t rows, int64_t cols) {
-#pragma omp parallel for collapse(2) schedule(static) if (B * rows * cols >= (1 << 16))
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t r = 0; r < rows; ++r) {
-      const T* s = src + (b * src_R + src_row + r) * src_C + src_col;
-      std::copy(s, s + cols, dst + (b * dst_R + dst_row + r) * dst_C + dst_col);
-    }
+  parallel_for(B * rows, B * rows * cols, [&](int64_t br) {
+    const int64_t b = br / rows, r = br % rows;
+    const T* s = src + (b * src_R + src_row + r) * src_C + src_col;
+    std::copy(s, s + cols, dst + (b * dst_R + dst_row + r) * dst_C + dst_col);
+  });
 }
 
 template <typename T>
 void broadcast_rows(T* dst, int64_t dst_R, int64_t dst_C, int64_t dst_row, int64_t dst_col, const T* src,
                     int64_t src_R, int64_t src_C, int64_t src_row, int64_t src_col, int64_t B, int64_t copies,
                     int64_t cols) {
-#pragma omp parallel for schedule(static) if (B * copies * cols >= (1 << 16))
-  for (int64_t b = 0; b < B; ++b) {
+  parallel_for(B, B * copies * cols, [&](int64_t b) {
     const T* s = src + (b * src_R + src_row) * src_C + src_col;
     for (int64_t r = 0; r < copies; ++r) std::copy(s, s + cols, dst + (b * dst_R + dst_row + r) * dst_C + dst_col);
-  }
+  });
 }
 
 template <typename T>

@@ -6,13 +6,13 @@
 #include <vector>
 
 #include "megaton/kernels/cpu/element.h"
+#include "megaton/kernels/cpu/parallel_min.h"
 
 namespace megaton::kernels::cpu {
 
 template <typename T, typename W>
 void embedding_forward(T* out, const int32_t* tokens, const W* wte, const T* wpe, int64_t B, int64_t Tlen, int64_t C) {
-#pragma omp parallel for schedule(static)
-  for (int64_t row = 0; row < B * Tlen; ++row) {
+  parallel_for(B * Tlen, B * Tlen * C, [&](int64_t row) {
     T* o = out + row * C;
     const W* e = wte + static_cast<int64_t>(tokens[row]) * C;
     if (wpe) {
@@ -25,7 +25,7 @@ void embedding_forward(T* out, const int32_t* tokens, const W* wte, const T* wpe
 #pragma omp simd
       for (int64_t c = 0; c < C; ++c) o[c] = static_cast<T>(load(e[c]));
     }
-  }
+  });
 }
 
 namespace {

@@ -152,8 +152,7 @@ template <typename T, typename W>
 void norm_forward(T* sum, T* out, compute_t<T>* mean, compute_t<T>* rstd, const T* x, const T* residual,
                   const W* weight, const W* bias, int64_t N, int64_t C, double eps) {
   using S = compute_t<T>;
-#pragma omp parallel for schedule(static) if (N > 1 && N * C >= kParallelMin)
-  for (int64_t n = 0; n < N; ++n) {
+  parallel_for(N, N > 1 ? N * C : 0, [&](int64_t n) {
     const T* xr = x + n * C;
     if (residual) {
       T* s = sum + n * C;
@@ -166,7 +165,7 @@ void norm_forward(T* sum, T* out, compute_t<T>* mean, compute_t<T>* rstd, const 
     if (mean) mean[n] = static_cast<S>(m);
     rstd[n] = inverse_std<S>(row_mean_square(xr, m, C), eps);
     if (out) normalize_row(out + n * C, xr, weight, bias, mean ? mean[n] : S(0), rstd[n], 0, C);
-  }
+  });
 }
 
 }  // namespace

@@ -32,15 +32,12 @@ template <RopeLayout L, typename T, typename C = compute_t<T>>
 void rotate_tokens(T* x, const C* cos, const C* sin, int64_t B, int64_t Tlen, int64_t groups, int64_t H, int64_t D,
                    HeadStrides at, int64_t pos_offset, C sign) {
   const int64_t half = D / 2;
-#pragma omp parallel for collapse(2) schedule(static) if (B * Tlen * groups * H * D >= kParallelMin)
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t t = 0; t < Tlen; ++t) {
-      T* token = x + (b * Tlen + t) * at.row;
-      const int64_t row = (pos_offset + t) * half;
-      for (int64_t g = 0; g < groups; ++g)
-        for (int64_t h = 0; h < H; ++h) rotate_head<L>(token + g * at.group + h * D, cos + row, sin + row, half, sign);
-    }
-  }
+  parallel_for(B * Tlen, B * Tlen * groups * H * D, [&](int64_t bt) {
+    T* token = x + bt * at.row;
+    const int64_t row = (pos_offset + bt % Tlen) * half;
+    for (int64_t g = 0; g < groups; ++g)
+      for (int64_t h = 0; h < H; ++h) rotate_head<L>(token + g * at.group + h * D, cos + row, sin + row, half, sign);
+  });
 }
 
 }  // namespace
