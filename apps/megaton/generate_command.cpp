@@ -35,7 +35,12 @@ std::vector<int32_t> run(models::TransformerModel& model, const std::vector<int3
     return infer::generate_with_draft(model, *draft_model, input, opts, draft_tokens, on_token, stats, spec);
   return infer::generate(model, input, opts, on_token, stats);
 }
-std::string precision = "fp32", weights_dtype = "auto";
+std::string precision = "fp32", weights_dtype = "auto", kv_cache_dtype = "auto";
+
+// --kv-cache-dtype on a loaded model (auto: the model's own choice, bf16 under --precision bf16).
+void set_kv_cache(models::TransformerModel& model) {
+  if (kv_cache_dtype != "auto") model.set_kv_cache_dtype(kv_cache_dtype == "bf16" ? DType::BF16 : DType::F32);
+}
 
 // Tokens per second, or null when nothing was timed (e.g. the first token was the stop token).
 nlohmann::json rate(int64_t tokens, double seconds) {
@@ -56,17 +61,18 @@ void print_json(models::TransformerModel& model, const data::Tokenizer& tok, con
   const std::vector<int32_t> ids =
       run(model, input, opts.logprobs >= 0 ? infer::TokenCallback(log) : nullptr, &stats, &spec);
   nlohmann::json out = {{"load_s", load_s},
-                              {"prompt_tokens", stats.prefill_tokens},
-                              {"prefill_s", stats.prefill_s},
-                              {"prefill_tokens_per_s", rate(stats.prefill_tokens, stats.prefill_s)},
-                              {"decode_tokens", stats.decode_tokens},
-                              {"decode_s", stats.decode_s},
-                              {"decode_tokens_per_s", rate(stats.decode_tokens, stats.decode_s)},
-                              {"threads", num_threads()},
-                              {"precision", precision},
-                              {"weights_dtype", weights_dtype},
-                              {"text", tok.decode(ids)},
-                              {"ids", ids}};
+                        {"prompt_tokens", stats.prefill_tokens},
+                        {"prefill_s", stats.prefill_s},
+                        {"prefill_tokens_per_s", rate(stats.prefill_tokens, stats.prefill_s)},
+                        {"decode_tokens", stats.decode_tokens},
+                        {"decode_s", stats.decode_s},
+                        {"decode_tokens_per_s", rate(stats.decode_tokens, stats.decode_s)},
+                        {"threads", num_threads()},
+                        {"precision", precision},
+                        {"weights_dtype", weights_dtype},
+                        {"kv_cache_dtype", dtype_name(model.kv_cache_dtype())},
+                        {"text", tok.decode(ids)},
+                        {"ids", ids}};
   if (opts.logprobs >= 0) out["logprobs"] = logprobs;
   if (speculative || draft_model)
     out["speculative"] = {{"drafted", spec.drafted},
@@ -114,6 +120,12 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--seed", opts.seed, "Sampling seed")->capture_default_str()->check(in_range<uint64_t>(0));
   cmd->add_option("--threads", threads, "CPU threads")->check(in_range(0, 4096));
   add_inference_dtype_options(cmd, precision, weights_dtype);
+  cmd->add_option("--kv-cache-dtype", kv_cache_dtype,
+                  "The KV cache's dtype: f32, or bf16 (half the bytes each decode step reads, keys and values rounded "
+                  "to bf16 as they are cached; the attention's math stays in the activations' dtype). auto: bf16 "
+                  "under --precision bf16, else f32. MLA's latent cache stays f32")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "f32", "bf16"}));
   cmd->add_option("--mla-decode", mla_decode,
                   "Multi-latent attention's decoding form: absorbed (W_uk and W_uv folded, attention over the latent "
                   "cache) or naive (the cached latent expanded into every head's keys and values each step; to compare)")
@@ -140,6 +152,7 @@ void add_generate_command(CLI::App& app) {
     InferenceModel loaded = load_inference_model(model_dir, tokenizer, precision, weights_dtype);
     auto& model = loaded.model;
     auto& tok = loaded.tokenizer;
+    set_kv_cache(*model);
     for (auto& layer : model->layers())
       if (auto* mla = dynamic_cast<nn::MultiLatentAttention*>(layer->attention.get()))
         mla->set_naive_decode(mla_decode == "naive");
@@ -151,7 +164,10 @@ void add_generate_command(CLI::App& app) {
     opts.vocab_size = tok->vocab_size();  // every generated id must decode (a model's vocabulary may be larger)
     if ((speculative || !draft_dir.empty()) && opts.temperature != 0.0)
       fail(speculative ? "--speculative" : "--draft-model", " decodes greedily: give --temperature 0");
-    if (!draft_dir.empty()) draft_model = load_inference_model(draft_dir, tokenizer, precision, weights_dtype).model;
+    if (!draft_dir.empty()) {
+      draft_model = load_inference_model(draft_dir, tokenizer, precision, weights_dtype).model;
+      set_kv_cache(*draft_model);
+    }
     if (json) return print_json(*model, *tok, input, loaded.load_s);
     std::fputs(prompt_ids.empty() ? prompt.c_str() : tok->decode(input).c_str(), stdout);
     infer::TextStream stream(*tok, {});

@@ -294,6 +294,35 @@ TEST_P(PagedModel, ABf16ModelsContiguousCacheIsBf16AndMatchesBf16Pages) {
   EXPECT_LT(megaton::testing::relative_to_largest(row1, alone), 1e-2);
 }
 
+// An f32 model asked for a bf16 contiguous cache (`generate --kv-cache-dtype bf16`: half the bytes a
+// decode step reads) gives serve's bf16 pages' logits bitwise at every step, both attending in f32 over
+// keys and values rounded to bf16; f32 and fp8 are refused. Planted: the setting ignored (the cache
+// left f32, caught: dtype and logits).
+TEST_P(PagedModel, AnF32ModelsBf16CacheMatchesBf16Pages) {
+  models::TransformerModel m(tiny(GetParam()));
+  m.init_weights(6);
+  m.refresh_compute_weights();
+  EXPECT_EQ(m.kv_cache_dtype(), DType::F32);
+  EXPECT_THROW(m.set_kv_cache_dtype(DType::F8E4M3), Error);
+  m.set_kv_cache_dtype(DType::BF16);
+  auto caches = m.new_kv_caches(1, 100);
+  if (m.config().is_mla()) return;  // MLA's latent cache stays f32
+  EXPECT_EQ(caches[0].k.dtype(), DType::BF16);
+  nn::PagedKVCache paged = m.new_paged_kv_cache(8, 64, DType::BF16);
+  nn::PagedSequence seq;
+  ASSERT_TRUE(paged.reserve(seq, 100));
+  const std::vector<int32_t> prompt = prompt_of(70, 5);
+  Tensor want = m.forward_cached(caches, ids(prompt)), got = m.forward_paged(paged, {&seq}, ids(prompt));
+  for (int step = 0; step < 20; ++step) {
+    ASSERT_EQ(want.nbytes(), got.nbytes());
+    ASSERT_EQ(std::memcmp(want.raw(), got.raw(), want.nbytes()), 0) << "step " << step;
+    const float* w = want.data<float>();
+    const auto next = static_cast<int32_t>(std::max_element(w, w + want.numel()) - w);
+    want = m.forward_cached(caches, ids({next}));
+    got = m.forward_paged(paged, {&seq}, ids({next}));
+  }
+}
+
 // FP8 KV heads: each decodes to within half an E4M3 quantum of its values (relative to the head's
 // largest, 2^-4), an all-zero head to zeros with scale 0.
 TEST(PagedKVCache, Fp8HeadsRoundTripWithinHalfAQuantum) {

@@ -164,6 +164,45 @@ TEST(GenerateJson, WeightsDtypeQuantisesTheWeights) {
   EXPECT_NE(bad.output.find("--weights-dtype"), std::string::npos) << bad.output;
 }
 
+// --kv-cache-dtype bf16 on an f32 model: the ids of in-process generation with a bf16 cache, and
+// log-probabilities that differ from the f32 cache's (the flag cannot be silently ignored; planted:
+// the option parsed but not applied, caught); fp8 is refused (contiguous caches hold f32 or bf16).
+TEST(GenerateJson, KvCacheDtypeBf16RoundsTheCache) {
+  megaton::testing::TempDir dir;
+  models::TransformerModel m(megaton::testing::tiny_config("llama-tiny"));
+  m.init_weights(9);
+  models::save_hf_model(m, dir.file("model"));
+  infer::SamplingOptions o;
+  o.temperature = 0;
+  o.max_new_tokens = 30;
+  o.stop_token = -1;
+  auto loaded = models::load_hf_model(dir.file("model"));
+  loaded->set_kv_cache_dtype(DType::BF16);
+  const auto bf16 = infer::generate(*loaded, data::make_tokenizer("byte")->encode("Hello"), o);
+  const auto run = [&](const char* kv) {
+    const auto r =
+        megaton::testing::run_command(std::string(MEGATON_BINARY) + " generate --model " + dir.file("model") +
+                                      " --prompt Hello --max-new-tokens 30 --temperature 0 --json --ignore-eos "
+                                      "--logprobs 0 --kv-cache-dtype " +
+                                      kv);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return nlohmann::json::parse(r.output);
+  };
+  const auto j = run("bf16"), f32 = run("f32");
+  EXPECT_EQ(j["kv_cache_dtype"], "bf16");
+  EXPECT_EQ(f32["kv_cache_dtype"], "f32");
+  EXPECT_EQ(j["ids"].get<std::vector<int32_t>>(), bf16);
+  ASSERT_EQ(j["logprobs"].size(), f32["logprobs"].size());
+  int differ = 0;
+  for (size_t i = 0; i < j["logprobs"].size(); ++i)
+    differ += j["logprobs"][i]["logprob"] != f32["logprobs"][i]["logprob"];
+  EXPECT_GT(differ, 0) << "the bf16 cache's log-probabilities equal the f32 cache's";
+  const auto bad = megaton::testing::run_command(std::string(MEGATON_BINARY) + " generate --model " +
+                                                 dir.file("model") + " --prompt Hello --kv-cache-dtype fp8");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("--kv-cache-dtype"), std::string::npos) << bad.output;
+}
+
 // --draft-model: the main model's greedy ids, with the draft's acceptance reported; the main model
 // as its own draft has every proposal accepted.
 TEST(GenerateJson, DraftModelGivesTheGreedyIdsAndItsAcceptance) {

@@ -354,8 +354,18 @@ void TransformerModel::backward_weight(ModelCtx& ctx) {
 std::vector<nn::KVCache> TransformerModel::new_kv_caches(int64_t B, int64_t max_len) const {
   check_whole("incremental decoding");
   std::vector<nn::KVCache> caches;
-  for (const auto& l : layers_) caches.push_back(l->attention->new_cache(B, max_len, compute_dtype_));
+  for (const auto& l : layers_) caches.push_back(l->attention->new_cache(B, max_len, kv_cache_dtype()));
   return caches;
+}
+
+void TransformerModel::set_kv_cache_dtype(DType dtype) {
+  if (dtype != DType::F32 && dtype != DType::BF16)
+    fail("a KV cache for incremental decoding holds f32 or bf16, not ", dtype_name(dtype));
+  kv_cache_dtype_ = dtype;
+}
+
+DType TransformerModel::kv_cache_dtype() const {
+  return kv_cache_dtype_.value_or(compute_dtype_ == DType::BF16 ? DType::BF16 : DType::F32);
 }
 
 Tensor TransformerModel::decoder_cached(std::vector<nn::KVCache>& caches, const Tensor& tokens) {
@@ -376,7 +386,7 @@ Tensor TransformerModel::logits(const Tensor& hidden) { return head_->logits(hid
 
 nn::KVCache TransformerModel::new_mtp_cache(int64_t B, int64_t max_len) const {
   if (mtp_.empty()) fail("model '", config_.name, "' has no multi-token prediction layers (mtp_num_layers 0)");
-  return mtp_.front()->block.attention->new_cache(B, max_len, compute_dtype_);
+  return mtp_.front()->block.attention->new_cache(B, max_len, kv_cache_dtype());
 }
 
 Tensor TransformerModel::mtp_forward_cached(nn::KVCache& cache, const Tensor& next, const Tensor& hidden) {

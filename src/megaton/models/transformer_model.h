@@ -148,6 +148,12 @@ class TransformerModel {
   // Incremental decoding (an unsharded model): one KV cache per layer; returns the logits of each
   // sequence's last new token, [B, vocab].
   std::vector<nn::KVCache> new_kv_caches(int64_t B, int64_t max_len) const;
+  // The dtype of the caches new_kv_caches / new_mtp_cache make from now on: f32, or bf16 (half the
+  // bytes each decode step reads; keys and values rounded to bf16 as they are cached, the attention's
+  // math in the compute dtype, as serve's bf16 pages). Until set: bf16 for a bf16 model, else f32.
+  // MLA keeps its latent cache in f32 either way.
+  void set_kv_cache_dtype(DType dtype);
+  DType kv_cache_dtype() const;
   Tensor forward_cached(std::vector<nn::KVCache>& caches, const Tensor& tokens);
   // Continuous batching's step (infer/continuous_batching.h): a paged cache of num_pages pages of
   // page_size tokens for every layer, and the last-position logits [S, V] of tokens [S, T], row s
@@ -234,6 +240,7 @@ class TransformerModel {
   std::vector<ModelChunk> chunks_;    // the held ones, in model-chunk order
   std::vector<int> chunk_index_;      // model chunk -> index into chunks_, -1 when not held
   DType compute_dtype_ = DType::F32;
+  std::optional<DType> kv_cache_dtype_;
 };
 
 }  // namespace megaton::models

@@ -151,8 +151,8 @@ Tensor f32_prefix(const Tensor& cache, int64_t n) {
 
 }  // namespace
 
-KVCache SelfAttention::new_cache(int64_t B, int64_t max_len, DType compute) const {
-  const DType dtype = compute == DType::BF16 ? DType::BF16 : DType::F32;
+KVCache SelfAttention::new_cache(int64_t B, int64_t max_len, DType dtype) const {
+  if (dtype != DType::F32 && dtype != DType::BF16) fail("a KV cache holds f32 or bf16, not ", dtype_name(dtype));
   KVCache c;
   c.k = Tensor::zeros({B, max_len, shape_.kv_size()}, dtype, MemCategory::Activations, "kv_cache.k");
   c.v = Tensor::zeros({B, max_len, shape_.kv_size()}, dtype, MemCategory::Activations, "kv_cache.v");

@@ -70,7 +70,7 @@ class SelfAttention final : public AttentionLayer {
   PagedLayerSpec paged_layer() const override { return {shape_.kv_size(), shape_.head_dim}; }
   Tensor forward_paged(PagedKVCache::Layer& layer, const PagedBatch& batch, const Tensor& x) override;
   // bf16 keys and values for a bf16 model (half the bytes each decode step reads), else f32.
-  KVCache new_cache(int64_t B, int64_t max_len, DType compute) const override;
+  KVCache new_cache(int64_t B, int64_t max_len, DType dtype) const override;
   void set_recompute_core(bool on) override { recompute_core_ = on; }
   Tensor* kept_input(SublayerCtx& ctx) override { return &ctx_as<AttentionCtx>(ctx).qkv_ctx.x; }
   void parameters(ParameterList& out) override;

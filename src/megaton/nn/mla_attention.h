@@ -57,7 +57,7 @@ class MultiLatentAttention final : public AttentionLayer {
   void backward_weight(SublayerCtx& ctx) override;
   // The cache holds the latent: k [B, max_len, kv_lora_rank + qk_pos_emb_head_dim], no v; f32 under
   // every compute dtype (serve's paged cache holds a bf16 or FP8 latent).
-  KVCache new_cache(int64_t B, int64_t max_len, DType compute) const override;
+  KVCache new_cache(int64_t B, int64_t max_len, DType dtype) const override;
   Tensor forward_cached(KVCache& cache, const Tensor& x, int64_t B, int64_t T) override;
   // The naive form of forward_cached for the same cache (each step expands the cached latent back
   // into per-head keys and values), to check and measure the absorbed one against.

@@ -19,7 +19,7 @@ void expect_room(const KVCache& cache, int64_t T) {
 }
 }  // namespace
 
-KVCache MultiLatentAttention::new_cache(int64_t B, int64_t max_len, DType /*compute*/) const {
+KVCache MultiLatentAttention::new_cache(int64_t B, int64_t max_len, DType /*dtype*/) const {
   KVCache c;
   c.k = Tensor::zeros({B, max_len, config_.kv_lora_rank + config_.qk_pos_emb_head_dim}, DType::F32,
                       MemCategory::Activations, "kv_cache.latent");

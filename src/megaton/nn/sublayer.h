@@ -59,7 +59,7 @@ class Sublayer {
 };
 
 // Keys and values of the tokens seen so far, for incremental decoding: [B, max_len, groups*head_dim],
-// f32, or bf16 where the attention kind keeps a bf16 model's cache in bf16 (new_cache).
+// f32 or bf16 (new_cache).
 struct KVCache {
   Tensor k, v;
   int64_t len = 0;
@@ -67,9 +67,10 @@ struct KVCache {
 
 class AttentionLayer : public Sublayer {
  public:
-  // A cache for a model computing in `compute` (its activations' dtype): each kind picks the cache's
-  // dtype from it (SelfAttention: bf16 for bf16, as serve's paged cache does; else f32).
-  virtual KVCache new_cache(int64_t B, int64_t max_len, DType compute) const = 0;
+  // A cache of B sequences of max_len positions whose keys and values are stored as `dtype` (f32 or
+  // bf16; the attention's math stays in its compute dtype). Kinds with a cache of their own form
+  // (MLA's latent, f32) ignore it.
+  virtual KVCache new_cache(int64_t B, int64_t max_len, DType dtype) const = 0;
   // Inference: x holds T new tokens per sequence at positions cache.len ...; appends to the cache.
   virtual Tensor forward_cached(KVCache& cache, const Tensor& x, int64_t B, int64_t T) = 0;
   // The same over a paged cache (paged_kv_cache.h): x holds batch.tokens new tokens of each of
