@@ -43,6 +43,24 @@ std::vector<int32_t> prompt_of(int64_t n, int64_t salt) {
   return p;
 }
 
+// A 70-token prompt (prompt_of(70, salt)) and 20 greedy steps through the contiguous caches and
+// through bf16 pages: the logits bitwise equal at every step.
+void expect_bf16_pages_match(models::TransformerModel& m, std::vector<nn::KVCache>& caches, int64_t salt) {
+  nn::PagedKVCache paged = m.new_paged_kv_cache(8, 64, DType::BF16);
+  nn::PagedSequence seq;
+  ASSERT_TRUE(paged.reserve(seq, 100));
+  const std::vector<int32_t> prompt = prompt_of(70, salt);
+  Tensor want = m.forward_cached(caches, ids(prompt)), got = m.forward_paged(paged, {&seq}, ids(prompt));
+  for (int step = 0; step < 20; ++step) {
+    ASSERT_EQ(want.nbytes(), got.nbytes());
+    ASSERT_EQ(std::memcmp(want.raw(), got.raw(), want.nbytes()), 0) << "step " << step;
+    const float* w = want.data<float>();
+    const auto next = static_cast<int32_t>(std::max_element(w, w + want.numel()) - w);
+    want = m.forward_cached(caches, ids({next}));
+    got = m.forward_paged(paged, {&seq}, ids({next}));
+  }
+}
+
 }  // namespace
 
 TEST(PagedKVCache, PagesAreTakenAndGivenBackWholeOrNotAtAll) {
@@ -268,19 +286,8 @@ TEST_P(PagedModel, ABf16ModelsContiguousCacheIsBf16AndMatchesBf16Pages) {
   auto caches = m.new_kv_caches(1, 100);
   EXPECT_EQ(caches[0].k.dtype(), m.config().is_mla() ? DType::F32 : DType::BF16);  // MLA's latent cache stays f32
   if (m.config().is_mla()) return;
-  nn::PagedKVCache paged = m.new_paged_kv_cache(8, 64, DType::BF16);
-  nn::PagedSequence seq;
-  ASSERT_TRUE(paged.reserve(seq, 100));
+  expect_bf16_pages_match(m, caches, 3);
   const std::vector<int32_t> prompt = prompt_of(70, 3);
-  Tensor want = m.forward_cached(caches, ids(prompt)), got = m.forward_paged(paged, {&seq}, ids(prompt));
-  for (int step = 0; step < 20; ++step) {
-    ASSERT_EQ(want.nbytes(), got.nbytes());
-    ASSERT_EQ(std::memcmp(want.raw(), got.raw(), want.nbytes()), 0) << "step " << step;
-    const float* w = want.data<float>();
-    const auto next = static_cast<int32_t>(std::max_element(w, w + want.numel()) - w);
-    want = m.forward_cached(caches, ids({next}));
-    got = m.forward_paged(paged, {&seq}, ids({next}));
-  }
   // Two batch rows prefilled at once read each row's own keys (the flash path widens each row's
   // prefix of the bf16 cache): row 1 as the one-row cache gives it, to the rounding of a GEMM over
   // twice the rows (planted: every row's prefix taken from row 0, caught).
@@ -308,19 +315,7 @@ TEST_P(PagedModel, AnF32ModelsBf16CacheMatchesBf16Pages) {
   auto caches = m.new_kv_caches(1, 100);
   if (m.config().is_mla()) return;  // MLA's latent cache stays f32
   EXPECT_EQ(caches[0].k.dtype(), DType::BF16);
-  nn::PagedKVCache paged = m.new_paged_kv_cache(8, 64, DType::BF16);
-  nn::PagedSequence seq;
-  ASSERT_TRUE(paged.reserve(seq, 100));
-  const std::vector<int32_t> prompt = prompt_of(70, 5);
-  Tensor want = m.forward_cached(caches, ids(prompt)), got = m.forward_paged(paged, {&seq}, ids(prompt));
-  for (int step = 0; step < 20; ++step) {
-    ASSERT_EQ(want.nbytes(), got.nbytes());
-    ASSERT_EQ(std::memcmp(want.raw(), got.raw(), want.nbytes()), 0) << "step " << step;
-    const float* w = want.data<float>();
-    const auto next = static_cast<int32_t>(std::max_element(w, w + want.numel()) - w);
-    want = m.forward_cached(caches, ids({next}));
-    got = m.forward_paged(paged, {&seq}, ids({next}));
-  }
+  expect_bf16_pages_match(m, caches, 5);
 }
 
 // FP8 KV heads: each decodes to within half an E4M3 quantum of its values (relative to the head's
