@@ -1,8 +1,9 @@
 // int8 weight rows times an fp32 x held in fixed point: the decode GEMV of int8 per-row weights
 // (cpu/gemv_quantized.cpp). Widening every code to fp32 (sign-extend, convert, FMA: three vector
-// instructions per 16 codes) left the 110M-shape int8 decode bound by those instructions on Zen 4,
-// not by memory (docs/performance.md, "int8 rows against a fixed-point x"). Here x is written once
-// per token as 30-bit integers, hi * 2^15 + lo with both halves int16, and each 32 codes take one
+// instructions per 16 codes) bound a GEMV whose codes come from cache by those instructions: a
+// 2-thread 768 x 2304 int8 GEMV from L3 ran 28 GB/s widened, 46 in fixed point (docs/performance.md,
+// "Per-token overhead: ...; int8 rows against a fixed-point x"). Here x is written once per call as
+// 30-bit integers, hi * 2^15 + lo with both halves int16, and each 32 codes take one
 // sign extension to int16 and two integer dot products (VPDPWSSD with AVX512-VNNI; VPMADDWD + add
 // elsewhere): the products and their sums are exact, so every path, every thread count and every
 // grouping of rows gives the same bits, and the only rounding besides the final conversion is x's
@@ -42,9 +43,10 @@ class FixedX {
     for (int64_t g = 0; g < rows; ++g) {
       const float* xr = x + g * n;
       float amax = 0;
-      for (int64_t c = 0; c < n; ++c) amax = std::max(amax, std::abs(xr[c]));  // NaN compares false: checked below
-      for (int64_t c = 0; c < n; ++c)
+      for (int64_t c = 0; c < n; ++c) {
         if (!std::isfinite(xr[c])) return false;
+        amax = std::max(amax, std::abs(xr[c]));
+      }
       // 2^30 - 64 units for the largest |x|: rounding never carries it past 2^30 - 1, so hi fits int16.
       const double units = amax > 0 ? (1073741824.0 - 64.0) / amax : 0.0;
       step_[static_cast<size_t>(g)] = amax > 0 ? 1.0 / units : 0.0;

@@ -38,19 +38,14 @@ void gemv_rows_fixed(T* y, const gemv_detail::FixedX& xq, const int8_t* codes, c
       gemv_detail::dot_fixed_rows(codes + r * in_f, xr.data(), in_f, rows, sums.data(), simd);
       for (int64_t n = 0; n < rows; ++n) emit_row(y, n, r, out_f, &w, xq.value(n, sums[static_cast<size_t>(n)]), bias);
     };
-    if (rows == 1) {
-      for_row_pairs(
-          out_f, out_f,
-          [&](int64_t r, int64_t r2) {
-            gemv_detail::dot_fixed_pair(codes + r * in_f, (r2 - r) * in_f, xr[0], in_f, sums.data(), simd);
-            emit_row(y, 0, r, out_f, &w, xq.value(0, sums[0]), bias);
-            emit_row(y, 0, r2, out_f, &w, xq.value(0, sums[1]), bias);
-          },
-          one_row);
-    } else {
-#pragma omp for schedule(static)
-      for (int64_t r = 0; r < out_f; ++r) one_row(r);
-    }
+    walk_rows(
+        rows, out_f, out_f,
+        [&](int64_t r, int64_t r2) {
+          gemv_detail::dot_fixed_pair(codes + r * in_f, (r2 - r) * in_f, xr[0], in_f, sums.data(), simd);
+          emit_row(y, 0, r, out_f, &w, xq.value(0, sums[0]), bias);
+          emit_row(y, 0, r2, out_f, &w, xq.value(0, sums[1]), bias);
+        },
+        one_row);
   }
 }
 
@@ -91,20 +86,15 @@ void gemv_rows(T* y, const float* x, const C* codes, const QuantizedRows& w, con
       gemv_detail::dot_rows(codes + r * in_f, xr, in_f, in_f, rows, dots.data(), simd);
       for (int64_t n = 0; n < rows; ++n) emit(n, r, dots[static_cast<size_t>(n)]);
     };
-    if (rows == 1) {
-      // Paired rows share a band, so that one scaled copy of x serves both.
-      for_row_pairs(
-          out_f, sc == 1 ? out_f : w.block_rows,
-          [&](int64_t r, int64_t r2) {
-            gemv_detail::dot_pair(codes + r * in_f, (r2 - r) * in_f, x_for(r), in_f, dots.data(), simd);
-            emit(0, r, dots[0]);
-            emit(0, r2, dots[1]);
-          },
-          one_row);
-    } else {
-#pragma omp for schedule(static)
-      for (int64_t r = 0; r < out_f; ++r) one_row(r);
-    }
+    // Paired rows share a band, so that one scaled copy of x serves both.
+    walk_rows(
+        rows, out_f, sc == 1 ? out_f : w.block_rows,
+        [&](int64_t r, int64_t r2) {
+          gemv_detail::dot_pair(codes + r * in_f, (r2 - r) * in_f, x_for(r), in_f, dots.data(), simd);
+          emit(0, r, dots[0]);
+          emit(0, r2, dots[1]);
+        },
+        one_row);
   }
 }
 

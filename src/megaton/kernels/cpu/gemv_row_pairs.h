@@ -29,4 +29,14 @@ void for_row_pairs(int64_t out_f, int64_t band, Pair&& pair, One&& one) {
   }
 }
 
+// A GEMV's walk over its weight rows inside a parallel region: one x row (decode) takes them in pairs
+// (for_row_pairs, bands of `band` rows), a few x rows one weight row at a time, split statically
+// over the threads; one(r) handles row r for every x row.
+template <typename Pair, typename One>
+void walk_rows(int64_t rows, int64_t out_f, int64_t band, Pair&& pair, One&& one) {
+  if (rows == 1) return for_row_pairs(out_f, band, pair, one);
+#pragma omp for schedule(static)
+  for (int64_t r = 0; r < out_f; ++r) one(r);
+}
+
 }  // namespace megaton::kernels::cpu
